@@ -1,0 +1,147 @@
+"""The memory-mapped, preallocated, fixed-entry index files shared by `.index` and `.timeindex`.
+
+Kafka's AbstractIndex semantics: a new file is preallocated to
+`roundDown(segment.index.bytes, entry size)`; an existing file is taken to hold
+`length // entry size` valid entries, so it must be trimmed when the segment
+stops being active. Entries are big-endian.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Callable
+
+from .errors import CorruptIndexError
+
+
+class MmapIndex:
+    """An index file of `entry_size`-byte entries sorted by a key that the subclass reads."""
+
+    entry_size: int = 0
+
+    def __init__(self, path: str, base_offset: int, max_index_size: int, writable: bool = True) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.writable = writable
+        exists = os.path.exists(path)
+        if writable:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                length = os.fstat(fd).st_size
+                if not exists:
+                    length = self._round(max_index_size)
+                    if length < self.entry_size:
+                        raise ValueError(f"invalid max index size {max_index_size} for {path}")
+                    os.ftruncate(fd, length)
+                    self.entries = 0
+                else:
+                    self.entries = length // self.entry_size
+                self._map(fd, length)
+            finally:
+                os.close(fd)
+        else:
+            length = os.path.getsize(path) if exists else 0
+            self.entries = length // self.entry_size
+            self._mm = None
+            if length >= self.entry_size:
+                with open(path, "rb") as f:
+                    self._mm = mmap.mmap(f.fileno(), self._round(length), access=mmap.ACCESS_READ)
+            self.max_entries = self.entries
+
+    def _round(self, n: int) -> int:
+        return n - n % self.entry_size
+
+    def _map(self, fd: int, length: int) -> None:
+        self._mm = mmap.mmap(fd, length) if length else None
+        self.max_entries = length // self.entry_size
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of valid entries."""
+        return self.entries * self.entry_size
+
+    @property
+    def is_full(self) -> bool:
+        return self.entries >= self.max_entries
+
+    def _search(self, key: Callable[[int], int], target: int) -> int:
+        """Slot of the largest entry whose key is <= target, or -1 (the result of Kafka's largestLowerBound)."""
+        lo, hi = 0, self.entries - 1
+        if self.entries == 0 or key(0) > target:
+            return -1
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if key(mid) > target:
+                hi = mid - 1
+            else:
+                lo = mid
+        return lo
+
+    def _truncate_slot(self, key: Callable[[int], int], value: int) -> int:
+        """Number of entries to keep so that none has key >= value."""
+        slot = self._search(key, value)
+        if slot < 0:
+            return 0
+        return slot if key(slot) == value else slot + 1
+
+    def _set_entries(self, n: int) -> None:
+        self.entries = n
+
+    def resize(self, new_size: int) -> None:
+        """Set the file to `new_size` rounded down to whole entries, keeping the entries that still fit."""
+        length = self._round(new_size)
+        if self._mm is not None:
+            self._mm.flush()
+            self._mm.close()
+            self._mm = None
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, length)
+            self._map(fd, length)
+        finally:
+            os.close(fd)
+        self.entries = min(self.entries, self.max_entries)
+        self.writable = True
+
+    def trim_to_valid_size(self) -> None:
+        """Shrink the file to its entries: what a reopen counts as valid."""
+        if self.writable:
+            self.resize(self.size_bytes)
+
+    def reset(self, max_index_size: int) -> None:
+        """Drop every entry and preallocate again (recovery rebuilds the index from the log)."""
+        self.entries = 0
+        self.resize(max_index_size)
+
+    def flush(self) -> None:
+        if self._mm is not None and self.writable:
+            self._mm.flush()
+
+    def close(self) -> None:
+        """Trim and unmap; the file then holds exactly its entries."""
+        self.trim_to_valid_size()
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def rename(self, new_path: str) -> None:
+        if os.path.exists(self.path):
+            os.replace(self.path, new_path)
+        self.path = new_path
+
+    def delete(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+    def _check_writable(self) -> None:
+        if not self.writable or self._mm is None:
+            raise CorruptIndexError(f"index {self.path} is not open for writing")
+
+    def _raw(self, slot: int, fmt_unpack: Callable[[mmap.mmap, int], tuple[int, ...]]) -> tuple[int, ...]:
+        if self._mm is None:
+            raise CorruptIndexError(f"index {self.path} has no entries")
+        return fmt_unpack(self._mm, slot * self.entry_size)

@@ -1,0 +1,460 @@
+"""A partition log: ordered segments, offsets assigned on append, reads, lookups, rolls, flushes, truncation.
+
+This is Kafka's UnifiedLog/LocalLog for one replica. The log rewrites only each
+batch's base offset on append (outside the CRC), so a producer's bytes reach the
+disk unchanged; reads return byte ranges of segment files, ready for sendfile.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import random
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .atomic_file import fsync_dir
+from .errors import CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError
+from .loader import load
+from .records import (
+    BATCH_OVERHEAD,
+    LOG_OVERHEAD,
+    TIMESTAMP_TYPE_BIT,
+    BatchHeader,
+    TimestampType,
+    check_batch,
+    compute_crc,
+    decode_records,
+    set_base_offset,
+)
+from .segment import DELETED_SUFFIX, LogSegment, LogSlice
+
+logger = logging.getLogger(__name__)
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3
+
+
+class InvalidTimestampError(InvalidRecordError):
+    """A record timestamp outside the topic's allowed window, or a producer-set LogAppendTime."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """What an append did: the offsets it assigned and the timestamps the log saw."""
+
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    log_append_time: int  # -1 unless the topic uses LogAppendTime
+    batches: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ParsedSet:
+    headers: list[tuple[int, BatchHeader]]  # (position in the set, header)
+    size: int
+
+
+def parse_batch_set(data: bytes | bytearray | memoryview, where: str) -> _ParsedSet:
+    """Split a produce payload into whole, valid batches; anything else is corrupt and nothing is appended."""
+    headers: list[tuple[int, BatchHeader]] = []
+    pos = 0
+    view = memoryview(data)
+    while pos < len(view):
+        if len(view) - pos < LOG_OVERHEAD:
+            raise CorruptRecordError(f"truncated batch header at byte {pos} of the append ({where})")
+        size = LOG_OVERHEAD + int.from_bytes(view[pos + 8 : pos + 12], "big", signed=True)
+        if size < BATCH_OVERHEAD or pos + size > len(view):
+            raise CorruptRecordError(
+                f"batch at byte {pos} of the append declares {size} bytes, {len(view) - pos} present ({where})"
+            )
+        headers.append((pos, check_batch(view[pos : pos + size], f"{where}, byte {pos} of the append")))
+        pos += size
+    if not headers:
+        raise CorruptRecordError(f"append with no record batch ({where})")
+    return _ParsedSet(headers, pos)
+
+
+class Log:
+    """One partition's log in one directory."""
+
+    def __init__(
+        self,
+        directory: str,
+        config,
+        *,
+        recovery_point: int = 0,
+        log_start_offset: int = 0,
+        had_clean_shutdown: bool = True,
+        clock: Callable[[], int] = now_ms,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.dir = directory
+        self.name = os.path.basename(directory)
+        self.config = config
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self.lock = threading.RLock()
+        self._pending_deletes: list[tuple[int, LogSegment]] = []
+        os.makedirs(directory, exist_ok=True)
+        result = load(
+            directory,
+            self._open_segment,
+            recovery_point=recovery_point,
+            log_start_offset=log_start_offset,
+            had_clean_shutdown=had_clean_shutdown,
+            max_index_size=config.segment_index_bytes,
+            delete_segment=self._delete_segment_files_now,
+            where=self.name,
+        )
+        self.segments: list[LogSegment] = result.segments
+        self._bases = [s.base_offset for s in self.segments]
+        self.log_end_offset = self.active_segment.next_offset
+        self.recovery_point = result.recovery_point
+        self.log_start_offset = result.log_start_offset
+        self.bytes_truncated_on_load = result.bytes_truncated
+        self.last_flush_ms = clock()
+        self._ts_prefix: list[int] | None = None  # running max of inactive segments' largest timestamps
+
+    # -- segments --------------------------------------------------------------------------------
+
+    def _open_segment(self, base_offset: int, suffix: str = "", new: bool = False) -> LogSegment:
+        cfg = self.config
+        jitter = 0
+        if cfg.segment_jitter_ms > 0:
+            jitter = self._rng.randrange(2**31) % min(cfg.segment_jitter_ms, cfg.segment_ms)
+        return LogSegment(
+            self.dir,
+            base_offset,
+            index_interval_bytes=cfg.index_interval_bytes,
+            max_index_size=cfg.segment_index_bytes,
+            now_ms=self.clock,
+            roll_jitter_ms=jitter,
+            preallocate_bytes=cfg.segment_bytes if (new and cfg.preallocate) else 0,
+            suffix=suffix,
+            where=self.name,
+        )
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self.segments[-1]
+
+    def _set_segments(self, segments: list[LogSegment]) -> None:
+        self.segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._ts_prefix = None
+
+    def _floor_segment(self, offset: int) -> int:
+        """Index of the segment with the largest base offset <= `offset` (clamped to 0)."""
+        return max(0, bisect.bisect_right(self._bases, offset) - 1)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def max_segment_ms(self) -> int:
+        """`max.compaction.lag.ms` caps `segment.ms` on compacted topics so dirty data becomes cleanable."""
+        cfg = self.config
+        if cfg.compact and cfg.max_compaction_lag_ms > 0:
+            return min(cfg.max_compaction_lag_ms, cfg.segment_ms)
+        return cfg.segment_ms
+
+    # -- append ----------------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray, *, assign_offsets: bool = True, leader_epoch: int | None = None) -> AppendInfo:
+        """Validate and append a set of v2 batches; return the offsets given to them.
+
+        Every batch is checked (size, magic, CRC, limits, keys on compacted topics,
+        timestamps) before a byte is written, so a bad append leaves the log untouched.
+        """
+        with self.lock:
+            now = self.clock()
+            parsed = parse_batch_set(data, self.name)
+            self._validate(data, parsed, now, assign_offsets)
+            buf = bytearray(data)
+            offset = self.log_end_offset
+            log_append = self.config.message_timestamp_type == "LogAppendTime"
+            max_ts, max_ts_offset = -1, -1
+            first_offset = offset if assign_offsets else parsed.headers[0][1].base_offset
+            last_offset = -1
+            for pos, h in parsed.headers:
+                if assign_offsets:
+                    set_base_offset(buf, offset, pos)
+                    base = offset
+                    offset += h.last_offset_delta + 1
+                else:
+                    base = h.base_offset
+                last = base + h.last_offset_delta
+                if leader_epoch is not None:
+                    struct.pack_into(">i", buf, pos + 12, leader_epoch)
+                batch_max_ts = h.max_timestamp
+                if log_append:
+                    batch_max_ts = now
+                    # LogAppendTime changes bytes under the CRC, so (as in Kafka) the CRC is recomputed.
+                    struct.pack_into(">h", buf, pos + 21, h.attributes | TIMESTAMP_TYPE_BIT)
+                    struct.pack_into(">q", buf, pos + 35, now)
+                    struct.pack_into(">I", buf, pos + 17, compute_crc(memoryview(buf)[pos : pos + h.size]))
+                if batch_max_ts > max_ts:
+                    max_ts, max_ts_offset = batch_max_ts, last
+                last_offset = last
+            if not assign_offsets and first_offset < self.log_end_offset:
+                raise InvalidRecordError(
+                    f"out of order offsets: first offset {first_offset} is below the log end offset "
+                    f"{self.log_end_offset} of {self.name}"
+                )
+            self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
+            self.active_segment.append(last_offset, max_ts, max_ts_offset, bytes(buf))
+            self.log_end_offset = last_offset + 1
+            if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
+                self.flush()
+            return AppendInfo(first_offset, last_offset, max_ts, max_ts_offset, now if log_append else -1,
+                              len(parsed.headers), len(buf))
+
+    def _validate(self, data: bytes | bytearray, parsed: _ParsedSet, now: int, assign_offsets: bool) -> None:
+        cfg = self.config
+        if parsed.size > cfg.segment_bytes:
+            raise RecordTooLargeError(
+                f"the append of {parsed.size} bytes to {self.name} is larger than segment.bytes ({cfg.segment_bytes})"
+            )
+        check_ts = cfg.message_timestamp_type == "CreateTime" and (
+            cfg.message_timestamp_before_max_ms < 2**63 - 1 or cfg.message_timestamp_after_max_ms < 2**63 - 1
+        )
+        view = memoryview(data)
+        for pos, h in parsed.headers:
+            at = f"{self.name} offset {self.log_end_offset}"
+            if h.size > cfg.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"the batch of {h.size} bytes for {at} is larger than max.message.bytes ({cfg.max_message_bytes})"
+                )
+            if assign_offsets:
+                if h.records_count != h.last_offset_delta + 1:
+                    raise InvalidRecordError(
+                        f"batch for {at} has {h.records_count} records but an offset range of {h.last_offset_delta + 1}"
+                    )
+                if h.timestamp_type is TimestampType.LOG_APPEND_TIME:
+                    raise InvalidTimestampError(f"a producer may not send a LogAppendTime batch ({at})")
+            if h.is_control or not (cfg.compact or check_ts):
+                continue
+            for r in decode_records(h, view[pos + BATCH_OVERHEAD : pos + h.size], at):
+                if cfg.compact and r.key is None:
+                    raise InvalidRecordError(f"compacted topic cannot accept message without key in {at}")
+                if check_ts and not (now - cfg.message_timestamp_before_max_ms <= r.timestamp
+                                     <= now + cfg.message_timestamp_after_max_ms):
+                    raise InvalidTimestampError(
+                        f"timestamp {r.timestamp} of record at {at} is out of range "
+                        f"[now - message.timestamp.before.max.ms, now + message.timestamp.after.max.ms]"
+                    )
+
+    def _maybe_roll(self, size: int, max_ts: int, first_offset: int, last_offset: int, now: int) -> None:
+        seg = self.active_segment
+        if seg.should_roll(max_segment_bytes=self.config.segment_bytes, max_segment_ms=self.max_segment_ms,
+                           messages_size=size, max_timestamp=max_ts, max_offset=last_offset, now_ms=now):
+            self.roll(max(first_offset, self.log_end_offset))
+
+    def roll(self, new_base: int | None = None) -> LogSegment:
+        """Close the active segment for writes and start a new one at `new_base` (default: the log end)."""
+        with self.lock:
+            new_base = self.log_end_offset if new_base is None else max(new_base, self.log_end_offset)
+            old = self.active_segment
+            replaced = old.base_offset == new_base
+            if replaced:
+                if old.size != 0:
+                    raise InvalidRecordError(f"trying to roll {self.name} to {new_base}, where a non-empty segment exists")
+                # KAFKA-6388: an empty active segment at that base is replaced.
+                self._delete_segment_files_now(old)
+                segments = self.segments[:-1]
+            else:
+                old.on_become_inactive()
+                segments = list(self.segments)
+            for stale in (f"{new_base:020d}.log", f"{new_base:020d}.index", f"{new_base:020d}.timeindex"):
+                path = os.path.join(self.dir, stale)
+                if os.path.exists(path):
+                    logger.warning("%s: deleting stale file %s before rolling to offset %d", self.name, stale, new_base)
+                    os.unlink(path)
+            segments.append(self._open_segment(new_base, new=True))
+            self._set_segments(segments)
+            if not replaced:
+                self.flush(new_base)  # Kafka flushes asynchronously; the recovery point becomes the new base
+            return self.active_segment
+
+    # -- flush -----------------------------------------------------------------------------------
+
+    def flush(self, offset: int | None = None) -> None:
+        """fsync every segment holding offsets in [recovery point, offset) and move the recovery point there."""
+        with self.lock:
+            offset = self.log_end_offset if offset is None else offset
+            if offset <= self.recovery_point and offset != self.log_end_offset:
+                return
+            for seg in self.segments[self._floor_segment(self.recovery_point) :]:
+                if seg.base_offset >= offset and seg is not self.active_segment:
+                    break
+                seg.flush()
+            fsync_dir(self.dir)
+            self.recovery_point = max(self.recovery_point, offset)
+            self.last_flush_ms = self.clock()
+
+    def maybe_flush(self) -> bool:
+        """Flush if `flush.ms` has passed since the last flush; the maintenance scheduler calls this."""
+        if self.clock() - self.last_flush_ms >= self.config.flush_ms and self.recovery_point < self.log_end_offset:
+            self.flush()
+            return True
+        return False
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None,
+             min_one_message: bool = True) -> LogSlice | None:
+        """Bytes to send for a fetch at `offset`, from one segment; None at the log end.
+
+        `max_offset` (exclusive, e.g. the high watermark) bounds what is returned.
+        """
+        with self.lock:
+            if offset < self.log_start_offset or offset > self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is out of range for {self.name}: log start offset {self.log_start_offset}, "
+                    f"log end offset {self.log_end_offset}"
+                )
+            limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+            if offset >= limit:
+                return None
+            i = self._floor_segment(offset)
+            while i < len(self.segments):
+                seg = self.segments[i]
+                max_position = None
+                bound = self._position_of(limit)
+                if bound is not None and bound[0] is seg:
+                    max_position = bound[1]
+                found = seg.read(offset, max_bytes, max_position, min_one_message)
+                if found is not None:
+                    return found
+                i += 1
+            return None
+
+    def _position_of(self, offset: int) -> tuple[LogSegment, int] | None:
+        """Segment and byte position where the batch holding `offset` starts (None at the log end)."""
+        if offset >= self.log_end_offset:
+            return None
+        seg = self.segments[self._floor_segment(offset)]
+        found = seg.translate_offset(offset)
+        return (seg, found.position) if found else None
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """Kafka's ListOffsets lookup: (offset, timestamp) of the first record at or after `timestamp`.
+
+        Special targets: -2 earliest, -1 latest, -3 the record with the largest timestamp.
+        The segment is found by binary search over the running maximum of the
+        segments' largest timestamps, so the cost does not grow with the segment count.
+        """
+        with self.lock:
+            if timestamp == EARLIEST_TIMESTAMP:
+                return self.log_start_offset, -1
+            if timestamp == LATEST_TIMESTAMP:
+                return self.log_end_offset, -1
+            if timestamp == MAX_TIMESTAMP:
+                best = max(self.segments, key=lambda s: s.max_timestamp_and_offset[0])
+                ts, off = best.max_timestamp_and_offset
+                return (off, ts) if ts >= 0 else None
+            prefix = self._timestamp_prefix()
+            i = bisect.bisect_left(prefix, timestamp)
+            candidates = self.segments[i:] if i < len(prefix) else [self.active_segment]
+            for seg in candidates[:1]:
+                if seg.largest_timestamp >= timestamp:
+                    return seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
+            return None
+
+    def _timestamp_prefix(self) -> list[int]:
+        if self._ts_prefix is None:
+            running = -(2**63)
+            prefix = []
+            for seg in self.segments[:-1]:
+                running = max(running, seg.largest_timestamp)
+                prefix.append(running)
+            self._ts_prefix = prefix
+        return self._ts_prefix
+
+    # -- truncation and start offset -------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove everything at and above `offset` (a replica following a new leader does this)."""
+        with self.lock:
+            if offset >= self.log_end_offset:
+                return
+            if offset < self.segments[0].base_offset:
+                self.truncate_fully_and_start_at(offset)
+                return
+            keep = [s for s in self.segments if s.base_offset <= offset]
+            for seg in self.segments[len(keep) :]:
+                self._delete_segment(seg)
+            keep[-1].truncate_to(offset)
+            self._set_segments(keep)
+            self.log_end_offset = self.active_segment.next_offset
+            self.recovery_point = min(self.recovery_point, self.log_end_offset)
+            self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and start an empty log at `offset`."""
+        with self.lock:
+            for seg in self.segments:
+                self._delete_segment(seg)
+            self._set_segments([self._open_segment(offset, new=True)])
+            self.log_end_offset = offset
+            self.recovery_point = offset
+            self.log_start_offset = offset
+
+    def increment_log_start_offset(self, offset: int) -> None:
+        """Raise the log start offset (DeleteRecords, retention); reads below it then fail."""
+        with self.lock:
+            if offset > self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"cannot raise the log start offset of {self.name} to {offset} above the log end {self.log_end_offset}"
+                )
+            self.log_start_offset = max(self.log_start_offset, offset)
+
+    # -- deletion --------------------------------------------------------------------------------
+
+    def _delete_segment(self, seg: LogSegment) -> None:
+        """Rename to `.deleted` now; the files go after `file.delete.delay.ms` so in-flight reads finish."""
+        seg.close_handles()
+        seg.change_suffix(seg.suffix, DELETED_SUFFIX)
+        self._pending_deletes.append((self.clock() + self.config.file_delete_delay_ms, seg))
+
+    def _delete_segment_files_now(self, seg: LogSegment) -> None:
+        seg.delete_files()
+
+    def delete_expired_files(self) -> int:
+        """Physically delete `.deleted` segments whose delay has passed; return how many."""
+        with self.lock:
+            now = self.clock()
+            due = [s for t, s in self._pending_deletes if t <= now]
+            self._pending_deletes = [(t, s) for t, s in self._pending_deletes if t > now]
+        for seg in due:
+            seg.delete_files()
+        return len(due)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush through the log end and trim every file; after this the directory is what a clean shutdown leaves."""
+        with self.lock:
+            self.flush()
+            for seg in self.segments:
+                seg.close()
+            for _, seg in self._pending_deletes:
+                seg.delete_files()
+            self._pending_deletes = []
+
+    def __repr__(self) -> str:
+        return f"Log({self.name}, start={self.log_start_offset}, end={self.log_end_offset}, segments={len(self.segments)})"

@@ -1,0 +1,159 @@
+"""A log directory: the partitions in it, its checkpoint files and its clean-shutdown marker.
+
+This is the slice of Kafka's LogManager that owns one `log.dirs` entry: it loads
+every `<topic>-<partition>` directory (recovering after an unclean shutdown),
+persists recovery points and log start offsets, and deletes topics Kafka's way
+(rename to `-delete`, remove later).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from typing import Callable
+
+from .atomic_file import atomic_write, fsync_dir
+from .checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    PARTITION_METADATA,
+    RECOVERY_POINT_CHECKPOINT,
+    CheckpointError,
+    TopicPartition,
+    encode_partition_metadata,
+    new_topic_id,
+    parse_partition_metadata,
+    read_offsets,
+    write_offsets,
+)
+from .log import Log, now_ms
+
+logger = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+LOCK_FILE = ".lock"
+DELETE_DIR_SUFFIX = "-delete"
+
+
+class LogDirLockedError(RuntimeError):
+    """Another process holds this log directory."""
+
+
+class LogDir:
+    """All partition logs of one data directory."""
+
+    def __init__(self, path: str, config_for: Callable[[str], object], *, clock: Callable[[], int] = now_ms) -> None:
+        self.path = os.path.abspath(path)
+        self.config_for = config_for
+        self.clock = clock
+        self.logs: dict[TopicPartition, Log] = {}
+        self.lock = threading.RLock()
+        os.makedirs(self.path, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise LogDirLockedError(f"log directory {self.path} is in use by another process") from None
+        self.had_clean_shutdown = self._consume_clean_shutdown_marker()
+        self._load_logs()
+
+    def _consume_clean_shutdown_marker(self) -> bool:
+        """Delete the marker before loading, so that a crash during loading counts as unclean (KAFKA-10471)."""
+        marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
+        if not os.path.exists(marker):
+            return False
+        os.unlink(marker)
+        fsync_dir(self.path)
+        return True
+
+    def _read_checkpoint(self, name: str) -> dict[TopicPartition, int]:
+        try:
+            return read_offsets(os.path.join(self.path, name))
+        except (CheckpointError, OSError, UnicodeDecodeError) as e:
+            logger.warning("error reading %s in %s, using an empty map: %s", name, self.path, e)
+            return {}
+
+    def _load_logs(self) -> None:
+        recovery_points = self._read_checkpoint(RECOVERY_POINT_CHECKPOINT)
+        start_offsets = self._read_checkpoint(LOG_START_OFFSET_CHECKPOINT)
+        for name in sorted(os.listdir(self.path)):
+            full = os.path.join(self.path, name)
+            if not os.path.isdir(full):
+                continue
+            if name.endswith(DELETE_DIR_SUFFIX):
+                logger.info("removing %s, a partition deleted before the last shutdown", full)
+                shutil.rmtree(full, ignore_errors=True)
+                continue
+            try:
+                tp = TopicPartition.parse_dir_name(name)
+            except ValueError as e:
+                logger.warning("skipping %s in %s: %s", name, self.path, e)
+                continue
+            log = Log(
+                full,
+                self.config_for(tp.topic),
+                recovery_point=recovery_points.get(tp, 0),
+                log_start_offset=start_offsets.get(tp, 0),
+                had_clean_shutdown=self.had_clean_shutdown,
+                clock=self.clock,
+            )
+            if log.bytes_truncated_on_load:
+                logger.warning("%s: recovery truncated %d bytes; log end offset is now %d",
+                               tp, log.bytes_truncated_on_load, log.log_end_offset)
+            self.logs[tp] = log
+
+    def get_or_create(self, tp: TopicPartition, topic_id: str | None = None) -> Log:
+        """The partition's log, created empty (with `partition.metadata`) if it does not exist."""
+        with self.lock:
+            if tp in self.logs:
+                return self.logs[tp]
+            directory = os.path.join(self.path, str(tp))
+            log = Log(directory, self.config_for(tp.topic), clock=self.clock)
+            atomic_write(os.path.join(directory, PARTITION_METADATA), encode_partition_metadata(topic_id or new_topic_id()))
+            fsync_dir(self.path)
+            self.logs[tp] = log
+            return log
+
+    def topic_id(self, tp: TopicPartition) -> str | None:
+        path = os.path.join(self.path, str(tp), PARTITION_METADATA)
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return parse_partition_metadata(f.read(), path)
+
+    def delete(self, tp: TopicPartition) -> None:
+        """Kafka's async delete: rename to `<tp>.<uuid>-delete` now, remove the files afterwards."""
+        with self.lock:
+            log = self.logs.pop(tp)
+            log.close()
+            doomed = os.path.join(self.path, f"{tp}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+            os.replace(log.dir, doomed)
+            fsync_dir(self.path)
+            self.checkpoint()
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def checkpoint(self) -> None:
+        """Persist every log's recovery point and the log start offsets above their first segment."""
+        with self.lock:
+            logs = dict(self.logs)
+        write_offsets(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT),
+                      {tp: log.recovery_point for tp, log in logs.items()})
+        write_offsets(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT),
+                      {tp: log.log_start_offset for tp, log in logs.items()
+                       if log.log_start_offset > log.segments[0].base_offset})
+
+    def close(self) -> None:
+        """Clean shutdown: flush and trim every log, write the checkpoints, then the clean-shutdown marker."""
+        with self.lock:
+            for log in self.logs.values():
+                log.close()
+            self.checkpoint()
+            atomic_write(os.path.join(self.path, CLEAN_SHUTDOWN_FILE),
+                         json.dumps({"version": 0, "brokerEpoch": -1}, separators=(",", ":")).encode())
+            os.close(self._lock_fd)
+            self._lock_fd = -1

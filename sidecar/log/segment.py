@@ -1,0 +1,336 @@
+"""One segment: a `.log` file of batches with its `.index` and `.timeindex`, named by the 20-digit base offset."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .errors import CorruptRecordError, InvalidIndexEntryError
+from .file_records import BatchPosition, iter_batches
+from .offset_index import OffsetIndex
+from .records import check_batch
+from .time_index import TimeIndex
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+SNAPSHOT_SUFFIX = ".snapshot"
+DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+
+
+def filename_prefix(offset: int) -> str:
+    """Kafka's file name prefix: the offset as 20 zero-padded decimal digits."""
+    return f"{offset:020d}"
+
+
+def offset_from_filename(name: str) -> int:
+    return int(name[: name.index(".")])
+
+
+@dataclass(frozen=True, slots=True)
+class LogSlice:
+    """A byte range of a segment file: what a fetch sends without decoding (sendfile-ready)."""
+
+    segment: "LogSegment"
+    position: int
+    size: int
+
+    def read(self) -> bytes:
+        return self.segment.read_bytes(self.position, self.size)
+
+
+class LogSegment:
+    """A segment's three files and the in-memory counters Kafka keeps for them."""
+
+    def __init__(
+        self,
+        directory: str,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        max_index_size: int,
+        now_ms: Callable[[], int],
+        roll_jitter_ms: int = 0,
+        preallocate_bytes: int = 0,
+        suffix: str = "",
+        where: str = "",
+    ) -> None:
+        self.dir = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.max_index_size = max_index_size
+        self.roll_jitter_ms = roll_jitter_ms
+        self.where = where or directory
+        self._now_ms = now_ms
+        self.suffix = suffix
+        log_path = self._path(LOG_SUFFIX)
+        existed = os.path.exists(log_path)
+        self._fd = os.open(log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if existed:
+            self.size = os.fstat(self._fd).st_size
+        else:
+            self.size = 0
+            if preallocate_bytes:
+                os.ftruncate(self._fd, preallocate_bytes)
+        self.offset_index = OffsetIndex(self._path(INDEX_SUFFIX), base_offset, max_index_size)
+        self.time_index = TimeIndex(self._path(TIME_INDEX_SUFFIX), base_offset, max_index_size)
+        self.bytes_since_last_index_entry = 0
+        self.created_ms = now_ms()
+        self._max_ts: tuple[int, int] | None = None  # (max timestamp so far, offset of its batch)
+        self._rolling_ts: int | None = None  # first batch's max timestamp, for time-based rolls
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def _path(self, file_suffix: str) -> str:
+        return os.path.join(self.dir, filename_prefix(self.base_offset) + file_suffix + self.suffix)
+
+    @property
+    def log_path(self) -> str:
+        return self._path(LOG_SUFFIX)
+
+    def fileno(self) -> int:
+        """The `.log` descriptor, for sendfile."""
+        return self._fd
+
+    def read_bytes(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    def batches(self, start: int = 0, end: int | None = None) -> Iterator[BatchPosition]:
+        return iter_batches(self._fd, start, self.size if end is None else end, self.log_path)
+
+    # -- append ----------------------------------------------------------------------------------
+
+    def append(self, largest_offset: int, largest_timestamp: int, offset_of_max_timestamp: int, data: bytes) -> None:
+        """Append one set of batches and index it by Kafka's `index.interval.bytes` rule.
+
+        The offset index entry maps the set's last offset to the set's start
+        position, and is written only once earlier appends passed the interval.
+        """
+        if not data:
+            return
+        position = self.size
+        if position == 0:
+            self._rolling_ts = largest_timestamp
+        if not self.offset_index.can_append_offset(largest_offset):
+            raise InvalidIndexEntryError(
+                f"offset {largest_offset} does not fit segment {self.log_path} with base {self.base_offset}"
+            )
+        written = os.pwrite(self._fd, data, position)
+        if written != len(data):
+            raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
+        self.size += written
+        max_ts, _ = self.max_timestamp_and_offset
+        if largest_timestamp > max_ts:
+            self._max_ts = (largest_timestamp, offset_of_max_timestamp)
+        if self.bytes_since_last_index_entry > self.index_interval_bytes:
+            self.offset_index.append(largest_offset, position)
+            self.time_index.maybe_append(*self.max_timestamp_and_offset)
+            self.bytes_since_last_index_entry = 0
+        self.bytes_since_last_index_entry += len(data)
+
+    # -- timestamps ------------------------------------------------------------------------------
+
+    @property
+    def max_timestamp_and_offset(self) -> tuple[int, int]:
+        """Largest timestamp in the segment and the last offset of its batch, read from the time index once."""
+        if self._max_ts is None:
+            self._max_ts = self._load_largest_timestamp()
+        return self._max_ts
+
+    def _load_largest_timestamp(self) -> tuple[int, int]:
+        ts, off = self.time_index.last_entry
+        position = self.offset_index.lookup(off)[1]
+        for b in self.batches(position):
+            if b.header.max_timestamp > ts:
+                ts, off = b.header.max_timestamp, b.header.last_offset
+        return ts, off
+
+    @property
+    def largest_timestamp(self) -> int:
+        """Max record timestamp, or the `.log` file's mtime when there is none (retention relies on this)."""
+        ts = self.max_timestamp_and_offset[0]
+        return ts if ts >= 0 else int(os.stat(self.log_path).st_mtime * 1000)
+
+    def _rolling_based_timestamp(self) -> int:
+        if self._rolling_ts is None:
+            first = next(iter(self.batches()), None)
+            self._rolling_ts = first.header.max_timestamp if first else -1
+        return self._rolling_ts
+
+    def should_roll(self, *, max_segment_bytes: int, max_segment_ms: int, messages_size: int,
+                    max_timestamp: int, max_offset: int, now_ms: int) -> bool:
+        """Kafka's roll rule: size, time since the first record (record time), full indexes, offset overflow."""
+        rolling_ts = self._rolling_based_timestamp()
+        waited = max_timestamp - rolling_ts if rolling_ts >= 0 else now_ms - self.created_ms
+        reached_roll_ms = waited > max_segment_ms - self.roll_jitter_ms
+        return (
+            self.size > max_segment_bytes - messages_size
+            or (self.size > 0 and reached_roll_ms)
+            or self.offset_index.is_full
+            or self.time_index.is_full
+            or not self.offset_index.can_append_offset(max_offset)
+        )
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def translate_offset(self, offset: int, start_position: int = 0) -> BatchPosition | None:
+        """The first batch whose last offset is >= `offset`, starting from the index's hint."""
+        position = max(start_position, self.offset_index.lookup(offset)[1])
+        for b in self.batches(position):
+            if b.header.last_offset >= offset:
+                return b
+        return None
+
+    def read(self, start_offset: int, max_size: int, max_position: int | None = None,
+             min_one_message: bool = False) -> LogSlice | None:
+        """The bytes to send for a fetch at `start_offset`; None past the end of this segment."""
+        found = self.translate_offset(start_offset)
+        if found is None:
+            return None
+        limit = self.size if max_position is None else max_position
+        size = max(max_size, found.size) if min_one_message else max_size
+        return LogSlice(self, found.position, max(0, min(limit - found.position, size)))
+
+    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= `timestamp` and offset >= `starting_offset`."""
+        from .records import decode_batch  # records are decoded only for the one batch that holds the answer
+
+        _, indexed_offset = self.time_index.lookup(timestamp)
+        position = self.offset_index.lookup(max(indexed_offset, starting_offset))[1]
+        for b in self.batches(position):
+            if b.header.max_timestamp >= timestamp:
+                batch = decode_batch(self.read_bytes(b.position, b.size), self.where)
+                for r in batch.records:
+                    if r.timestamp >= timestamp and r.offset >= starting_offset:
+                        return r.offset, r.timestamp
+        return None
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last batch (the base offset when empty)."""
+        last = None
+        for last in self.batches(self.offset_index.lookup(self.offset_index.last_offset)[1]):
+            pass
+        return last.header.next_offset if last else self.base_offset
+
+    # -- recovery and truncation -----------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Rebuild both indexes from the log, truncating at the first invalid batch; return bytes truncated."""
+        self.offset_index.reset(self.max_index_size)
+        self.time_index.reset(self.max_index_size)
+        valid_bytes = 0
+        last_index_entry = 0
+        max_ts = (-1, self.base_offset)
+        try:
+            for b in self.batches():
+                check_batch(self.read_bytes(b.position, b.size), f"{self.where}, position {b.position}")
+                if not self.offset_index.can_append_offset(b.header.last_offset):
+                    raise CorruptRecordError(f"offset {b.header.last_offset} overflows segment base {self.base_offset}")
+                if b.header.max_timestamp > max_ts[0]:
+                    max_ts = (b.header.max_timestamp, b.header.last_offset)
+                if valid_bytes - last_index_entry > self.index_interval_bytes:
+                    self.offset_index.append(b.header.last_offset, valid_bytes)
+                    self.time_index.maybe_append(*max_ts)
+                    last_index_entry = valid_bytes
+                valid_bytes += b.size
+        except CorruptRecordError as e:
+            log.warning("Found invalid messages in log segment %s at byte offset %d: %s", self.where, valid_bytes, e)
+        truncated = self.size - valid_bytes
+        if truncated > 0:
+            os.ftruncate(self._fd, valid_bytes)
+            self.size = valid_bytes
+        self._max_ts = max_ts
+        self._rolling_ts = None
+        self.offset_index.trim_to_valid_size()
+        self.time_index.maybe_append(*max_ts, skip_full_check=True)
+        self.time_index.trim_to_valid_size()
+        return truncated
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop every batch at or after the one holding `offset`; return bytes removed."""
+        found = self.translate_offset(offset)
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        self.offset_index.resize(self.max_index_size)
+        self.time_index.resize(self.max_index_size)
+        removed = 0
+        if found is not None:
+            removed = self.size - found.position
+            os.ftruncate(self._fd, found.position)
+            self.size = found.position
+        if self.size == 0:
+            self.created_ms = self._now_ms()
+            self._rolling_ts = None
+        self.bytes_since_last_index_entry = 0
+        self._max_ts = None
+        return removed
+
+    def resize_indexes(self, size: int) -> None:
+        self.offset_index.resize(size)
+        self.time_index.resize(size)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def on_become_inactive(self) -> None:
+        """On roll: the final time-index entry, then trim indexes and any preallocated log space."""
+        self.time_index.maybe_append(*self.max_timestamp_and_offset, skip_full_check=True)
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+        os.ftruncate(self._fd, self.size)
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def close(self) -> None:
+        """Write the final time-index entry, trim all three files and release them."""
+        if self._fd < 0:
+            return
+        if self.max_timestamp_and_offset[0] >= 0 and self.time_index.writable:
+            self.time_index.maybe_append(*self.max_timestamp_and_offset, skip_full_check=True)
+        self.offset_index.close()
+        self.time_index.close()
+        os.ftruncate(self._fd, self.size)
+        os.close(self._fd)
+        self._fd = -1
+
+    def close_handles(self) -> None:
+        """Release descriptors and maps without touching the files (after a rename to `.deleted`)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        for idx in (self.offset_index, self.time_index):
+            if idx._mm is not None:
+                idx._mm.close()
+                idx._mm = None
+
+    def change_suffix(self, old: str, new: str) -> None:
+        """Rename all the segment's files from `old` to `new` suffix (`""`, `.deleted`, `.cleaned`, `.swap`)."""
+        for file_suffix, index in ((LOG_SUFFIX, None), (INDEX_SUFFIX, self.offset_index), (TIME_INDEX_SUFFIX, self.time_index)):
+            src = os.path.join(self.dir, filename_prefix(self.base_offset) + file_suffix + old)
+            dst = os.path.join(self.dir, filename_prefix(self.base_offset) + file_suffix + new)
+            if index is not None:
+                index.rename(dst)
+            elif os.path.exists(src):
+                os.replace(src, dst)
+        self.suffix = new
+
+    def delete_files(self) -> None:
+        self.close_handles()
+        for file_suffix in (LOG_SUFFIX, *INDEX_SUFFIXES):
+            path = self._path(file_suffix)
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def __repr__(self) -> str:
+        return f"LogSegment(base={self.base_offset}, size={self.size}, dir={self.dir!r})"
