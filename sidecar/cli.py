@@ -1,0 +1,42 @@
+"""The `shale` command: one entry point, one sub-command per job."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shale", description="Kafka-compatible, compacted log storage.")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dump = sub.add_parser("dump-log", help="print .log/.index/.timeindex/checkpoint files like kafka-dump-log.sh")
+    dump.add_argument("files", nargs="+", metavar="FILE")
+    dump.add_argument("--print-data-log", action="store_true", help="print every record's key and value")
+    dump.add_argument("--verify-index-only", action="store_true", help="only check index files against their log")
+    dump.add_argument("--index-sanity-check", action="store_true", help="only run the sanity checks of index files")
+    dump.add_argument("--max-bytes", type=int, default=2**31 - 1, help="read at most this many bytes of a .log")
+
+    demo = sub.add_parser("demo", help="write the latest-product-price walkthrough into a log directory and dump it")
+    demo.add_argument("--data-dir", default="demo-data")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    if args.command == "dump-log":
+        from .dump_log import dump_files
+
+        return dump_files(args.files, print_data=args.print_data_log, verify_index_only=args.verify_index_only,
+                          index_sanity_check=args.index_sanity_check, max_bytes=args.max_bytes, out=sys.stdout)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return run_demo(args.data_dir, out=sys.stdout)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
