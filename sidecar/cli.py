@@ -15,9 +15,10 @@ def main(argv: list[str] | None = None) -> int:
     dump = sub.add_parser("dump-log", help="print .log/.index/.timeindex/checkpoint files like kafka-dump-log.sh")
     dump.add_argument("files", nargs="+", metavar="FILE")
     dump.add_argument("--print-data-log", action="store_true", help="print every record's key and value")
+    dump.add_argument("--deep-iteration", action="store_true", help="print one line per record")
     dump.add_argument("--verify-index-only", action="store_true", help="only check index files against their log")
     dump.add_argument("--index-sanity-check", action="store_true", help="only run the sanity checks of index files")
-    dump.add_argument("--max-bytes", type=int, default=2**31 - 1, help="read at most this many bytes of a .log")
+    dump.add_argument("--max-bytes", type=int, default=None, help="read at most this many bytes of a .log")
 
     demo = sub.add_parser("demo", help="write the latest-product-price walkthrough into a log directory and dump it")
     demo.add_argument("--data-dir", default="demo-data")
@@ -28,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dump-log":
         from .dump_log import dump_files
 
-        return dump_files(args.files, print_data=args.print_data_log, verify_index_only=args.verify_index_only,
-                          index_sanity_check=args.index_sanity_check, max_bytes=args.max_bytes, out=sys.stdout)
+        return dump_files(args.files, print_data=args.print_data_log, deep_iteration=args.deep_iteration,
+                          verify_index_only=args.verify_index_only, index_sanity_check=args.index_sanity_check,
+                          max_bytes=args.max_bytes, out=sys.stdout, err=sys.stderr)
     if args.command == "demo":
         from .demo import run_demo
 

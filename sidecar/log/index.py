@@ -142,6 +142,9 @@ class MmapIndex:
             raise CorruptIndexError(f"index {self.path} is not open for writing")
 
     def _raw(self, slot: int, fmt_unpack: Callable[[mmap.mmap, int], tuple[int, ...]]) -> tuple[int, ...]:
+        if not 0 <= slot < self.entries:
+            # Kafka's AbstractIndex.entry: a slot past the entries is an error, not a zeroed preallocated slot.
+            raise IndexError(f"attempt to fetch entry {slot} from index {self.path}, which has {self.entries} entries")
         if self._mm is None:
             raise CorruptIndexError(f"index {self.path} has no entries")
         return fmt_unpack(self._mm, slot * self.entry_size)

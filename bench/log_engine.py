@@ -1,0 +1,692 @@
+"""Log engine benchmark: append and read throughput against `dd`, and lookup cost against the segment count.
+
+    .venv/bin/python bench/log_engine.py            # full run (1 GiB), updates docs/performance.md
+    .venv/bin/python bench/log_engine.py --quick    # 256 MiB, prints only (add --markdown to write the doc)
+    .venv/bin/python bench/log_engine.py --profile  # also cProfile the append and fetch loops
+
+Everything runs in one process on one disk: data goes to bench/out/ (git-ignored) and is
+deleted at the end. Measurements:
+
+1. append: 1 KiB records, 500 per batch, batches built before timing (as a producer sends
+   them); a fresh `Log` with the default segment.bytes; one flush (fsync) at the end, inside
+   the timing. Reference: `dd if=/dev/zero of=FILE bs=1M count=N conv=fdatasync`.
+2. read: a fetch loop `read(offset, 1 MiB)` over the whole log, the bytes taken with
+   `LogSlice.read()` (os.pread) or sent with `os.sendfile` to /dev/null. Reference:
+   `dd if=FILE of=/dev/null bs=1M` on the dd file. Hot (both read once before timing) and,
+   when `/proc/sys/vm/drop_caches` is writable, cold (both after sync + drop_caches).
+3. lookups: `read(random offset, 1)` and `offset_for_timestamp(random ts)` as one log grows
+   to 10, 30, 100, 300 and 1000 segments (small segment.bytes).
+
+Runs that write or fill the page cache are preceded by `prepare()`: sync, drop caches (when
+allowed) and touch enough anonymous memory that the page cache the run allocates is memory
+the VM already backs (see `prefault`); dd and Shale get the same treatment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import gc
+import io
+import mmap
+import os
+import platform
+import pstats
+import random
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIR = os.path.join(ROOT, "bench", "out")
+DOC = os.path.join(ROOT, "docs", "performance.md")
+SECTION = "## Log engine (issue: Log engine)"
+
+from shale.sidecar.log.log import Log  # noqa: E402
+from shale.sidecar.log.records import BATCH_OVERHEAD, Record, encode_batch  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+FETCH_BYTES = 1 * MiB
+TS0 = 1_700_000_000_000
+GOAL_RATIO = 0.70
+
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+
+# Kafka's topic defaults for the attributes Log reads (used only if TopicConfig is missing).
+_KAFKA_DEFAULTS = dict(
+    segment_bytes=GiB, segment_ms=604_800_000, segment_jitter_ms=0, segment_index_bytes=10 * MiB,
+    index_interval_bytes=4096, preallocate=False, compact=False, max_compaction_lag_ms=2**63 - 1,
+    message_timestamp_type="CreateTime", message_timestamp_before_max_ms=2**63 - 1,
+    message_timestamp_after_max_ms=2**63 - 1, max_message_bytes=1_048_588, flush_messages=2**63 - 1,
+    flush_ms=2**63 - 1, file_delete_delay_ms=60_000,
+)
+_FALLBACK_NAMES = {"segment.bytes": "segment_bytes", "index.interval.bytes": "index_interval_bytes",
+                   "segment.index.bytes": "segment_index_bytes"}
+
+
+def make_config(props: dict[str, str] | None = None):
+    """TopicConfig.from_mapping(props), or a stand-in with Kafka's defaults while that module is missing."""
+    props = props or {}
+    try:
+        from shale.sidecar.topic_config import TopicConfig
+    except ImportError:
+        values = dict(_KAFKA_DEFAULTS)
+        for k, v in props.items():
+            values[_FALLBACK_NAMES[k]] = int(v)
+        return types.SimpleNamespace(**values)
+    return TopicConfig.from_mapping(props)
+
+
+def config_source() -> str:
+    try:
+        from shale.sidecar.topic_config import TopicConfig  # noqa: F401
+    except ImportError:
+        return "SimpleNamespace with Kafka's defaults (shale.sidecar.topic_config missing)"
+    return "TopicConfig.from_mapping"
+
+
+# -- environment ---------------------------------------------------------------------------------
+
+
+def _meminfo_kib(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _fs_type(path: str) -> str:
+    best, fstype, dev = "", "?", "?"
+    path = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt = parts[1]
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fstype, dev = mnt, parts[2], parts[0]
+    return f"{fstype} on {dev}"
+
+
+def machine_facts(path: str) -> dict[str, str]:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    du = shutil.disk_usage(path)
+    return {
+        "nproc": str(len(os.sched_getaffinity(0))),
+        "cpu": cpu,
+        "memory": f"{_meminfo_kib('MemTotal') / 1024**2:.1f} GiB",
+        "disk": f"{_fs_type(path)}, {du.free / GiB:.0f} GiB free of {du.total / GiB:.0f} GiB",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "kernel": f"{platform.system()} {platform.release()}",
+    }
+
+
+def can_drop_caches() -> bool:
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def prefault(nbytes: int) -> None:
+    """Touch `nbytes` of anonymous memory and free it.
+
+    On this VM (Firecracker, virtio-balloon with free page reporting) guest memory that was
+    never touched, or was handed back to the host, costs a host page fault on first use: a
+    write into the page cache then runs at ~0.4 GB/s instead of ~5 GB/s. Touching memory
+    first makes the page cache of the next run come from backed pages, like on a machine
+    that has been running for a while; whichever of dd or Shale ran second would otherwise
+    win.
+    """
+    if nbytes <= 0:
+        return
+    chunk = 64 * MiB
+    zeros = bytes(chunk)
+    m = mmap.mmap(-1, nbytes)
+    try:
+        for off in range(0, nbytes, chunk):
+            n = min(chunk, nbytes - off)
+            m[off : off + n] = zeros[:n]
+    finally:
+        m.close()
+
+
+def prepare(*, drop: bool, prefault_bytes: int) -> None:
+    """Start every timed run from the same state: nothing dirty, (optionally) nothing cached, memory backed."""
+    os.sync()
+    if drop:
+        can_drop_caches()
+    prefault(prefault_bytes)
+    gc.collect()
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+def build_batches(total_bytes: int, record_size: int = 1024, per_batch: int = 500, seed: int = 1) -> list[bytes]:
+    """Producer batches of `per_batch` records of `record_size` bytes, about `total_bytes` in all.
+
+    Base offsets are those the log will assign (0, 500, 1000, ...), so the log's bytes equal
+    the producer's and a read can be compared with what was appended.
+    """
+    rng = random.Random(seed)
+    values = [rng.randbytes(record_size) for _ in range(16)]
+
+    def batch(i: int) -> bytes:
+        base = i * per_batch
+        v = values[i % len(values)]
+        return encode_batch([Record(base + j, TS0 + i, None, v) for j in range(per_batch)], base_offset=base)
+
+    first = batch(0)
+    n = max(1, total_bytes // len(first))  # not above total_bytes: 1 GiB stays in one default segment
+    return [first] + [batch(i) for i in range(1, n)]
+
+
+# -- append --------------------------------------------------------------------------------------
+
+
+def time_shale_append(directory: str, batches: list[bytes], config=None) -> tuple[float, Log]:
+    """Append every batch to a fresh log and flush once; seconds including the fsync, and the open log."""
+    shutil.rmtree(directory, ignore_errors=True)
+    log = Log(directory, config if config is not None else make_config())
+    append = log.append
+    t0 = time.perf_counter()
+    for b in batches:
+        append(b)
+    log.flush()
+    elapsed = time.perf_counter() - t0
+    return elapsed, log
+
+
+def time_dd_write(path: str, mib: int) -> float:
+    if os.path.exists(path):
+        os.unlink(path)
+    cmd = ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fdatasync", "status=none"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    return time.perf_counter() - t0
+
+
+def time_dd_read(path: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M", "status=none"], check=True)
+    return time.perf_counter() - t0
+
+
+# -- read ----------------------------------------------------------------------------------------
+
+
+def fetch_pread(log: Log, max_bytes: int = FETCH_BYTES, on_data=None) -> tuple[int, list[int]]:
+    """A consumer's fetch loop from the log start: `read(offset, max_bytes)`, take the bytes, go on after the
+    last whole batch. Returns (bytes of whole batches received, the fetch offsets)."""
+    offset = log.log_start_offset
+    received = 0
+    offsets = []
+    read = log.read
+    while True:
+        s = read(offset, max_bytes)
+        if s is None:
+            break
+        data = s.read()
+        n = len(data)
+        pos = last = 0
+        while pos + BATCH_OVERHEAD <= n:  # whole batches; a fetch may end inside one, as in Kafka
+            size = 12 + _I32.unpack_from(data, pos + 8)[0]
+            if pos + size > n:
+                break
+            last = pos
+            pos += size
+        if on_data is not None:
+            on_data(data, pos)
+        offsets.append(offset)
+        offset = _I64.unpack_from(data, last)[0] + _I32.unpack_from(data, last + 23)[0] + 1
+        received += pos
+    return received, offsets
+
+
+def fetch_sendfile(log: Log, offsets: list[int], out_fd: int, max_bytes: int = FETCH_BYTES) -> int:
+    """A broker's side of the same fetches: `read(offset, max_bytes)`, then sendfile the slice. Returns bytes sent."""
+    sent = 0
+    read = log.read
+    sendfile = os.sendfile
+    for offset in offsets:
+        s = read(offset, max_bytes)
+        fd, pos, left = s.segment.fileno(), s.position, s.size
+        while left:
+            n = sendfile(out_fd, fd, pos, left)
+            if n <= 0:
+                raise OSError(f"sendfile returned {n}")
+            pos += n
+            left -= n
+        sent += s.size
+    return sent
+
+
+def verify_log(log: Log, batches: list[bytes], max_bytes: int = FETCH_BYTES) -> int:
+    """Read the log back with the fetch loop and check that it holds exactly `batches`; return bytes checked."""
+    state = {"i": 0}
+
+    def check(data: bytes, whole: int) -> None:
+        pos = 0
+        while pos < whole:
+            expected = batches[state["i"]]
+            if data[pos : pos + len(expected)] != expected:
+                raise AssertionError(f"batch {state['i']} read back differs from the one appended")
+            pos += len(expected)
+            state["i"] += 1
+
+    received, _ = fetch_pread(log, max_bytes, on_data=check)
+    if state["i"] != len(batches) or received != sum(map(len, batches)):
+        raise AssertionError(f"read back {state['i']} batches / {received} bytes, appended {len(batches)}")
+    return received
+
+
+# -- lookups -------------------------------------------------------------------------------------
+
+
+@dataclass
+class LookupPoint:
+    segments: int
+    log_end_offset: int
+    read_us: float  # median µs of read(random offset, 1)
+    ts_us: float  # median µs of offset_for_timestamp(random ts)
+    read_p90_us: float = 0.0
+    ts_p90_us: float = 0.0
+
+
+def run_lookups(directory: str, checkpoints=(10, 30, 100, 300, 1000), lookups: int = 2000,
+                segment_bytes: int = 64 * 1024, per_batch: int = 10, value_size: int = 100,
+                seed: int = 7) -> list[LookupPoint]:
+    """Grow one log to each segment count in `checkpoints`; at each, time random offset and timestamp lookups.
+
+    Record at offset o has timestamp TS0 + o, so every answer is checked as well.
+    """
+    shutil.rmtree(directory, ignore_errors=True)
+    log = Log(directory, make_config({"segment.bytes": str(segment_bytes)}))
+    rng = random.Random(seed)
+    value = rng.randbytes(value_size)
+    points = []
+    try:
+        for target in checkpoints:
+            while len(log.segments) < target:
+                base = log.log_end_offset
+                log.append(encode_batch([Record(base + j, TS0 + base + j, None, value) for j in range(per_batch)],
+                                        base_offset=base))
+            end = log.log_end_offset
+            offs = [rng.randrange(0, end) for _ in range(lookups)]
+            tss = [TS0 + rng.randrange(0, end) for _ in range(lookups)]
+            read_ns, ts_ns = [], []
+            clock = time.perf_counter_ns
+            read, oft = log.read, log.offset_for_timestamp
+            gc.disable()
+            try:
+                for o in offs:
+                    t0 = clock()
+                    s = read(o, 1)
+                    read_ns.append(clock() - t0)
+                    if s is None:
+                        raise AssertionError(f"read({o}) found nothing")
+                for ts in tss:
+                    t0 = clock()
+                    r = oft(ts)
+                    ts_ns.append(clock() - t0)
+                    if r != (ts - TS0, ts):
+                        raise AssertionError(f"offset_for_timestamp({ts}) = {r}, expected {(ts - TS0, ts)}")
+            finally:
+                gc.enable()
+            for o in offs[:50]:  # the slice starts at the batch holding the offset
+                head = log.read(o, 1).read()[:BATCH_OVERHEAD]
+                first = _I64.unpack_from(head, 0)[0]
+                if not first <= o <= first + _I32.unpack_from(head, 23)[0]:
+                    raise AssertionError(f"read({o}) returned the batch at {first}")
+            q = lambda xs, p: statistics.quantiles(xs, n=10)[p] / 1000 if len(xs) > 1 else xs[0] / 1000  # noqa: E731
+            points.append(LookupPoint(len(log.segments), end, statistics.median(read_ns) / 1000,
+                                      statistics.median(ts_ns) / 1000, q(read_ns, 8), q(ts_ns, 8)))
+    finally:
+        log.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    return points
+
+
+# -- the whole run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    total_bytes: int = 0
+    dd_bytes: int = 0
+    batches: int = 0
+    batch_bytes: int = 0
+    append_s: list[float] = field(default_factory=list)
+    dd_write_s: list[float] = field(default_factory=list)
+    read: dict[str, list[float]] = field(default_factory=dict)  # "hot pread" etc. -> seconds
+    read_bytes: int = 0
+    fetches: int = 0
+    cold: bool = False
+    lookups: list[LookupPoint] = field(default_factory=list)
+    lookups_per_point: int = 0
+    wall_s: float = 0.0
+    profile: str = ""
+
+
+def mbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e6
+
+
+def run(total_bytes: int, rounds: int, read_reps: int, checkpoints, lookups: int, out_dir: str = OUT_DIR,
+        cold: bool | None = None, do_prefault: bool = True, profile: bool = False, say=print) -> Results:
+    """The whole benchmark; the smoke test calls it with tiny sizes (cold=False, do_prefault=False)."""
+    started = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    work = os.path.join(out_dir, f"log_engine-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    if cold is None:
+        cold = can_drop_caches()
+    res = Results(cold=cold)
+    margin = 256 * MiB
+    pf = (lambda n: n + margin) if do_prefault else (lambda n: 0)
+    log = None
+    try:
+        say(f"building {total_bytes / MiB:.0f} MiB of producer batches ...")
+        batches = build_batches(total_bytes)
+        res.batches, res.batch_bytes = len(batches), len(batches[0])
+        res.total_bytes = sum(map(len, batches))
+        mib = max(1, round(res.total_bytes / MiB))
+        res.dd_bytes = mib * MiB
+        log_dir = os.path.join(work, "bench-0")
+        dd_file = os.path.join(work, "dd.bin")
+
+        # 1. append, alternating which goes first
+        for r in range(rounds):
+            for kind in (("dd", "shale") if r % 2 == 0 else ("shale", "dd")):
+                if kind == "shale" and log is not None:
+                    log.close()
+                    log = None
+                prepare(drop=cold, prefault_bytes=pf(res.total_bytes))
+                if kind == "dd":
+                    res.dd_write_s.append(time_dd_write(dd_file, mib))
+                else:
+                    elapsed, log = time_shale_append(log_dir, batches)
+                    res.append_s.append(elapsed)
+                    if log.log_end_offset != res.batches * 500:
+                        raise AssertionError(f"unexpected log after append: {log}")
+                say(f"  append round {r + 1}: {kind} {mbps(res.total_bytes if kind == 'shale' else res.dd_bytes, (res.append_s if kind == 'shale' else res.dd_write_s)[-1]):.0f} MB/s")
+
+        # 2. reads of the last round's log and dd file
+        res.read_bytes = verify_log(log, batches)  # also warms the page cache
+        del batches
+        gc.collect()
+        received, offsets = fetch_pread(log)
+        res.fetches = len(offsets)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            def shale_pread() -> float:
+                t0 = time.perf_counter()
+                got, _ = fetch_pread(log)
+                t = time.perf_counter() - t0
+                if got != res.read_bytes:
+                    raise AssertionError(f"fetch loop read {got} bytes of {res.read_bytes}")
+                return t
+
+            def shale_sendfile() -> float:
+                t0 = time.perf_counter()
+                fetch_sendfile(log, offsets, devnull)
+                return time.perf_counter() - t0
+
+            kinds = {"pread": shale_pread, "sendfile": shale_sendfile, "dd": lambda: time_dd_read(dd_file)}
+            modes = ["hot"] + (["cold"] if cold else [])
+            for mode in modes:
+                if mode == "hot":
+                    time_dd_read(dd_file)  # warm the dd file; the log is warm from verify_log
+                for rep in range(read_reps):
+                    for name in (list(kinds) if rep % 2 == 0 else list(kinds)[::-1]):
+                        if mode == "cold":
+                            prepare(drop=True, prefault_bytes=pf(res.total_bytes))
+                        else:
+                            prepare(drop=False, prefault_bytes=0)
+                        res.read.setdefault(f"{mode} {name}", []).append(kinds[name]())
+                say("  read " + mode + ": " + ", ".join(
+                    f"{k} {mbps(res.dd_bytes if k == 'dd' else res.read_bytes, statistics.median(res.read[f'{mode} {k}'])):.0f} MB/s"
+                    for k in kinds))
+        finally:
+            os.close(devnull)
+
+        if profile:
+            res.profile = profile_loops(log, work)
+        log.close()
+        log = None
+        shutil.rmtree(log_dir, ignore_errors=True)
+        os.unlink(dd_file)
+
+        # 3. lookups
+        say("growing a log to " + "/".join(map(str, checkpoints)) + " segments for lookups ...")
+        res.lookups_per_point = lookups
+        res.lookups = run_lookups(os.path.join(work, "lookups-0"), checkpoints, lookups)
+        for p in res.lookups:
+            say(f"  {p.segments:5d} segments: read {p.read_us:.1f} µs, offset_for_timestamp {p.ts_us:.1f} µs")
+    finally:
+        if log is not None:
+            log.close()
+        shutil.rmtree(work, ignore_errors=True)
+    res.wall_s = time.perf_counter() - started
+    return res
+
+
+def profile_loops(log: Log, work: str, nbytes: int = 256 * MiB) -> str:
+    """cProfile of an append run and of a fetch loop (smaller size; cProfile slows Python code)."""
+    out = io.StringIO()
+    batches = build_batches(nbytes)
+    pr = cProfile.Profile()
+    pr.enable()
+    _, plog = time_shale_append(os.path.join(work, "profile-0"), batches)
+    pr.disable()
+    print("append:", file=out)
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(8)
+    pr = cProfile.Profile()
+    pr.enable()
+    fetch_pread(plog)
+    pr.disable()
+    print("fetch loop (pread):", file=out)
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(8)
+    plog.close()
+    shutil.rmtree(os.path.join(work, "profile-0"), ignore_errors=True)
+    return out.getvalue()
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def _ok(ratio: float) -> str:
+    return "yes" if ratio >= GOAL_RATIO else "**no**"
+
+
+def _spread(xs: list[float], nbytes: int) -> str:
+    rates = sorted(mbps(nbytes, x) for x in xs)
+    return f"{rates[0]:.0f}–{rates[-1]:.0f}" if len(rates) > 1 else f"{rates[0]:.0f}"
+
+
+def tables(res: Results) -> str:
+    size = f"{res.total_bytes / MiB:.0f} MiB"
+    lines = [
+        "| Measurement | Shale MB/s (range) | dd MB/s (range) | Shale / dd | Goal ≥ 70 % |",
+        "|---|---:|---:|---:|:---:|",
+    ]
+    app = statistics.median(res.append_s)
+    ddw = statistics.median(res.dd_write_s)
+    a_rate, d_rate = mbps(res.total_bytes, app), mbps(res.dd_bytes, ddw)
+    lines.append(f"| append {size} + 1 fsync (median of {len(res.append_s)}) | {a_rate:.0f} ({_spread(res.append_s, res.total_bytes)}) "
+                 f"| {d_rate:.0f} ({_spread(res.dd_write_s, res.dd_bytes)}) | {a_rate / d_rate:.0%} | {_ok(a_rate / d_rate)} |")
+    for mode in ("hot", "cold"):
+        if f"{mode} dd" not in res.read:
+            continue
+        dd_s = res.read[f"{mode} dd"]
+        d_rate = mbps(res.dd_bytes, statistics.median(dd_s))
+        for k in ("pread", "sendfile"):
+            xs = res.read[f"{mode} {k}"]
+            rate = mbps(res.read_bytes, statistics.median(xs))
+            how = "LogSlice.read() (pread)" if k == "pread" else "os.sendfile → /dev/null"
+            lines.append(f"| read {mode}, fetch loop 1 MiB, {how} (median of {len(xs)}) | {rate:.0f} ({_spread(xs, res.read_bytes)}) "
+                         f"| {d_rate:.0f} ({_spread(dd_s, res.dd_bytes)}) | {rate / d_rate:.0%} | {_ok(rate / d_rate)} |")
+    out = "\n".join(lines)
+    if res.lookups:
+        lk = [
+            "",
+            "| Segments | Log end offset | `read(random offset, 1)` µs (median / p90) | `offset_for_timestamp(random ts)` µs (median / p90) |",
+            "|---:|---:|---:|---:|",
+        ]
+        for p in res.lookups:
+            lk.append(f"| {p.segments} | {p.log_end_offset:,} | {p.read_us:.1f} / {p.read_p90_us:.1f} | {p.ts_us:.1f} / {p.ts_p90_us:.1f} |")
+        first, last = res.lookups[0], res.lookups[-1]
+        lk.append(f"| **ratio {last.segments}/{first.segments}** | | **{last.read_us / first.read_us:.2f}** | **{last.ts_us / first.ts_us:.2f}** |")
+        out += "\n" + "\n".join(lk)
+    return out
+
+
+def interpretation(res: Results) -> str:
+    app = mbps(res.total_bytes, statistics.median(res.append_s))
+    ddw = mbps(res.dd_bytes, statistics.median(res.dd_write_s))
+    hot_p = mbps(res.read_bytes, statistics.median(res.read["hot pread"]))
+    hot_d = mbps(res.dd_bytes, statistics.median(res.read["hot dd"]))
+    first, last = res.lookups[0], res.lookups[-1]
+    flat = max(last.read_us / first.read_us, last.ts_us / first.ts_us)
+    parts = [
+        f"- **Append** reaches {app / ddw:.0%} of dd ({'goal met' if app / ddw >= GOAL_RATIO else 'below the goal'}). "
+        "Both are bound by the final fsync (about half of either run: the device takes ~2 GB/s) and by the "
+        "kernel copying into the page cache. What Shale adds per 512 KiB batch is one CRC-32C over the batch "
+        "(hardware crc32c, ~10 GB/s), one copy of the producer's bytes into a bytearray to rewrite the base "
+        "offset, and a few µs of Python (header parse, index entries); the second copy the engine used to "
+        "make (`bytes(buf)`) is gone. The remaining copy could go too by writing the rewritten 61-byte "
+        "headers and the untouched record bytes with one `os.pwritev` per append.",
+        f"- **Reads (hot)**: the pread fetch loop gets {hot_p / hot_d:.0%} of dd. Each 1 MiB fetch costs one "
+        "offset-index binary search, one 61-byte header `pread` and a `LogSlice`; the rest is the kernel copy "
+        "into a fresh 1 MiB `bytes`, which is what dd does too (into a reused buffer). The sendfile loop "
+        "copies nothing: splicing to /dev/null drops the pages without touching them, so it is far above dd "
+        "and shows the ceiling of a sendfile server (a socket adds the NIC/TCP copy).",
+    ]
+    if res.cold:
+        cold_p = mbps(res.read_bytes, statistics.median(res.read["cold pread"]))
+        cold_d = mbps(res.dd_bytes, statistics.median(res.read["cold dd"]))
+        cold_s = mbps(res.read_bytes, statistics.median(res.read["cold sendfile"]))
+        parts.append(
+            f"- **Reads (cold**, after `sync; echo 3 > /proc/sys/vm/drop_caches`): pread {cold_p / cold_d:.0%} and "
+            f"sendfile {cold_s / cold_d:.0%} of dd — all three are bound by the disk and the kernel's readahead; "
+            "a fetch loop issues one 1 MiB request at a time (like dd), so readahead is the same for both.")
+    parts.append(
+        f"- **Lookups** stay flat from {first.segments} to {last.segments} segments (ratio {flat:.2f} at most): the segment "
+        "is found by `bisect` over the base offsets (offsets) or over the running maximum of the segments' "
+        "largest timestamps (timestamps), then each lookup is a binary search in one mmap'd index plus a few "
+        "61-byte header preads. `offset_for_timestamp` costs more because it decodes the one batch holding "
+        "the answer (10 records here) in Python; decoding only up to the first matching record, or "
+        "indexing more densely, would make it cheaper.")
+    parts.append(
+        "- **Environment**: this VM backs guest memory lazily (virtio-balloon with free page reporting). A "
+        "page-cache write into memory the guest has not touched yet runs at ~0.4 GB/s instead of ~5 GB/s, so "
+        "every timed run is preceded by touching enough anonymous memory (`prefault`) and by `sync` (and "
+        "`drop_caches` for the cold reads); without that, the first writer in a run looks 3× slower than "
+        "the second. dd writes zeros; the disk does not compress, so this does not favour it.")
+    return "\n".join(parts)
+
+
+def markdown(res: Results, facts: dict[str, str], command: str) -> str:
+    fact_lines = "\n".join(f"- {k}: {v}" for k, v in facts.items())
+    return f"""{SECTION}
+
+Measured {datetime.date.today().isoformat()} with `{command}` (wall time {res.wall_s:.0f} s), all on the disk of
+`bench/out/`. MB/s = 10^6 bytes/s; Shale's figures count the log's bytes ({res.total_bytes:,} in
+{res.batches} batches of {res.batch_bytes:,} bytes: 500 records of 1 KiB), dd's its own ({res.dd_bytes:,}).
+Topic config: {config_source()}, defaults (segment.bytes 1 GiB).
+
+Machine:
+
+{fact_lines}
+
+What is measured:
+
+- **append**: a fresh `Log`, batches built before timing, `append()` each, one `flush()` (fsync) at the end,
+  timed with the flush; rounds alternate dd-first and Shale-first. dd: `dd if=/dev/zero of=FILE bs=1M count={res.dd_bytes // MiB} conv=fdatasync`.
+- **read**: a fetch loop from offset 0, `read(offset, 1 MiB)`, then either `LogSlice.read()` (pread into
+  `bytes`, then the consumer walks the batch headers to the next offset) or `os.sendfile` of the slice to
+  /dev/null (replaying the same {res.fetches} fetch offsets); dd: `dd if=FILE of=/dev/null bs=1M`. Hot = both read
+  once before timing; cold = `sync; echo 3 > /proc/sys/vm/drop_caches` before each run. Before the
+  timing, the fetch loop checked that the log reads back byte-for-byte as the batches appended.
+- **lookups**: one log grown to each segment count (segment.bytes 64 KiB, batches of 10 records of 100
+  bytes, default index.interval.bytes 4096), {res.lookups_per_point:,} random lookups of each kind at each size, each
+  answer checked.
+
+{tables(res)}
+
+Interpretation:
+
+{interpretation(res)}
+"""
+
+
+def update_doc(section: str, path: str = DOC) -> None:
+    """Replace this benchmark's section of docs/performance.md (or add it), leaving other sections alone."""
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    if not text.strip():
+        text = "# Performance\n\n"
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text.rstrip("\n") + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="256 MiB, 2 rounds, fewer lookups (~1 minute)")
+    ap.add_argument("--markdown", action="store_true", help="write docs/performance.md (the default of a full run)")
+    ap.add_argument("--no-markdown", action="store_true", help="do not write docs/performance.md")
+    ap.add_argument("--profile", action="store_true", help="cProfile the append and fetch loops and print the top")
+    ap.add_argument("--size-mib", type=int, help="override the data size")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    total = (args.size_mib * MiB) if args.size_mib else (256 * MiB if quick else GiB)
+    command = ".venv/bin/python bench/log_engine.py" + (" --quick" if quick else "") + (
+        f" --size-mib {args.size_mib}" if args.size_mib else "")
+    facts = machine_facts(ROOT)
+    print("\n".join(f"{k}: {v}" for k, v in facts.items()))
+    res = run(total, rounds=2 if quick else 3, read_reps=2 if quick else 3,
+              checkpoints=(10, 30, 100, 300, 1000), lookups=1000 if quick else 3000, profile=args.profile)
+    print()
+    print(tables(res))
+    print()
+    print(interpretation(res))
+    if res.profile:
+        print("\n" + res.profile)
+    print(f"\nwall time {res.wall_s:.0f} s")
+    if (args.markdown or not quick) and not args.no_markdown:
+        update_doc(markdown(res, facts, command))
+        print(f"updated {os.path.relpath(DOC, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
