@@ -3,8 +3,8 @@
 Pure functions over bytes: `compress` and `decompress` do no I/O and keep no state, so the
 record-batch code can call them on any buffer. Decoding is strict and bounded: whatever the
 input, it returns the original bytes or raises `CorruptRecordError` naming the codec; it never
-lets a library exception escape, never loops without progress, and never builds more than
-`max_size` bytes of output (a few kilobytes of garbage can otherwise claim gigabytes).
+lets a library exception escape, never loops without progress, and stops once the output
+passes `max_size` (a few kilobytes of garbage can otherwise claim gigabytes).
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def compress(codec: Compression, data: bytes, level: int | None = None) -> bytes
 def decompress(codec: Compression, data: bytes | memoryview, *, max_size: int = MAX_DECOMPRESSED_SIZE) -> bytes:
     """Undo Kafka's framing for `codec`; any malformed, truncated or oversized input is corrupt.
 
-    `max_size` caps the output: a stream that would decode to more raises CorruptRecordError
-    before the memory is allocated.
+    `max_size` caps the output: decoding runs in bounded steps and a stream that would decode
+    to more raises CorruptRecordError as soon as a step passes the cap.
     """
     codec = Compression(codec)
     raw = bytes(data)  # no copy when given bytes; flattens any memoryview
@@ -268,8 +268,8 @@ def _lz4_decompress(data: bytes, max_size: int) -> bytes:
         while not decoder.eof:
             chunk = decoder.decompress(pending, max_length=min(_STEP, max_size - len(out) + 1))
             pending = b""
-            if not chunk and decoder.needs_input:
-                break  # all input consumed, frame unfinished
+            if not chunk:
+                break  # no progress: input exhausted before the end mark
             out += chunk
             _check_size(Compression.LZ4, len(out), max_size)
     except RuntimeError as exc:  # the lz4 binding reports every LZ4F error as RuntimeError
@@ -369,9 +369,10 @@ def _zstd_decompress(data: bytes, max_size: int) -> bytes:
     out = bytearray()
     view = memoryview(data)
     pos = 0
+    context = zstandard.ZstdDecompressor()
     try:
         while pos < len(view):
-            decoder = zstandard.ZstdDecompressor().decompressobj()
+            decoder = context.decompressobj()
             while not decoder.eof and pos < len(view):
                 piece = view[pos : pos + _ZSTD_FEED]
                 out += decoder.decompress(piece)

@@ -20,6 +20,7 @@ from .segment import (
     INDEX_SUFFIXES,
     LOG_SUFFIX,
     SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
     LogSegment,
     offset_from_filename,
 )
@@ -116,9 +117,15 @@ def load(
     needs_recovery: set[int] = set()
     for base in sorted(bases):
         index_missing = not os.path.exists(os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}"))
-        segments.append(open_segment(base, ""))
+        time_index_missing = not os.path.exists(os.path.join(directory, f"{base:020d}{TIME_INDEX_SUFFIX}"))
+        seg = open_segment(base, "")
+        segments.append(seg)
         if index_missing:
             needs_recovery.add(base)
+        if time_index_missing:
+            # Kafka's sanityCheck(timeIndexFileNewlyCreated): an empty file, not a preallocated one that a
+            # crash would leave behind as zero entries; recovery (or becoming active) sizes it again.
+            seg.time_index.resize(0)
 
     truncated = 0
     if not had_clean_shutdown:

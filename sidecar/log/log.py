@@ -186,7 +186,8 @@ class Log:
             self._validate(data, parsed, now, assign_offsets)
             buf = bytearray(data)
             offset = self.log_end_offset
-            log_append = self.config.message_timestamp_type == "LogAppendTime"
+            # Only the leader stamps LogAppendTime; a follower keeps the replicated bytes as they are.
+            log_append = assign_offsets and self.config.message_timestamp_type == "LogAppendTime"
             max_ts, max_ts_offset = -1, -1
             first_offset = offset if assign_offsets else parsed.headers[0][1].base_offset
             last_offset = -1
@@ -198,6 +199,12 @@ class Log:
                 else:
                     base = h.base_offset
                 last = base + h.last_offset_delta
+                if not assign_offsets and last_offset >= last:
+                    # Kafka's OffsetsOutOfOrderException: a follower's batches must have increasing last offsets.
+                    raise InvalidRecordError(
+                        f"out of order offsets found in append to {self.name}: batch last offset {last} "
+                        f"follows {last_offset}"
+                    )
                 if leader_epoch is not None:
                     struct.pack_into(">i", buf, pos + 12, leader_epoch)
                 batch_max_ts = h.max_timestamp
@@ -216,7 +223,7 @@ class Log:
                     f"{self.log_end_offset} of {self.name}"
                 )
             self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
-            self.active_segment.append(last_offset, max_ts, max_ts_offset, bytes(buf))
+            self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
             self.log_end_offset = last_offset + 1
             if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
                 self.flush()
@@ -235,6 +242,10 @@ class Log:
         view = memoryview(data)
         for pos, h in parsed.headers:
             at = f"{self.name} offset {self.log_end_offset}"
+            if not assign_offsets:
+                # A follower appends what the leader accepted: Kafka runs no LogValidator and passes
+                # ignoreRecordSize=true (appendAsFollower), so keys, timestamps and sizes are not rechecked.
+                continue
             if h.size > cfg.max_message_bytes:
                 raise RecordTooLargeError(
                     f"the batch of {h.size} bytes for {at} is larger than max.message.bytes ({cfg.max_message_bytes})"
@@ -286,8 +297,9 @@ class Log:
                     os.unlink(path)
             segments.append(self._open_segment(new_base, new=True))
             self._set_segments(segments)
-            if not replaced:
-                self.flush(new_base)  # Kafka flushes asynchronously; the recovery point becomes the new base
+            # Kafka flushes asynchronously; the recovery point becomes the new base, also when an empty
+            # active segment was replaced (UnifiedLog.roll schedules flushUptoOffsetExclusive either way).
+            self.flush(new_base)
             return self.active_segment
 
     # -- flush -----------------------------------------------------------------------------------
@@ -367,13 +379,11 @@ class Log:
                 best = max(self.segments, key=lambda s: s.max_timestamp_and_offset[0])
                 ts, off = best.max_timestamp_and_offset
                 return (off, ts) if ts >= 0 else None
-            prefix = self._timestamp_prefix()
-            i = bisect.bisect_left(prefix, timestamp)
-            candidates = self.segments[i:] if i < len(prefix) else [self.active_segment]
-            for seg in candidates[:1]:
-                if seg.largest_timestamp >= timestamp:
-                    return seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
-            return None
+            # The first segment whose running maximum reaches the target; past the inactive ones, the active one.
+            seg = self.segments[bisect.bisect_left(self._timestamp_prefix(), timestamp)]
+            if seg.largest_timestamp < timestamp:
+                return None
+            return seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
 
     def _timestamp_prefix(self) -> list[int]:
         if self._ts_prefix is None:
@@ -390,6 +400,8 @@ class Log:
     def truncate_to(self, offset: int) -> None:
         """Remove everything at and above `offset` (a replica following a new leader does this)."""
         with self.lock:
+            if offset < 0:
+                raise OffsetOutOfRangeError(f"cannot truncate {self.name} to a negative offset ({offset})")
             if offset >= self.log_end_offset:
                 return
             if offset < self.segments[0].base_offset:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterable, Sequence
 
 import crc32c
@@ -85,8 +85,15 @@ class BatchHeader:
 
     @classmethod
     def parse(cls, buf: bytes | memoryview, pos: int = 0) -> "BatchHeader":
-        """Parse the header at `pos`; the caller has checked that 61 bytes are there."""
-        return cls(*_HEADER.unpack_from(buf, pos))
+        """Parse the header at `pos`; the caller has checked that 61 bytes are there.
+
+        Fields are set through the slots' own setters: the frozen `__init__` (13 `object.__setattr__`
+        calls) costs ~2.4 µs against ~1.4 µs, and every fetch, lookup and recovery parses headers.
+        """
+        header = _new_object(cls)
+        for set_field, value in zip(_HEADER_SETTERS, _HEADER.unpack_from(buf, pos)):
+            set_field(header, value)
+        return header
 
     @property
     def size(self) -> int:
@@ -128,6 +135,11 @@ class BatchHeader:
         if self.base_sequence == NO_SEQUENCE:
             return NO_SEQUENCE
         return (self.base_sequence + self.last_offset_delta) % (1 << 31)
+
+
+_new_object = object.__new__
+_HEADER_SETTERS = tuple(BatchHeader.__dict__[f.name].__set__ for f in fields(BatchHeader))
+assert len(_HEADER_SETTERS) == len(_HEADER.unpack(bytes(_HEADER.size)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +334,9 @@ def encode_batch(
     body = b"".join(
         encode_record(r.offset - base_offset, r.timestamp - base_timestamp, r.key, r.value, r.headers) for r in records
     )
+    if not records:
+        # Kafka writes an empty batch as the bare 61-byte header with codec NONE (writeEmptyHeader).
+        compression = Compression.NONE
     if compression:
         body = compress(compression, body, compression_level)
     attributes = (

@@ -108,7 +108,8 @@ class LogSegment:
 
     # -- append ----------------------------------------------------------------------------------
 
-    def append(self, largest_offset: int, largest_timestamp: int, offset_of_max_timestamp: int, data: bytes) -> None:
+    def append(self, largest_offset: int, largest_timestamp: int, offset_of_max_timestamp: int,
+               data: bytes | bytearray | memoryview) -> None:
         """Append one set of batches and index it by Kafka's `index.interval.bytes` rule.
 
         The offset index entry maps the set's last offset to the set's start

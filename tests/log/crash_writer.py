@@ -12,7 +12,7 @@ Protocol on stdout (flushed after every line group):
 
 `digest` is blake2b of key + NUL + value (`-` for a null value), so the test can verify
 a record read back without knowing the random value. The module also holds the config
-helper the test shares.
+helper and the record generator the test shares. Also: `done` after `--appends N --hang`.
 """
 
 from __future__ import annotations
@@ -24,64 +24,17 @@ import random
 import signal
 import sys
 import time
-import types
 
 TOPIC = "crash"
 PARTITION = 0
 T0 = 1_700_000_000_000  # record timestamps: T0 + offset * 7 + jitter, so they are not monotonic
 
-# Kafka's topic defaults for the attributes `Log` reads, used until `TopicConfig` exists.
-_DEFAULTS = {
-    "segment.bytes": 1073741824,
-    "segment.ms": 604800000,
-    "segment.jitter.ms": 0,
-    "segment.index.bytes": 10485760,
-    "index.interval.bytes": 4096,
-    "preallocate": False,
-    "cleanup.policy": "delete",
-    "max.compaction.lag.ms": 2**63 - 1,
-    "message.timestamp.type": "CreateTime",
-    "message.timestamp.before.max.ms": 2**63 - 1,
-    "message.timestamp.after.max.ms": 2**63 - 1,
-    "max.message.bytes": 1048588,
-    "flush.messages": 2**63 - 1,
-    "flush.ms": 2**63 - 1,
-    "file.delete.delay.ms": 60000,
-}
-
 
 def make_config(props: dict[str, str]):
-    """The topic config for `props` (Kafka names, string values): TopicConfig if it exists, else a namespace."""
-    try:
-        from shale.sidecar.topic_config import TopicConfig
-    except ModuleNotFoundError as e:
-        if e.name not in ("shale.sidecar.topic_config",):
-            raise
-    else:
-        return TopicConfig.from_mapping(dict(props))
-    merged = dict(_DEFAULTS)
-    merged.update(props)
+    """The topic config for `props` (Kafka names, string values) over Kafka's defaults."""
+    from shale.sidecar.topic_config import TopicConfig
 
-    def num(name: str) -> int:
-        return int(merged[name])
-
-    return types.SimpleNamespace(
-        segment_bytes=num("segment.bytes"),
-        segment_ms=num("segment.ms"),
-        segment_jitter_ms=num("segment.jitter.ms"),
-        segment_index_bytes=num("segment.index.bytes"),
-        index_interval_bytes=num("index.interval.bytes"),
-        preallocate=str(merged["preallocate"]).lower() == "true",
-        compact="compact" in str(merged["cleanup.policy"]),
-        max_compaction_lag_ms=num("max.compaction.lag.ms"),
-        message_timestamp_type=str(merged["message.timestamp.type"]),
-        message_timestamp_before_max_ms=num("message.timestamp.before.max.ms"),
-        message_timestamp_after_max_ms=num("message.timestamp.after.max.ms"),
-        max_message_bytes=num("max.message.bytes"),
-        flush_messages=num("flush.messages"),
-        flush_ms=num("flush.ms"),
-        file_delete_delay_ms=num("file.delete.delay.ms"),
-    )
+    return TopicConfig.from_mapping(dict(props))
 
 
 SEGMENT_BYTES = 16384

@@ -3,59 +3,18 @@
 from __future__ import annotations
 
 import os
-import types
 from typing import Iterable, Mapping
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.records import Record, RecordBatch, decode_batch, encode_batch
+from shale.sidecar.topic_config import TopicConfig
 
 T0 = 1_700_000_000_000  # a realistic epoch-ms wall clock for the fake clock
 
-# Kafka's topic defaults (spec section 9) for the attributes `Log` reads.
-KAFKA_DEFAULTS: dict[str, object] = {
-    "segment.bytes": 1073741824,
-    "segment.ms": 604800000,
-    "segment.jitter.ms": 0,
-    "segment.index.bytes": 10485760,
-    "index.interval.bytes": 4096,
-    "preallocate": False,
-    "cleanup.policy": "delete",
-    "max.compaction.lag.ms": 2**63 - 1,
-    "message.timestamp.type": "CreateTime",
-    "message.timestamp.before.max.ms": 2**63 - 1,
-    "message.timestamp.after.max.ms": 2**63 - 1,
-    "max.message.bytes": 1048588,
-    "flush.messages": 2**63 - 1,
-    "flush.ms": 2**63 - 1,
-    "file.delete.delay.ms": 60000,
-}
-
 
 def make_config(props: Mapping[str, object] | None = None):
-    """A topic config from Kafka-named settings (values as str or native)."""
-    merged = dict(KAFKA_DEFAULTS)
-    merged.update(props or {})
-
-    def num(name: str) -> int:
-        return int(merged[name])  # type: ignore[arg-type]
-
-    return types.SimpleNamespace(
-        segment_bytes=num("segment.bytes"),
-        segment_ms=num("segment.ms"),
-        segment_jitter_ms=num("segment.jitter.ms"),
-        segment_index_bytes=num("segment.index.bytes"),
-        index_interval_bytes=num("index.interval.bytes"),
-        preallocate=str(merged["preallocate"]).lower() == "true",
-        compact="compact" in str(merged["cleanup.policy"]),
-        max_compaction_lag_ms=num("max.compaction.lag.ms"),
-        message_timestamp_type=str(merged["message.timestamp.type"]),
-        message_timestamp_before_max_ms=num("message.timestamp.before.max.ms"),
-        message_timestamp_after_max_ms=num("message.timestamp.after.max.ms"),
-        max_message_bytes=num("max.message.bytes"),
-        flush_messages=num("flush.messages"),
-        flush_ms=num("flush.ms"),
-        file_delete_delay_ms=num("file.delete.delay.ms"),
-    )
+    """A topic config from Kafka-named settings (values as str or native), validated as Kafka would."""
+    return TopicConfig.from_mapping(dict(props or {}))
 
 
 class FakeClock:
@@ -121,3 +80,70 @@ def read_batch_at(log, offset: int) -> RecordBatch | None:
 
 def file_size(path: str) -> int:
     return os.path.getsize(path)
+
+
+# --- hypothesis: arbitrary v2 batches -----------------------------------------------------------
+
+from hypothesis import strategies as st  # noqa: E402
+
+from shale.sidecar.log.records import (  # noqa: E402
+    ControlType,
+    Header,
+    TimestampType,
+    encode_control_key,
+    encode_end_txn_marker,
+)
+
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+
+headers_st = st.lists(
+    st.builds(Header, st.text(max_size=8), st.none() | st.binary(max_size=16)), max_size=3
+).map(tuple)
+
+
+@st.composite
+def batch_specs(draw: st.DrawFn, *, allow_empty: bool = True, codecs=tuple(Compression)):
+    """(encode_batch kwargs, records) for one arbitrary v2 batch: null keys/values, headers, gaps in
+    offsets, negative timestamp deltas, large offsets, every codec, control/transactional batches,
+    a delete horizon, LogAppendTime and empty batches."""
+    is_control = draw(st.booleans())
+    n = 1 if is_control else draw(st.integers(0 if allow_empty else 1, 12))
+    base_offset = draw(st.integers(0, 2**62) | st.sampled_from([0, 2**31 - 1, 2**31, 2**62]))
+    first_delta = draw(st.integers(0, 3))
+    gaps = draw(st.lists(st.integers(1, 1000), min_size=max(n - 1, 0), max_size=max(n - 1, 0)))
+    deltas = [first_delta]
+    for g in gaps:
+        deltas.append(deltas[-1] + g)
+    base_ts = draw(st.integers(0, 2**45))
+    ts_deltas = draw(st.lists(st.integers(-(10**7), 10**7), min_size=n, max_size=n))
+    records = []
+    for i in range(n):
+        if is_control:  # one control record: version/type key, end-transaction-marker value
+            key = encode_control_key(draw(st.sampled_from([ControlType.ABORT, ControlType.COMMIT])))
+            value = encode_end_txn_marker(draw(st.integers(0, _INT32_MAX)))
+            headers = ()
+        else:
+            key = draw(st.none() | st.binary(max_size=24))
+            value = draw(st.none() | st.binary(max_size=120) | st.just(b"v" * 300))
+            headers = draw(headers_st)
+        records.append(Record(base_offset + deltas[i], base_ts + ts_deltas[i], key, value, headers))
+    kw = dict(
+        base_offset=base_offset,
+        compression=draw(st.sampled_from(list(codecs))),
+        timestamp_type=draw(st.sampled_from(list(TimestampType))),
+        producer_id=draw(st.sampled_from([-1]) | st.integers(0, _INT64_MAX)),
+        producer_epoch=draw(st.sampled_from([-1]) | st.integers(0, 2**15 - 1)),
+        base_sequence=draw(st.sampled_from([-1, _INT32_MAX]) | st.integers(0, _INT32_MAX)),
+        partition_leader_epoch=draw(st.sampled_from([-1]) | st.integers(0, _INT32_MAX)),
+        is_transactional=draw(st.booleans()),
+        is_control=is_control,
+        delete_horizon_ms=draw(st.none() | st.integers(0, 2**45)),
+    )
+    if kw["timestamp_type"] is TimestampType.LOG_APPEND_TIME:
+        kw["max_timestamp"] = draw(st.integers(0, 2**45))
+    if n == 0:
+        # An empty batch (what compaction leaves) keeps its offset span and max timestamp.
+        kw["last_offset_delta"] = draw(st.integers(0, 1000))
+        kw["max_timestamp"] = draw(st.integers(-1, 2**45))
+    return kw, records

@@ -7,7 +7,7 @@ what was acknowledged is there, that nothing corrupt is served, that offsets are
 and that both indexes agree with the log. Other tests damage the tail of a log left
 without a clean-shutdown marker and check Kafka's truncation (spec sections 2.2, 5.3, 5.4).
 
-Reproduce a run with CRASH_SEED=<seed printed in the failure>.
+Reproduce a failure with the CRASH_SEED=<n> printed in its captured output (timing stays random).
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from shale.sidecar.log.records import Record, decode_batch, encode_batch
 
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_writer.py")
 _spec = importlib.util.spec_from_file_location("_crash_writer", WRITER)
-cw = importlib.util.module_from_spec(_spec)
+cw = sys.modules.setdefault("_crash_writer", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(cw)
 
 TP = TopicPartition(cw.TOPIC, cw.PARTITION)
 PARTITION_NAME = str(TP)  # "crash-0"
+INDEX_BYTES = int(cw.crash_props("noflush", False)["segment.index.bytes"])
 BASE_SEED = int(os.environ.get("CRASH_SEED", random.SystemRandom().randrange(2**32)))
 
 
@@ -63,11 +64,27 @@ def _writer_cmd(directory: str, mode: str, preallocate: bool, seed: int, *extra:
     return cmd
 
 
+_WRITERS: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap_writers():
+    """A failed assertion must not leave a writer running: kill the ones this test started."""
+    print(f"CRASH_SEED={BASE_SEED}")  # shown with a failure, to reproduce it
+    yield
+    while _WRITERS:
+        proc = _WRITERS.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 class Writer:
     """A writer subprocess whose stdout lines are collected by a thread as they arrive."""
 
     def __init__(self, cmd: list[str]) -> None:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _WRITERS.append(self.proc)
         self.lines: list[bytes] = []
         self.cond = threading.Condition()
         self.err = b""
@@ -148,13 +165,11 @@ def _open(directory: str, config) -> tuple[LogDir, object]:
 @dataclass
 class Scanned:
     records: dict[int, tuple[bytes | None, bytes | None, int]]  # offset -> (key, value, timestamp)
-    batch_starts: list[set[int]]  # per segment
 
 
 def check_log(log, acked: dict[int, tuple[str, str]], rng: random.Random, *, preallocate: bool = False) -> Scanned:
     """Everything the crash tests require of a log that was just opened (recovered or clean)."""
     records: dict[int, tuple[bytes | None, bytes | None, int]] = {}
-    all_starts: list[set[int]] = []
     next_offset = log.log_start_offset
     assert log.segments[0].base_offset == log.log_start_offset == 0
     for n, seg in enumerate(log.segments):
@@ -186,11 +201,18 @@ def check_log(log, acked: dict[int, tuple[str, str]], rng: random.Random, *, pre
                 assert f.read() == b"\0" * (file_size - seg.size), f"non-zero bytes after the end of {seg.log_path}"
         assert batches or last_segment, f"empty segment {seg.log_path} in the middle of the log"
         assert seg.next_offset == next_offset
-        all_starts.append(starts)
         _check_offset_index(seg, batches, starts)
         _check_time_index(seg, batches, last_segment)
     assert log.log_end_offset == next_offset
     assert log.recovery_point <= log.log_end_offset
+    # Loading resizes the active segment's indexes back to segment.index.bytes (spec 5.3), so appends go on
+    # without an early roll; the inactive ones hold exactly their entries (spec 2.3).
+    active = log.active_segment
+    assert os.path.getsize(active.offset_index.path) == INDEX_BYTES - INDEX_BYTES % 8
+    assert os.path.getsize(active.time_index.path) == INDEX_BYTES - INDEX_BYTES % 12
+    for seg in log.segments[:-1]:
+        assert os.path.getsize(seg.offset_index.path) == 8 * seg.offset_index.entries, seg.offset_index.path
+        assert os.path.getsize(seg.time_index.path) == 12 * seg.time_index.entries, seg.time_index.path
 
     # Every acknowledged record is there with its key and value.
     missing = [o for o in acked if o not in records]
@@ -203,7 +225,7 @@ def check_log(log, acked: dict[int, tuple[str, str]], rng: random.Random, *, pre
     _check_lookups(log, acked, rng)
     _check_reads(log, records, rng)
     _check_timestamp_lookups(log, records, rng)
-    return Scanned(records, all_starts)
+    return Scanned(records)
 
 
 def _check_offset_index(seg, batches, starts: set[int]) -> None:
@@ -334,8 +356,9 @@ def _continue_appending(log, scanned: Scanned) -> None:
 
 # -- random kills ----------------------------------------------------------------------------------
 
-CYCLES = 9
+CYCLES = 10
 CLEAN_STOP_CYCLES = {3, 7}  # SIGTERM: the writer closes cleanly, so the next start takes the clean path
+TERM_THEN_KILL_CYCLES = {5}  # SIGTERM then SIGKILL a moment later: the kill may land inside the clean close
 
 
 @pytest.mark.parametrize(
@@ -362,16 +385,25 @@ def test_random_kills_keep_every_acknowledged_record(tmp_path, mode, preallocate
             run = w.finish()
             assert run.returncode == 0 and run.closed, f"clean stop failed ({ctx}): rc {run.returncode}\n{run.stderr}"
         else:
-            if rng.random() < 0.3:
+            if cycle in TERM_THEN_KILL_CYCLES:
+                assert w.wait_for(_has_start), f"writer did not start ({ctx}): {w.err!r}"
+                time.sleep(rng.uniform(0.02, 0.15))
+                w.signal(signal.SIGTERM)
+                time.sleep(rng.uniform(0.0, 0.01))
+            elif cycle == 0:  # enough data for several segments whatever the machine's speed
+                assert w.wait_for(_acked_records(rng.randint(150, 400))), f"writer made no progress ({ctx}): {w.err!r}"
+            elif rng.random() < 0.3:
                 time.sleep(rng.uniform(0.0, 0.3))  # blind: may land in start-up or recovery
             else:
                 assert w.wait_for(_has_start), f"writer did not start ({ctx}): {w.err!r}"
                 time.sleep(rng.uniform(0.0, 0.2))
             w.signal(signal.SIGKILL)
-            kills += 1
             run = w.finish()
-            assert run.returncode == -signal.SIGKILL, f"writer died on its own ({ctx}): rc {run.returncode}\n{run.stderr}"
-        print("CYCLE", cycle, run.returncode, run.start, len(run.acks))
+            if cycle in TERM_THEN_KILL_CYCLES and run.returncode == 0:
+                assert run.closed, f"{ctx}: {run.stderr}"  # the clean close finished before the kill
+            else:
+                assert run.returncode == -signal.SIGKILL, f"writer died on its own ({ctx}): rc {run.returncode}\n{run.stderr}"
+                kills += 1
         assert "Traceback" not in run.stderr, f"{ctx}:\n{run.stderr}"
         if run.start is not None:
             leo, recovery_point = run.start
@@ -390,14 +422,13 @@ def test_random_kills_keep_every_acknowledged_record(tmp_path, mode, preallocate
         else:
             assert not run.acks
         clean_before = run.closed
-    assert kills >= 6
+    assert kills >= 7
     assert len(acked) > 50, f"the writers acknowledged only {len(acked)} records in {CYCLES} runs (seed {seed})"
 
     # Recover in this process and check everything; then append, close, reopen cleanly and check again.
     config = _config(mode, preallocate)
     log_dir, log = _open(directory, config)
     scanned = check_log(log, acked, rng, preallocate=preallocate)
-    print("STATS", mode, preallocate, len(acked), log.log_end_offset, len(log.segments), sum(s.offset_index.entries for s in log.segments), log.recovery_point)
     assert len(log.segments) > 3, "segments did not roll"
     assert any(seg.offset_index.entries for seg in log.segments), "no offset index entries were written"
     _continue_appending(log, scanned)
@@ -463,10 +494,13 @@ def _warned(caplog, offset: int) -> bool:
     )
 
 
-def _reopen_and_check(directory: str, acked, expected_end: int, caplog, rng, warn_offset: int | None = None):
+def _reopen_and_check(directory: str, acked, expected_end: int, caplog, rng, warn_offset: int | None = None,
+                      after_open=None):
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         log_dir, log = _open(directory, _config())
+    if after_open is not None:
+        after_open()
     assert not log_dir.had_clean_shutdown
     assert log.log_end_offset == expected_end
     if warn_offset is not None:
@@ -505,17 +539,18 @@ def _damage_tail(path: str, how: str, rng: random.Random) -> tuple[int, int]:
     pos, size, base, last = batches[-1]
     with open(path, "r+b") as f:
         if how == "cut":
-            k = rng.randint(1, size - 1)
-            f.truncate(pos + size - k)
+            f.truncate(pos + rng.randint(1, size - 1))
+        elif how == "cut-in-header":  # 17 bytes or fewer left: the reader stops before the magic
+            f.truncate(pos + rng.randint(1, 17))
         elif how == "garbage":
             k = rng.randint(1, min(size - 61, 64)) if size > 61 else 1
             f.seek(pos + size - k)
             old = f.read(k)
             f.seek(pos + size - k)
             f.write(bytes(b ^ rng.randint(1, 255) for b in old))
-        elif how == "zeros":
+        elif how in ("zeros-few", "zeros"):
             f.seek(0, os.SEEK_END)
-            f.write(b"\0" * rng.choice((5, 17, 18, 61, 4096, 10000)))
+            f.write(b"\0" * (rng.randint(1, 17) if how == "zeros-few" else rng.randint(18, 12000)))
             return last + 1, last + 1
         elif how in ("length-huge", "length-small", "length-off"):
             declared = size - 12
@@ -528,19 +563,25 @@ def _damage_tail(path: str, how: str, rng: random.Random) -> tuple[int, int]:
     return base, base
 
 
-@pytest.mark.parametrize("how", ["cut", "garbage", "zeros", "length-huge", "length-small", "length-off"])
+@pytest.mark.parametrize(
+    "how", ["cut", "cut-in-header", "garbage", "zeros", "zeros-few", "length-huge", "length-small", "length-off"]
+)
 def test_torn_tail_is_truncated_to_the_last_valid_batch(crashed_base, tmp_path, caplog, how):
     rng = random.Random(BASE_SEED ^ zlib.crc32(how.encode()))
     directory = _copy(crashed_base, tmp_path)
     active = _segments_on_disk(directory)[-1]
     before = _batches_on_disk(active)
     expected_end, warn_offset = _damage_tail(active, how, rng)
-    if how != "zeros":
-        assert expected_end == before[-1][2]
-    _reopen_and_check(directory, crashed_base.acked, expected_end, caplog, rng, warn_offset)
-    # The file was cut exactly at the end of the last valid batch (then 3 records appended and closed).
-    after = _batches_on_disk(active)
-    assert after[: len(before) - (how != "zeros")] == before[: len(before) - (how != "zeros")]
+    zeros = how.startswith("zeros")
+    kept = before if zeros else before[:-1]
+    assert expected_end == (before[-1][3] + 1 if zeros else before[-1][2])
+
+    def cut_at_last_valid_batch():
+        assert _batches_on_disk(active) == kept
+        assert os.path.getsize(active) == (kept[-1][0] + kept[-1][1] if kept else 0)
+
+    _reopen_and_check(directory, crashed_base.acked, expected_end, caplog, rng, warn_offset,
+                      after_open=cut_at_last_valid_batch)
 
 
 @pytest.mark.parametrize("how", ["crc", "length"])
@@ -567,11 +608,15 @@ def test_corrupt_batch_in_older_segment_after_recovery_point(crashed_base, tmp_p
             f.seek(pos + 8)
             f.write((size - 12 + rng.choice((-3, 5, 10_000_000))).to_bytes(4, "big"))
     later = segs[segs.index(victim) + 1 :]
-    _reopen_and_check(directory, crashed_base.acked, base, caplog, rng, base)
-    assert _segments_on_disk(directory) == segs[: segs.index(victim) + 1]
-    for path in later:
-        stem = path[:-4]
-        assert not any(os.path.exists(stem + s) for s in (".log", ".index", ".timeindex")), f"{stem} not deleted"
+
+    def files_after_recovery():
+        assert _segments_on_disk(directory) == segs[: segs.index(victim) + 1]
+        for path in later:
+            stem = path[:-4]
+            assert not any(os.path.exists(stem + s) for s in (".log", ".index", ".timeindex")), f"{stem} not deleted"
+        assert os.path.getsize(victim) == pos
+
+    _reopen_and_check(directory, crashed_base.acked, base, caplog, rng, base, after_open=files_after_recovery)
 
 
 # -- preallocation ---------------------------------------------------------------------------------

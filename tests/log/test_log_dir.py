@@ -1,0 +1,146 @@
+"""A log directory: clean-shutdown marker, checkpoints, the lock, partition.metadata, deletion (spec 3, 5.2)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from logtest_util import T0, FakeClock, all_records, records_batch
+
+from shale.sidecar.log.checkpoint import TopicPartition, parse_offsets
+from shale.sidecar.log.log_dir import LogDir, LogDirLockedError
+
+A = TopicPartition("alpha", 0)
+B = TopicPartition("beta-topic", 1)
+
+
+@pytest.fixture
+def cfg(make_config):
+    return make_config({"segment.bytes": 300, "index.interval.bytes": 1})
+
+
+def open_dir(path, cfg, clock=None) -> LogDir:
+    return LogDir(str(path), lambda topic: cfg, clock=clock or FakeClock())
+
+
+def append_n(log, n: int, tag: bytes = b"") -> None:
+    for i in range(n):
+        log.append(records_batch([(b"k%d" % i, tag + b"v%d" % i, T0 + i)]))
+
+
+def crash(log_dir: LogDir) -> None:
+    """The process dies: no flush, no trim, no checkpoint, no marker; the lock goes with the process."""
+    for log in log_dir.logs.values():
+        for seg in log.segments:
+            seg.close_handles()
+    os.close(log_dir._lock_fd)
+
+
+def test_clean_shutdown_marker_written_on_close_and_consumed_on_open(tmp_path, cfg) -> None:
+    d = open_dir(tmp_path, cfg)
+    assert not d.had_clean_shutdown, "a new directory had no clean shutdown"
+    append_n(d.get_or_create(A), 3)
+    d.close()
+    marker = tmp_path / ".kafka_cleanshutdown"
+    assert json.loads(marker.read_bytes()) == {"version": 0, "brokerEpoch": -1}
+    again = open_dir(tmp_path, cfg)
+    assert again.had_clean_shutdown
+    assert not marker.exists(), "deleted at open, so a crash while loading counts as unclean"
+    crash(again)
+    third = open_dir(tmp_path, cfg)
+    assert not third.had_clean_shutdown
+
+
+def test_marker_is_deleted_before_logs_load(tmp_path, cfg) -> None:
+    d = open_dir(tmp_path, cfg)
+    d.get_or_create(A)
+    d.close()
+
+    def broken_config(topic):
+        raise RuntimeError("config store unavailable")
+
+    with pytest.raises(RuntimeError):
+        LogDir(str(tmp_path), broken_config)
+    assert not (tmp_path / ".kafka_cleanshutdown").exists()
+
+
+def test_second_log_dir_on_the_same_path_is_refused(tmp_path, cfg) -> None:
+    d = open_dir(tmp_path, cfg)
+    with pytest.raises(LogDirLockedError, match=str(tmp_path)):
+        open_dir(tmp_path, cfg)
+    assert (tmp_path / ".lock").exists()
+    d.close()
+    open_dir(tmp_path, cfg).close()  # free again after close
+
+
+def test_checkpoints_exact_bytes(tmp_path, cfg) -> None:
+    d = open_dir(tmp_path, cfg)
+    a = d.get_or_create(A)
+    b = d.get_or_create(B)
+    append_n(a, 5)
+    append_n(b, 3)
+    d.checkpoint()
+    rp = parse_offsets((tmp_path / "recovery-point-offset-checkpoint").read_bytes())
+    assert rp == {A: a.recovery_point, B: b.recovery_point}
+    assert (tmp_path / "log-start-offset-checkpoint").read_bytes() == b"0\n0\n", \
+        "only partitions whose start is above their first segment base"
+    a.increment_log_start_offset(2)
+    d.close()
+    assert (tmp_path / "recovery-point-offset-checkpoint").read_bytes() == b"0\n2\nalpha 0 5\nbeta-topic 1 3\n"
+    assert (tmp_path / "log-start-offset-checkpoint").read_bytes() == b"0\n1\nalpha 0 2\n"
+    again = open_dir(tmp_path, cfg)
+    assert again.logs[A].log_start_offset == 2 and again.logs[A].recovery_point == 5
+    assert again.logs[B].log_end_offset == 3
+
+
+def test_unclean_shutdown_recovers_from_the_checkpointed_recovery_point(tmp_path, cfg) -> None:
+    d = open_dir(tmp_path, cfg)
+    log = d.get_or_create(A)
+    append_n(log, 10)
+    d.checkpoint()
+    rp = log.recovery_point
+    active = log.active_segment.log_path
+    crash(d)
+    with open(active, "ab") as f:
+        f.write(b"\x00" * 40)  # preallocated zeros / a torn write
+    again = open_dir(tmp_path, cfg)
+    log = again.logs[A]
+    assert not again.had_clean_shutdown
+    assert log.bytes_truncated_on_load == 40 and log.log_end_offset == 10
+    assert log.recovery_point == rp
+    assert [r.value for r in all_records(log)] == [b"v%d" % i for i in range(10)]
+
+
+def test_partition_metadata_written_on_create(tmp_path, cfg) -> None:
+    d = open_dir(tmp_path, cfg)
+    d.get_or_create(A, topic_id="B3_HiNPgSQ6oxG9ZZ6ED5A")
+    d.get_or_create(B)
+    path = tmp_path / "alpha-0" / "partition.metadata"
+    assert path.read_bytes() == b"version: 0\ntopic_id: B3_HiNPgSQ6oxG9ZZ6ED5A"
+    assert os.path.getsize(tmp_path / "beta-topic-1" / "partition.metadata") == 43
+    assert d.topic_id(A) == "B3_HiNPgSQ6oxG9ZZ6ED5A"
+    assert d.get_or_create(A) is d.logs[A]
+    d.close()
+    assert open_dir(tmp_path, cfg).topic_id(A) == "B3_HiNPgSQ6oxG9ZZ6ED5A"
+
+
+def test_delete_removes_the_partition_and_its_checkpoint_entry(tmp_path, cfg) -> None:
+    d = open_dir(tmp_path, cfg)
+    append_n(d.get_or_create(A), 3)
+    append_n(d.get_or_create(B), 3)
+    d.delete(A)
+    assert A not in d.logs
+    assert sorted(n for n in os.listdir(tmp_path) if os.path.isdir(tmp_path / n)) == ["beta-topic-1"]
+    assert parse_offsets((tmp_path / "recovery-point-offset-checkpoint").read_bytes()).keys() == {B}
+    d.close()
+
+
+def test_delete_dirs_and_non_partition_dirs_at_load(tmp_path, cfg) -> None:
+    (tmp_path / "alpha-0.0123456789abcdef0123456789abcdef-delete").mkdir()
+    (tmp_path / "alpha-0.0123456789abcdef0123456789abcdef-delete" / "00000000000000000000.log").write_bytes(b"")
+    (tmp_path / "not_a_partition").mkdir()
+    d = open_dir(tmp_path, cfg)
+    assert not (tmp_path / "alpha-0.0123456789abcdef0123456789abcdef-delete").exists()
+    assert (tmp_path / "not_a_partition").exists() and d.logs == {}
+    d.close()
