@@ -31,7 +31,7 @@ from .records import (
     decode_records,
     set_base_offset,
 )
-from .segment import DELETED_SUFFIX, LogSegment, LogSlice
+from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX, LogSegment, LogSlice
 
 logger = logging.getLogger(__name__)
 
@@ -437,9 +437,64 @@ class Log:
 
     # -- deletion --------------------------------------------------------------------------------
 
+    @property
+    def high_watermark(self) -> int:
+        """One replica: everything appended is committed, so the high watermark is the log end offset."""
+        return self.log_end_offset
+
+    def delete_segments(self, doomed: list[LogSegment], reason: str) -> int:
+        """Delete whole segments from the front of the log (retention), raising the log start offset past them.
+
+        If the active segment is among them, a new empty one is rolled first, as Kafka does, so the
+        log always has an active segment; an empty active segment itself is never deleted.
+        """
+        with self.lock:
+            live = {id(s) for s in self.segments}
+            doomed = [s for s in doomed if id(s) in live]
+            if not doomed:
+                return 0
+            if doomed[-1] is self.active_segment:
+                if self.active_segment.size == 0:
+                    doomed = doomed[:-1]
+                else:
+                    self.roll()
+            keep = [s for s in self.segments if all(s is not d for d in doomed)]
+            self.increment_log_start_offset(keep[0].base_offset)
+            self._set_segments(keep)
+            for seg in doomed:
+                logger.info("%s: deleting segment %d (%s)", self.name, seg.base_offset, reason)
+                self._delete_segment(seg)
+            return len(doomed)
+
+    def create_cleaned_segment(self, base_offset: int) -> LogSegment:
+        """A fresh `<base>.log.cleaned` segment (leftovers of an aborted pass are removed first)."""
+        for name in os.listdir(self.dir):
+            if name.startswith(f"{base_offset:020d}.") and name.endswith(CLEANED_SUFFIX):
+                os.unlink(os.path.join(self.dir, name))
+        return self._open_segment(base_offset, CLEANED_SUFFIX, new=True)
+
+    def replace_segments(self, new: list[LogSegment], old: list[LogSegment]) -> None:
+        """Swap cleaned segments in for the ones they replace, crash-safely (Kafka's replaceSegments).
+
+        `.cleaned` → `.swap` (newest first), old → `.deleted`, `.swap` → final name, fsync the
+        directory. A crash at any step leaves, after the loader runs, the old log or the new one.
+        """
+        with self.lock:
+            for seg in sorted(new, key=lambda s: s.base_offset, reverse=True):
+                seg.change_suffix(seg.suffix, SWAP_SUFFIX)
+            fsync_dir(self.dir)
+            live = {id(s) for s in self.segments}
+            old_live = [s for s in old if id(s) in live]  # retention may have removed some meanwhile
+            kept = [s for s in self.segments if all(s is not o for o in old_live)]
+            for seg in old_live:
+                self._delete_segment(seg)
+            for seg in new:
+                seg.change_suffix(SWAP_SUFFIX, "")
+            fsync_dir(self.dir)
+            self._set_segments(sorted(kept + list(new), key=lambda s: s.base_offset))
+
     def _delete_segment(self, seg: LogSegment) -> None:
-        """Rename to `.deleted` now; the files go after `file.delete.delay.ms` so in-flight reads finish."""
-        seg.close_handles()
+        """Rename to `.deleted` now; the files (and descriptors) go after `file.delete.delay.ms` so in-flight reads finish."""
         seg.change_suffix(seg.suffix, DELETED_SUFFIX)
         self._pending_deletes.append((self.clock() + self.config.file_delete_delay_ms, seg))
 
