@@ -91,8 +91,10 @@ class MmapIndex:
     def resize(self, new_size: int) -> None:
         """Set the file to `new_size` rounded down to whole entries, keeping the entries that still fit."""
         length = self._round(new_size)
+        if self.writable and length == self.max_entries * self.entry_size:
+            return  # Kafka skips an unchanged size too; remapping costs a syscall storm per segment at load
         if self._mm is not None:
-            self._mm.flush()
+            # No msync here: the pages reach the file through the shared mapping; durability is Log.flush's job.
             self._mm.close()
             self._mm = None
         fd = os.open(self.path, os.O_RDWR)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .atomic_file import fsync_dir
+from .checkpoint import TopicPartition
 from .errors import CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError
 from .loader import load
 from .records import (
@@ -127,6 +128,7 @@ class Log:
         self.bytes_truncated_on_load = result.bytes_truncated
         self.last_flush_ms = clock()
         self._ts_prefix: list[int] | None = None  # running max of inactive segments' largest timestamps
+        self._open_txns: dict[int, int] | None = None  # producer id -> first offset of its open transaction
 
     # -- segments --------------------------------------------------------------------------------
 
@@ -146,6 +148,10 @@ class Log:
             suffix=suffix,
             where=self.name,
         )
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition.parse_dir_name(self.name)
 
     @property
     def active_segment(self) -> LogSegment:
@@ -224,6 +230,7 @@ class Log:
                 )
             self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
             self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
+            self._track_transactions(memoryview(buf), parsed, first_offset)
             self.log_end_offset = last_offset + 1
             if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
                 self.flush()
@@ -414,6 +421,7 @@ class Log:
             self._set_segments(keep)
             self.log_end_offset = self.active_segment.next_offset
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
+            self._open_txns = None  # recounted lazily
             self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -422,6 +430,7 @@ class Log:
             for seg in self.segments:
                 self._delete_segment(seg)
             self._set_segments([self._open_segment(offset, new=True)])
+            self._open_txns = {}
             self.log_end_offset = offset
             self.recovery_point = offset
             self.log_start_offset = offset
@@ -436,6 +445,29 @@ class Log:
             self.log_start_offset = max(self.log_start_offset, offset)
 
     # -- deletion --------------------------------------------------------------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        """First offset of the earliest undecided transaction, or the high watermark; the cleaner stops here."""
+        with self.lock:
+            if self._open_txns is None:
+                from .txn_scan import scan  # a header walk, done once per load or truncation
+
+                self._open_txns = scan(self.segments).open_txns
+            return min([self.high_watermark, *self._open_txns.values()])
+
+    def _track_transactions(self, view: memoryview, parsed: "_ParsedSet", first_base: int) -> None:
+        """Keep the open transactions current on append (a marker closes its producer's transaction)."""
+        if self._open_txns is None:
+            return
+        base = first_base
+        for pos, h in parsed.headers:
+            if h.is_transactional:
+                if h.is_control:
+                    self._open_txns.pop(h.producer_id, None)
+                else:
+                    self._open_txns.setdefault(h.producer_id, base)
+            base += h.last_offset_delta + 1
 
     @property
     def high_watermark(self) -> int:

@@ -166,6 +166,12 @@ class LogSegment:
             self._rolling_ts = first.header.max_timestamp if first else -1
         return self._rolling_ts
 
+    @property
+    def first_batch_timestamp(self) -> int:
+        """Max timestamp of the first batch (Long.MAX when empty): how old the segment's oldest data is."""
+        first = next(iter(self.batches()), None)
+        return first.header.max_timestamp if first else 2**63 - 1
+
     def should_roll(self, *, max_segment_bytes: int, max_segment_ms: int, messages_size: int,
                     max_timestamp: int, max_offset: int, now_ms: int) -> bool:
         """Kafka's roll rule: size, time since the first record (record time), full indexes, offset overflow."""
@@ -239,8 +245,13 @@ class LogSegment:
                 if b.header.max_timestamp > max_ts[0]:
                     max_ts = (b.header.max_timestamp, b.header.last_offset)
                 if valid_bytes - last_index_entry > self.index_interval_bytes:
-                    self.offset_index.append(b.header.last_offset, valid_bytes)
-                    self.time_index.maybe_append(*max_ts)
+                    # Recovery indexes every batch, appends every append: a segment of multi-batch appends
+                    # can need more entries than the index holds. Entries are sparse hints, so stop adding
+                    # them rather than fail to load the log (the time index keeps its last slot).
+                    if not self.offset_index.is_full:
+                        self.offset_index.append(b.header.last_offset, valid_bytes)
+                    if not self.time_index.is_full:
+                        self.time_index.maybe_append(*max_ts)
                     last_index_entry = valid_bytes
                 valid_bytes += b.size
         except CorruptRecordError as e:

@@ -1,0 +1,296 @@
+"""Which partition the cleaner works on, and each partition's cleaning state (Kafka's LogCleanerManager).
+
+States, each with the time it was entered: idle, in progress, aborted, paused(n)
+— pauses are counted and every resume must match one, the lesson of KAFKA-9087 and
+its relatives — and uncleanable, with the reason, when a pass failed. Uncleanable
+partitions are skipped by cleaning and by compacted-topic retention, and reported,
+never retried in a loop. The first dirty offset of each partition lives in
+`cleaner-offset-checkpoint` in Kafka's format.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping
+
+from .checkpoint import CLEANER_OFFSET_CHECKPOINT, CheckpointError, TopicPartition, read_offsets, write_offsets
+from .cleaner import CleaningAbortedError, LogToClean, segments_in_range
+
+logger = logging.getLogger(__name__)
+
+
+class CleaningState(str, enum.Enum):
+    IDLE = "idle"
+    IN_PROGRESS = "in-progress"
+    ABORTED = "aborted"
+    PAUSED = "paused"
+    UNCLEANABLE = "uncleanable"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCleaning:
+    """One partition's cleaning state, when it was entered, its pause count and, if uncleanable, why."""
+
+    state: CleaningState
+    since_ms: int
+    pause_count: int = 0
+    reason: str = ""
+
+
+class CleaningStateError(RuntimeError):
+    """A state transition Kafka forbids (resume without pause, done-cleaning when not cleaning...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CleanableOffsets:
+    first_dirty: int
+    first_uncleanable: int
+    force_checkpoint_update: bool
+
+
+class CleanerManager:
+    """Selection, states and checkpoint of the logs in one log directory."""
+
+    def __init__(self, log_dir: str, logs: Callable[[], Mapping[TopicPartition, object]],
+                 clock: Callable[[], int]) -> None:
+        self.dir = log_dir
+        self.logs = logs
+        self.clock = clock
+        self._lock = threading.Condition()
+        self._states: dict[TopicPartition, PartitionCleaning] = {}
+        self._checkpoint_path = os.path.join(log_dir, CLEANER_OFFSET_CHECKPOINT)
+        self.last_run_ms = clock()
+        self.max_dirty_ratio = 0.0
+        self.max_compaction_delay_ms = 0
+
+    # -- states ----------------------------------------------------------------------------------
+
+    def state(self, tp: TopicPartition) -> PartitionCleaning:
+        with self._lock:
+            return self._states.get(tp) or PartitionCleaning(CleaningState.IDLE, self.last_run_ms)
+
+    def states(self) -> dict[TopicPartition, PartitionCleaning]:
+        with self._lock:
+            return {tp: self.state(tp) for tp in self.logs()}
+
+    def _set(self, tp: TopicPartition, state: CleaningState, pause_count: int = 0, reason: str = "") -> None:
+        self._states[tp] = PartitionCleaning(state, self.clock(), pause_count, reason)
+        self._lock.notify_all()
+
+    def pause(self, tp: TopicPartition) -> int:
+        """Kafka's abortAndPauseCleaning: stop a running pass (waiting for it), count the pause; return the count."""
+        with self._lock:
+            cur = self.state(tp)
+            if cur.state is CleaningState.IN_PROGRESS:
+                self._set(tp, CleaningState.ABORTED)
+                while self.state(tp).state is CleaningState.ABORTED:
+                    self._lock.wait()
+                return self.state(tp).pause_count
+            if cur.state is CleaningState.ABORTED:
+                raise CleaningStateError(f"cleaning of {tp} is being aborted; it cannot be paused now")
+            if cur.state is CleaningState.PAUSED:
+                self._states[tp] = replace(cur, pause_count=cur.pause_count + 1)
+            elif cur.state is CleaningState.UNCLEANABLE:
+                raise CleaningStateError(f"{tp} is uncleanable ({cur.reason}); there is no cleaning to pause")
+            else:
+                self._set(tp, CleaningState.PAUSED, 1)
+            return self.state(tp).pause_count
+
+    def resume(self, tp: TopicPartition) -> int:
+        """Undo one pause; resuming a partition that is not paused is an error. Return the remaining count."""
+        with self._lock:
+            cur = self.state(tp)
+            if cur.state is not CleaningState.PAUSED:
+                raise CleaningStateError(f"cannot resume cleaning of {tp}: it is {cur.state.value}, not paused")
+            if cur.pause_count > 1:
+                self._states[tp] = replace(cur, pause_count=cur.pause_count - 1)
+                return cur.pause_count - 1
+            self._set(tp, CleaningState.IDLE)
+            return 0
+
+    def abort_in_progress(self) -> None:
+        """Ask every running pass to stop (shutdown); no waiting, the threads notice at their next check."""
+        with self._lock:
+            for tp, cur in list(self._states.items()):
+                if cur.state is CleaningState.IN_PROGRESS:
+                    self._set(tp, CleaningState.ABORTED)
+
+    def mark_uncleanable(self, tp: TopicPartition, reason: str) -> None:
+        with self._lock:
+            logger.warning("Marking %s as uncleanable: %s", tp, reason)
+            self._set(tp, CleaningState.UNCLEANABLE, reason=reason)
+
+    def check_aborted(self, tp: TopicPartition) -> None:
+        """Called by the cleaner between steps; raises once someone asked to abort."""
+        if self.state(tp).state is CleaningState.ABORTED:
+            raise CleaningAbortedError(f"cleaning of {tp} was aborted")
+
+    def forget(self, tp: TopicPartition) -> None:
+        """The partition left this directory (deleted): drop its state and checkpoint entry."""
+        with self._lock:
+            self._states.pop(tp, None)
+            self.update_checkpoint(tp, None)
+
+    # -- checkpoint ------------------------------------------------------------------------------
+
+    def read_checkpoint(self) -> dict[TopicPartition, int]:
+        try:
+            return read_offsets(self._checkpoint_path)
+        except (CheckpointError, OSError, UnicodeDecodeError) as e:
+            logger.warning("error reading %s, cleaning all logs from their start: %s", self._checkpoint_path, e)
+            return {}
+
+    def update_checkpoint(self, tp: TopicPartition, offset: int | None) -> None:
+        """Set (or with None remove) one partition's first dirty offset; only live partitions are kept."""
+        with self._lock:
+            current = self.read_checkpoint()
+            if offset is None:
+                current.pop(tp, None)
+            else:
+                current[tp] = offset
+            live = self.logs()
+            write_offsets(self._checkpoint_path, {k: v for k, v in current.items() if k in live})
+
+    def maybe_truncate_checkpoint(self, tp: TopicPartition, offset: int) -> None:
+        """After a truncation: a first dirty offset above the new end would skip data."""
+        with self._lock:
+            current = self.read_checkpoint().get(tp)
+            if current is not None and current > offset:
+                self.update_checkpoint(tp, offset)
+
+    # -- selection -------------------------------------------------------------------------------
+
+    def cleanable_offsets(self, tp: TopicPartition, log, checkpoint: int | None, now: int) -> CleanableOffsets:
+        """First dirty offset (the checkpoint, reset when out of range) and first uncleanable offset."""
+        force = False
+        first_dirty = log.log_start_offset if checkpoint is None else checkpoint
+        if checkpoint is not None and checkpoint < log.log_start_offset:
+            if not log.config.delete:
+                logger.warning("Resetting first dirty offset of %s to log start offset %d since the checkpointed "
+                               "offset %d is invalid", tp, log.log_start_offset, checkpoint)
+            first_dirty, force = log.log_start_offset, True
+        elif checkpoint is not None and checkpoint > log.log_end_offset:
+            logger.warning("The last checkpoint dirty offset for partition %s is %d, which is larger than the log "
+                           "end offset %d. Resetting to the log start offset %d.", tp, checkpoint,
+                           log.log_end_offset, log.log_start_offset)
+            first_dirty, force = log.log_start_offset, True
+        with log.lock:
+            segments = list(log.segments)
+            active_base = log.active_segment.base_offset
+            stable = log.last_stable_offset
+        candidates = [stable, active_base]
+        lag = log.config.min_compaction_lag_ms
+        if lag > 0:
+            for seg in segments_in_range(segments, first_dirty, active_base):
+                if seg.largest_timestamp > now - lag:
+                    candidates.append(seg.base_offset)
+                    break
+        return CleanableOffsets(first_dirty, max(first_dirty, min(candidates)), force)
+
+    def log_to_clean(self, log, offsets: CleanableOffsets, now: int) -> LogToClean:
+        with log.lock:
+            segments = list(log.segments)
+        first_dirty, uncleanable = offsets.first_dirty, offsets.first_uncleanable
+        clean_bytes = sum(s.size for s in segments_in_range(segments, -1, first_dirty))
+        non_active = segments[:-1]
+        first_unclean_seg = next((s for s in non_active if s.base_offset >= uncleanable), segments[-1])
+        limit = first_unclean_seg.base_offset
+        cleanable_bytes = sum(s.size for s in segments_in_range(segments, min(first_dirty, limit), limit))
+        return LogToClean(log, first_dirty, limit, clean_bytes, cleanable_bytes,
+                          self._compaction_delay(log, segments, first_dirty, now))
+
+    @staticmethod
+    def _compaction_delay(log, segments, first_dirty: int, now: int) -> int:
+        """Kafka's maxCompactionDelay: how far past max.compaction.lag.ms the oldest dirty record is."""
+        dirty = segments_in_range(segments[:-1], first_dirty, segments[-1].base_offset)
+        stamps = [ts for s in dirty if (ts := s.first_batch_timestamp) > 0]
+        earliest = min(stamps, default=2**63 - 1)
+        clean_until = now - max(log.config.max_compaction_lag_ms, 0)
+        return clean_until - earliest if earliest < clean_until else 0
+
+    def grab_filthiest_compacted_log(self) -> tuple[TopicPartition, LogToClean] | None:
+        """Pick the compacted log with the highest dirty ratio above its minimum (or forced by the max lag)."""
+        now = self.clock()
+        with self._lock:
+            self.last_run_ms = now
+            checkpoint = self.read_checkpoint()
+            ranked: list[tuple[TopicPartition, LogToClean]] = []
+            max_delay = 0
+            for tp, log in self.logs().items():
+                if not log.config.compact or self.state(tp).state is not CleaningState.IDLE:
+                    continue
+                offsets = self.cleanable_offsets(tp, log, checkpoint.get(tp), now)
+                if offsets.force_checkpoint_update:
+                    self.update_checkpoint(tp, offsets.first_dirty)
+                ltc = self.log_to_clean(log, offsets, now)
+                max_delay = max(max_delay, ltc.max_compaction_delay_ms)
+                if ltc.total_bytes > 0:
+                    ranked.append((tp, ltc))
+            self.max_dirty_ratio = max((ltc.cleanable_ratio for _, ltc in ranked), default=0.0)
+            self.max_compaction_delay_ms = max_delay
+            eligible = [
+                (tp, ltc) for tp, ltc in ranked
+                if (ltc.max_compaction_delay_ms > 0 and ltc.cleanable_bytes > 0)
+                or ltc.cleanable_ratio > ltc.log.config.min_cleanable_dirty_ratio
+            ]
+            if not eligible:
+                return None
+            tp, ltc = max(eligible, key=lambda item: item[1].cleanable_ratio)
+            self._set(tp, CleaningState.IN_PROGRESS)
+            return tp, ltc
+
+    def done_cleaning(self, tp: TopicPartition, end_offset: int | None) -> None:
+        """In progress → idle with the checkpoint moved to `end_offset`; aborted → paused(1), checkpoint untouched."""
+        with self._lock:
+            cur = self.state(tp).state
+            if cur is CleaningState.IN_PROGRESS:
+                if end_offset is not None:
+                    self.update_checkpoint(tp, end_offset)
+                self._set(tp, CleaningState.IDLE)
+            elif cur is CleaningState.ABORTED:
+                self._set(tp, CleaningState.PAUSED, 1)
+            elif cur is not CleaningState.UNCLEANABLE:
+                raise CleaningStateError(f"in-progress partition {tp} cannot be in {cur.value} state")
+
+    # -- retention of compacted logs -------------------------------------------------------------
+
+    def deletable_logs(self) -> list[tuple[TopicPartition, object]]:
+        """Compacted logs the cleaner thread runs retention on; they are marked in progress meanwhile."""
+        with self._lock:
+            out = [(tp, log) for tp, log in self.logs().items()
+                   if log.config.compact and self.state(tp).state is CleaningState.IDLE]
+            for tp, _ in out:
+                self._set(tp, CleaningState.IN_PROGRESS)
+            return out
+
+    def done_deleting(self, tps: list[TopicPartition]) -> None:
+        with self._lock:
+            for tp in tps:
+                cur = self.state(tp).state
+                if cur is CleaningState.IN_PROGRESS:
+                    self._set(tp, CleaningState.IDLE)
+                elif cur is CleaningState.ABORTED:
+                    self._set(tp, CleaningState.PAUSED, 1)
+
+    # -- figures ---------------------------------------------------------------------------------
+
+    def uncleanable(self) -> dict[TopicPartition, PartitionCleaning]:
+        with self._lock:
+            return {tp: s for tp, s in self._states.items() if s.state is CleaningState.UNCLEANABLE}
+
+    def uncleanable_bytes(self) -> int:
+        """Cleanable bytes stuck in uncleanable partitions (Kafka's uncleanable-bytes gauge)."""
+        now = self.clock()
+        checkpoint = self.read_checkpoint()
+        logs = self.logs()
+        total = 0
+        for tp in self.uncleanable():
+            log = logs.get(tp)
+            if log is not None:
+                offsets = self.cleanable_offsets(tp, log, checkpoint.get(tp), now)
+                total += self.log_to_clean(log, offsets, now).cleanable_bytes
+        return total
