@@ -30,7 +30,6 @@ import argparse
 import cProfile
 import datetime
 import gc
-import mmap
 import os
 import platform
 import pstats
@@ -377,6 +376,7 @@ class Results:
     lookups: list[LookupPoint] = field(default_factory=list)
     lookups_per_point: int = 0
     wall_s: float = 0.0
+    load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after the run
     profile: dict[str, str] = field(default_factory=dict)
 
 
@@ -388,6 +388,7 @@ def run(total_bytes: int, rounds: int, read_reps: int, checkpoints, lookups: int
         cold: bool | None = None, profile: bool = False, say=print) -> Results:
     """The whole benchmark; the smoke test calls it with tiny sizes and cold=False."""
     started = time.perf_counter()
+    load_before = os.getloadavg()[0]
     os.makedirs(out_dir, exist_ok=True)
     work = os.path.join(out_dir, f"log_engine-{os.getpid()}")
     remove(work)
@@ -482,6 +483,7 @@ def run(total_bytes: int, rounds: int, read_reps: int, checkpoints, lookups: int
             log.close()
         remove(work)
     res.wall_s = time.perf_counter() - started
+    res.load = (load_before, os.getloadavg()[0])
     return res
 
 
@@ -615,7 +617,9 @@ def interpretation(res: Results) -> str:
     first, last = res.lookups[0], res.lookups[-1]
     parts.append(
         f"- **Lookups: {last.read_us / first.read_us:.2f}× (offset) and {last.ts_us / first.ts_us:.2f}× "
-        f"(timestamp) from {first.segments} to {last.segments} segments.** Nothing in the lookup walks the "
+        f"(timestamp) from {first.segments} to {last.segments} segments** "
+        f"({'flat: goal met' if max(last.read_us / first.read_us, last.ts_us / first.ts_us) < 2 else '**not flat**'}; "
+        "100× the segments cost less than 2×). Nothing in the lookup walks the "
         "segments: the segment is found by `bisect` over the base offsets, or over the running maximum of "
         "the segments' largest timestamps, then one binary search in that segment's mmap'd index and a walk "
         "of ~3 batch headers (index.interval.bytes 4096 / ~1.2 KB batches), one 61-byte `pread` each. What "
@@ -631,8 +635,9 @@ def interpretation(res: Results) -> str:
         "~0.4 GB/s instead of ~5 GB/s, which made single runs of either writer swing 3×. The writers therefore "
         "run as a chain: each deletes the previous output of its kind just before it starts (the first ones "
         "delete an untimed warm-up file), so its page cache reuses memory just freed — what a broker whose "
-        "retention deletes old segments sees. dd writes zeros; the disk does not compress, so that does not "
-        "favour it.")
+        "retention deletes old segments sees. Other processes on the machine (tests, soak runs) add noise, "
+        "mostly to the short hot reads; the load average is recorded above. dd writes zeros; the disk does "
+        "not compress, so that does not favour it.")
     return "\n".join(parts)
 
 
@@ -644,27 +649,37 @@ def markdown(res: Results, facts: dict[str, str], command: str) -> str:
             f"- {k}: {v}" for k, v in res.profile.items()) + "\n"
     return f"""{SECTION}
 
-Measured {datetime.date.today().isoformat()} with `{command}` (wall time {res.wall_s:.0f} s), all on the disk of
-`bench/out/`. MB/s = 10^6 bytes/s; Shale's figures count the log's bytes ({res.total_bytes:,} in
-{res.batches} batches of {res.batch_bytes:,} bytes: 500 records of 1 KiB), dd's its own ({res.dd_bytes:,}).
-Topic config: {config_source()}, defaults (segment.bytes 1 GiB).
+Measured {datetime.date.today().isoformat()}, all on the disk of `bench/out/` (deleted afterwards):
+
+    {command}
+
+Wall time {res.wall_s:.0f} s. One-minute load average {res.load[0]:.2f} before the run and {res.load[1]:.2f}
+after (the run itself adds about 1); other work on this 2-core machine shows up as noise, hence the ranges.
 
 Machine:
 
 {fact_lines}
 
-What is measured:
+What is measured (MB/s = 10^6 bytes/s):
 
-- **append**: a fresh `Log`, batches built before timing, `append()` each, one `flush()` (fsync) at the end,
-  timed with the flush; rounds alternate dd-first and Shale-first. dd: `dd if=/dev/zero of=FILE bs=1M count={res.dd_bytes // MiB} conv=fdatasync`.
-- **read**: a fetch loop from offset 0, `read(offset, 1 MiB)`, then either `LogSlice.read()` (pread into
-  `bytes`, then the consumer walks the batch headers to the next offset) or `os.sendfile` of the slice to
-  /dev/null (replaying the same {res.fetches} fetch offsets); dd: `dd if=FILE of=/dev/null bs=1M`. Hot = both read
-  once before timing; cold = `sync; echo 3 > /proc/sys/vm/drop_caches` before each run. Before the
-  timing, the fetch loop checked that the log reads back byte-for-byte as the batches appended.
+- **append**: {res.batches} producer batches of {res.batch_bytes:,} bytes (500 records of 1 KiB, {res.total_bytes:,} bytes
+  in all), built before timing; a fresh `Log` with the default topic config (segment.bytes 1 GiB; config from
+  {config_source()}); `append()` each batch, then one `flush()` (fsync), timed together. Reference:
+  `dd if=/dev/zero of=FILE bs=1M count={res.dd_bytes // MiB} conv=fdatasync` ({res.dd_bytes:,} bytes), timed around the
+  subprocess. Rounds alternate dd-first and Shale-first; each run first deletes the previous output of its
+  kind (see Environment below).
+- **read**: a fetch loop from offset 0: `read(offset, 1 MiB)`, then either `LogSlice.read()` (pread into
+  `bytes`; the consumer walks the batch headers to the next offset) or `os.sendfile` of the slice to
+  /dev/null (the same {res.fetches} fetch offsets). Reference: `dd if=FILE of=/dev/null bs=1M` on the dd file.
+  Hot = both read once before timing; cold = `sync; echo 3 > /proc/sys/vm/drop_caches` (works here, as
+  root) before each run. Before timing, the fetch loop checked that the log reads back byte-for-byte as
+  the batches appended. Throughput counts the log's bytes once (a 1 MiB fetch ends inside a batch, which
+  the next fetch reads again: ~1.4 % more bytes moved).
 - **lookups**: one log grown to each segment count (segment.bytes 64 KiB, batches of 10 records of 100
-  bytes, default index.interval.bytes 4096), {res.lookups_per_point:,} random lookups of each kind at each size, each
-  answer checked.
+  bytes, default index.interval.bytes 4096); at each size {res.lookups_per_point:,} random offsets and
+  {res.lookups_per_point:,} random timestamps, each call timed on its own and each answer checked.
+- "median of paired runs" is the median over i of rate(Shale run i) / rate(dd run i), the two runs of a
+  pair being adjacent in time; it is what the goal column judges.
 
 {tables(res)}
 
@@ -707,6 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         f" --size-mib {args.size_mib}" if args.size_mib else "")
     facts = machine_facts(ROOT)
     print("\n".join(f"{k}: {v}" for k, v in facts.items()))
+    if os.getloadavg()[0] > 0.5:
+        print(f"warning: load average {os.getloadavg()[0]:.2f}: other processes will add noise to the figures")
     res = run(total, rounds=2 if quick else 6, read_reps=3 if quick else 6,
               checkpoints=(10, 30, 100, 300, 1000), lookups=1000 if quick else 3000, profile=args.profile or not quick)
     print()
@@ -715,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     print(interpretation(res))
     for k, v in res.profile.items():
         print(f"\nprofile, {k}: {v}")
-    print(f"\nwall time {res.wall_s:.0f} s")
+    print(f"\nwall time {res.wall_s:.0f} s, load average {res.load[0]:.2f} before, {res.load[1]:.2f} after")
     if (args.markdown or not quick) and not args.no_markdown:
         update_doc(markdown(res, facts, command))
         print(f"updated {os.path.relpath(DOC, ROOT)}")

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import cleaner_kernel
 from .errors import CorruptRecordError, LogError
 from .file_records import BatchPosition
 from .offset_map import OffsetMap
@@ -268,13 +269,11 @@ class Cleaner:
             if h.is_control:
                 txn_meta.on_control_batch(h, _control_type(seg, b, raw) if h.records_count else None)
             elif not txn_meta.on_data_batch(h):
-                for r in decode_records(h, memoryview(raw)[BATCH_OVERHEAD:], seg.where):
-                    stats.map_messages_read += 1
-                    if r.key is None or r.offset < start or r.offset >= next_offset:
-                        continue
-                    if self.map.is_full or not self.map.can_hold(r.offset):
-                        return True
-                    self.map.put(r.key, r.offset)
+                read, full = cleaner_kernel.map_records(self.map, h, memoryview(raw)[BATCH_OVERHEAD:], start,
+                                                        next_offset, seg.where)
+                stats.map_messages_read += read
+                if full:
+                    return True
             if h.last_offset >= start:
                 self.map.update_latest_offset(min(h.last_offset, next_offset - 1))
         self.map.update_latest_offset(next_offset - 1)
@@ -308,8 +307,10 @@ class Cleaner:
         out_size = 0
         max_ts, max_ts_offset, max_offset = NO_TIMESTAMP, -1, -1
         delete_horizon = now + log.config.delete_retention_ms
+        read_to = 0
         for b in seg.batches():
             h = b.header
+            read_to = b.end
             raw = seg.read_bytes(b.position, b.size)
             self.throttle(b.size)
             stats.bytes_read += b.size
@@ -333,14 +334,21 @@ class Cleaner:
         if out:
             dest.append(max_offset, max_ts, max_ts_offset, b"".join(out))
             self.throttle(out_size)
+        if read_to != seg.size:
+            # The header walk stops quietly at a batch that runs past the end (recovery's truncation point);
+            # here that is corruption, as Kafka's growBuffersOrFail says, never the end of the data to keep.
+            raise CorruptRecordError(
+                f"Log segment may be corrupt: the batches of {seg.log_path} end at byte {read_to} of {seg.size} "
+                f"({log.name})"
+            )
 
     def _retained_batch(self, h: BatchHeader, raw: bytes, seg: LogSegment, b: BatchPosition, now: int,
                         delete_horizon: int, stats: CleanerStats, txn_meta: _TxnMetadata,
                         producers: dict[int, int], upper_bound: int, key_at: "_KeyReader") -> bytes | None:
         """The bytes to keep of one batch (the original, a rebuilt one, or an empty header), or None."""
-        records = decode_records(h, memoryview(raw)[BATCH_OVERHEAD:], seg.where)
-        stats.messages_read += len(records)
+        body = memoryview(raw)[BATCH_OVERHEAD:]
         if h.is_control:
+            records = decode_records(h, body, seg.where)
             control = parse_control_key(records[0].key) if records else None
             can_discard = txn_meta.on_control_batch(h, control)
             discard_records = can_discard and h.delete_horizon_ms is not None and h.delete_horizon_ms <= now
@@ -349,21 +357,17 @@ class Cleaner:
             discard_records = can_discard
         is_last_of_producer = h.producer_id >= 0 and producers.get(h.producer_id) == h.last_offset
         retain_empty = is_last_of_producer or h.next_offset == upper_bound
+        marker_for_empty_txn = can_discard and h.is_control
+        kept = cleaner_kernel.retain_records(self.map, h, body, now, key_at, seg.where, discard=discard_records,
+                                             marker=marker_for_empty_txn, delete_horizon=delete_horizon)
+        stats.messages_read += kept.records
+        stats.invalid_messages += kept.invalid
         if discard_records and not retain_empty:
             return None
-        marker_for_empty_txn = can_discard and h.is_control
-        kept: list[Record] = []
-        tombstones = False
-        for r in records:
-            if discard_records:
-                continue
-            if h.is_control or self._retain(r, h, now, stats, key_at):
-                kept.append(r)
-                tombstones = tombstones or (r.value is None and not h.is_control)
-        if len(kept) == len(records) and records and not ((tombstones or marker_for_empty_txn)
-                                                          and h.delete_horizon_ms is None):
+        if kept.kept == kept.records and kept.records and not ((kept.tombstones or marker_for_empty_txn)
+                                                               and h.delete_horizon_ms is None):
             return raw  # untouched: byte-exact copy
-        if not kept:
+        if not kept.kept:
             if not retain_empty:
                 return None
             return encode_batch([], base_offset=h.base_offset, timestamp_type=h.timestamp_type,
@@ -371,31 +375,9 @@ class Cleaner:
                                 base_sequence=h.base_sequence, partition_leader_epoch=h.partition_leader_epoch,
                                 is_transactional=h.is_transactional, is_control=h.is_control,
                                 last_offset_delta=h.last_offset_delta, max_timestamp=h.max_timestamp)
-        needs_horizon = (tombstones or marker_for_empty_txn) and h.delete_horizon_ms is None
-        horizon = delete_horizon if needs_horizon else h.delete_horizon_ms
-        return encode_batch(
-            kept, base_offset=h.base_offset, compression=h.compression, timestamp_type=h.timestamp_type,
-            producer_id=h.producer_id, producer_epoch=h.producer_epoch, base_sequence=h.base_sequence,
-            partition_leader_epoch=h.partition_leader_epoch, is_transactional=h.is_transactional,
-            is_control=h.is_control, delete_horizon_ms=horizon, last_offset_delta=h.last_offset_delta,
-            max_timestamp=h.max_timestamp if h.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
-        )
-
-    def _retain(self, r: Record, h: BatchHeader, now: int, stats: CleanerStats, key_at: "_KeyReader") -> bool:
-        """Kafka's shouldRetainRecord, with the exact key check that makes hash collisions harmless."""
-        if r.offset > self.map.latest_offset:
-            return True
-        if r.key is None:
-            stats.invalid_messages += 1
-            return False
-        found = self.map.get(r.key)
-        if r.offset < found.offset:
-            if found.verified or key_at(found.offset) == r.key:
-                return False  # a later record of this very key exists
-            return True  # another key with the same digest: keep, and keep its tombstone too (no resurrection)
-        if r.value is not None:
-            return True
-        return h.delete_horizon_ms is None or now < h.delete_horizon_ms
+        # Kafka's shouldRetainRecord (cleaner_kernel.retain_records_py), with the exact key check that makes
+        # hash collisions harmless, has chosen the records and re-encoded them on the horizon, if any.
+        return cleaner_kernel.rebuild_batch(h, kept)
 
 
 class _KeyReader:

@@ -45,6 +45,14 @@ class CleaningStateError(RuntimeError):
     """A state transition Kafka forbids (resume without pause, done-cleaning when not cleaning...)."""
 
 
+class LogCleaningError(RuntimeError):
+    """Kafka's LogCleaningException: selecting a log failed; the cleaner marks `tp` uncleanable."""
+
+    def __init__(self, tp: TopicPartition, message: str) -> None:
+        super().__init__(message)
+        self.tp = tp
+
+
 @dataclass(frozen=True, slots=True)
 class CleanableOffsets:
     first_dirty: int
@@ -196,9 +204,12 @@ class CleanerManager:
             segments = list(log.segments)
         first_dirty, uncleanable = offsets.first_dirty, offsets.first_uncleanable
         clean_bytes = sum(s.size for s in segments_in_range(segments, -1, first_dirty))
-        non_active = segments[:-1]
-        first_unclean_seg = next((s for s in non_active if s.base_offset >= uncleanable), segments[-1])
-        limit = first_unclean_seg.base_offset
+        # Kafka's calculateCleanableBytes: nonActiveLogSegmentsFrom(uncleanable).headOption, i.e. the segment
+        # *holding* the uncleanable offset (the floor segment), so e.g. a segment with an open transaction
+        # in its middle is not cleaned at all.
+        active_base = segments[-1].base_offset
+        non_active = segments_in_range(segments[:-1], uncleanable, active_base) if uncleanable < active_base else []
+        limit = (non_active[0] if non_active else segments[-1]).base_offset
         cleanable_bytes = sum(s.size for s in segments_in_range(segments, min(first_dirty, limit), limit))
         return LogToClean(log, first_dirty, limit, clean_bytes, cleanable_bytes,
                           self._compaction_delay(log, segments, first_dirty, now))
@@ -206,7 +217,8 @@ class CleanerManager:
     @staticmethod
     def _compaction_delay(log, segments, first_dirty: int, now: int) -> int:
         """Kafka's maxCompactionDelay: how far past max.compaction.lag.ms the oldest dirty record is."""
-        dirty = segments_in_range(segments[:-1], first_dirty, segments[-1].base_offset)
+        active_base = segments[-1].base_offset  # nonActiveLogSegmentsFrom: nothing when first_dirty >= active base
+        dirty = segments_in_range(segments[:-1], first_dirty, active_base) if first_dirty < active_base else []
         stamps = [ts for s in dirty if (ts := s.first_batch_timestamp) > 0]
         earliest = min(stamps, default=2**63 - 1)
         clean_until = now - max(log.config.max_compaction_lag_ms, 0)
@@ -223,10 +235,15 @@ class CleanerManager:
             for tp, log in self.logs().items():
                 if not log.config.compact or self.state(tp).state is not CleaningState.IDLE:
                     continue
-                offsets = self.cleanable_offsets(tp, log, checkpoint.get(tp), now)
-                if offsets.force_checkpoint_update:
-                    self.update_checkpoint(tp, offsets.first_dirty)
-                ltc = self.log_to_clean(log, offsets, now)
+                try:
+                    offsets = self.cleanable_offsets(tp, log, checkpoint.get(tp), now)
+                    if offsets.force_checkpoint_update:
+                        self.update_checkpoint(tp, offsets.first_dirty)
+                    ltc = self.log_to_clean(log, offsets, now)
+                except Exception as e:
+                    raise LogCleaningError(
+                        tp, f"Failed to calculate log cleaning stats for partition {tp}: {type(e).__name__}: {e}"
+                    ) from e
                 max_delay = max(max_delay, ltc.max_compaction_delay_ms)
                 if ltc.total_bytes > 0:
                     ranked.append((tp, ltc))

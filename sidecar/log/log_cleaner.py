@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 from .checkpoint import TopicPartition
 from .cleaner import Cleaner, CleanerStats, CleaningAbortedError
-from .cleaner_manager import CleanerManager
+from .cleaner_manager import CleanerManager, LogCleaningError
 from .offset_map import OffsetMap
 from .retention import delete_old_segments
 from .throttler import Throttler
@@ -130,7 +130,11 @@ class LogCleaner:
         return cleaned
 
     def _clean_filthiest(self, cleaner: Cleaner, index: int) -> bool:
-        grabbed = self.manager.grab_filthiest_compacted_log()
+        try:
+            grabbed = self.manager.grab_filthiest_compacted_log()
+        except LogCleaningError as e:  # Kafka's tryCleanFilthiestLog: mark that partition, keep the thread alive
+            self.manager.mark_uncleanable(e.tp, str(e))
+            return False
         if grabbed is None:
             return False
         tp, ltc = grabbed

@@ -10,6 +10,11 @@ or colliding hash therefore costs compaction, never data.
 
 Slot layout (24 bytes, big-endian): offset delta + 1 (uint32, 0 = empty slot),
 tag (0–19: inline key length, 0x80: digest), 19 key or digest bytes.
+
+The hash (`hash_fn`, recorded on the map) picks the first slot and makes the digest. By
+default it is the compiled cleaner kernel's `hash27` (four XXH64, see _cleaner_kernel.c), which
+lets the C loops fill and read the map (cleaner_kernel.py); without the compiled module it is
+BLAKE2b. A map with any other `hash_fn` is only ever used by the pure-Python code.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ def default_hash(key: bytes) -> bytes:
     return hashlib.blake2b(key, digest_size=27).digest()
 
 
+try:  # the C cleaner loops compute this hash themselves; a map made with it can use them
+    from ._cleaner_kernel import hash27 as kernel_hash
+except ImportError:
+    kernel_hash = None
+
+
 @dataclass(frozen=True, slots=True)
 class Lookup:
     """What the map knows of a key: its latest offset, and whether that was matched by digest only."""
@@ -48,16 +59,26 @@ MISSING = Lookup(-1, True)
 class OffsetMap:
     """Open addressing with linear probing over one preallocated bytearray."""
 
-    def __init__(self, memory: int, load_factor: float = 0.9, hash_fn: HashFn = default_hash) -> None:
+    def __init__(self, memory: int, load_factor: float = 0.9, hash_fn: HashFn | None = None) -> None:
         self.slots = memory // SLOT_SIZE
         if self.slots * load_factor <= 1:
             raise ValueError(f"offset map of {memory} bytes is too small to fit even a single message")
         self.max_entries = int(self.slots * load_factor)
-        self.hash_fn = hash_fn
+        if hash_fn is None:
+            hash_fn = kernel_hash or default_hash
+        self.hash_fn = hash_fn  # the hash the map is filled with: only kernel_hash lets the C loops use it
         self.buf = bytearray(self.slots * SLOT_SIZE)
         self.base_offset = 0
         self.size = 0
         self.latest_offset = -1
+
+    @property
+    def hash_name(self) -> str:
+        if self.hash_fn is kernel_hash:
+            return "xxh64x4"
+        if self.hash_fn is default_hash:
+            return "blake2b"
+        return getattr(self.hash_fn, "__name__", "custom")
 
     @property
     def memory_bytes(self) -> int:

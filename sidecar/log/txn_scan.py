@@ -34,15 +34,20 @@ class TxnScan:
     last_epoch: dict[int, int] = field(default_factory=dict)
     aborted: list[AbortedTxn] = field(default_factory=list)
     open_txns: dict[int, int] = field(default_factory=dict)  # producer id -> first offset of its open transaction
+    last_control_offset: dict[int, int] = field(default_factory=dict)  # producer id -> lastOffset of its last marker
 
     def last_stable_offset(self, high_watermark: int) -> int:
         """The first offset of the earliest undecided transaction, or the high watermark."""
         return min([high_watermark, *self.open_txns.values()])
 
     def last_batches_of_active_producers(self, now_ms: int, expiration_ms: int) -> dict[int, int]:
-        """Producer id -> last offset of its last data batch, for producers not expired (producer.id.expiration.ms)."""
+        """Producer id -> last offset of the batch that holds its state, for producers not expired
+        (producer.id.expiration.ms): its last data batch, or — Kafka's LastRecord without a data offset —
+        for a producer that only wrote markers, its last control batch (which carries its epoch)."""
+        last = {**{pid: off for pid, off in self.last_control_offset.items() if pid not in self.last_data_offset},
+                **self.last_data_offset}
         return {
-            pid: off for pid, off in self.last_data_offset.items()
+            pid: off for pid, off in last.items()
             if pid in self.open_txns or now_ms - self.last_timestamp.get(pid, now_ms) < expiration_ms
         }
 
@@ -59,6 +64,7 @@ def scan(segments: Iterable[LogSegment]) -> TxnScan:
             result.last_timestamp[pid] = h.max_timestamp
             result.last_epoch[pid] = h.producer_epoch
             if h.is_control:
+                result.last_control_offset[pid] = h.last_offset
                 if h.records_count == 0:
                     continue
                 raw = seg.read_bytes(b.position, b.size)

@@ -8,11 +8,12 @@ Protocol on stdout (flushed after every line group):
                                               only after `append()` returned (in flush mode
                                               `flush.messages=1` makes the append fsync first),
                                               all lines of one append in one write;
-  `closed`                                    after a clean `LogDir.close()` on SIGTERM.
+  `closed`                                    after a clean `LogDir.close()` on SIGTERM;
+  `done`                                      after `--appends N --hang`, which then waits to be killed.
 
 `digest` is blake2b of key + NUL + value (`-` for a null value), so the test can verify
-a record read back without knowing the random value. The module also holds the config
-helper and the record generator the test shares. Also: `done` after `--appends N --hang`.
+a record read back without knowing the random value. The test imports this module for
+the config and the digest.
 """
 
 from __future__ import annotations

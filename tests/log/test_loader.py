@@ -390,3 +390,19 @@ def test_crash_during_swap(tmp_path, cfg, stage, expected, clean) -> None:
     assert [(r.offset, r.value) for r in all_records(again)] == expected + [(12, b"v12")]
     again.close()
     assert {n: b for n, b in dir_snapshot(d).items() if n.endswith(".log")} == before
+
+
+def test_crash_with_multi_batch_appends_and_a_small_index_still_loads(tmp_path, make_config) -> None:
+    cfg = make_config({"segment.bytes": 2000, "index.interval.bytes": 0, "segment.index.bytes": 60})
+    d = tmp_path / "t-0"
+    log = open_log(d, cfg)
+    offset = 0
+    for _ in range(4):  # follower fetches: several batches per append
+        data = b"".join(encode_batch([Record(offset + i, T0 + offset + i, b"k", b"v")]) for i in range(5))
+        log.append(data, assign_offsets=False)
+        offset += 5
+    crash(log)
+    again = open_log(d, cfg, recovery_point=0, had_clean_shutdown=False)
+    assert again.log_end_offset == 20
+    assert [r.offset for r in all_records(again)] == list(range(20))
+    assert [again.offset_for_timestamp(T0 + o) for o in range(20)] == [(o, T0 + o) for o in range(20)]

@@ -142,12 +142,18 @@ def test_roll_segment_that_already_exists(tmp_path, make_config, clock) -> None:
     assert log_files(log, ".log") == ["00000000000000000000.log", "00000000000000000002.log"]
 
 
-def test_roll_onto_an_existing_non_empty_segment_is_refused(tmp_path, make_config, clock) -> None:
+def test_roll_never_goes_below_the_log_end(tmp_path, make_config, clock) -> None:
     log = open_log(tmp_path, make_config(), clock)
     log.append(simple_batch(ts=clock()))
-    log.truncate_to(0)
-    log.append(simple_batch(ts=clock()))
-    assert log.roll().base_offset == 1  # rolls at the log end, never onto the non-empty segment
+    assert log.roll(0).base_offset == 1, "max(requested base, log end)"
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    # Rolling further (a follower's expected next offset) keeps the empty segment, as LocalLog.roll does.
+    assert log.roll(7).base_offset == 7
+    assert [s.base_offset for s in log.segments] == [0, 1, 7]
+    assert log.segments[1].size == 0 and os.path.getsize(log.segments[1].offset_index.path) == 0
+    assert log_files(log, ".log") == ["00000000000000000000.log", "00000000000000000001.log",
+                                      "00000000000000000007.log"]
+    assert log.log_end_offset == 1 and log.read(1, 100) is None
 
 
 def test_relative_offset_overflow_rolls(tmp_path, make_config, clock) -> None:

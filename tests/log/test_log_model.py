@@ -12,7 +12,7 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from logtest_util import T0, FakeClock, make_config, segment_batches
 
 from shale.sidecar.log.compression import Compression
@@ -25,6 +25,8 @@ CODECS = [Compression.NONE] * 4 + [Compression.GZIP, Compression.SNAPPY, Compres
 
 record_st = st.tuples(st.sampled_from([b"a", b"b", b"c", None]), st.none() | st.binary(max_size=60),
                       st.integers(-500, 500))
+# One-record appends done before a rule's action, so that every kind of step also grows the log.
+pre_st = st.lists(st.tuples(st.integers(T0, T0 + 100_000), st.binary(max_size=40)), max_size=6)
 batch_st = st.tuples(st.sampled_from(CODECS), st.integers(T0, T0 + 100_000), st.lists(record_st, min_size=1, max_size=5))
 
 
@@ -40,7 +42,7 @@ class LogModel(RuleBasedStateMachine):
 
     # -- setup / teardown -------------------------------------------------------------------------
 
-    @initialize(segment_bytes=st.integers(250, 2000), interval=st.integers(0, 400),
+    @initialize(segment_bytes=st.integers(250, 1200), interval=st.integers(0, 400),
                 index_bytes=st.sampled_from([60, 96, 240, 4096]), flush=st.sampled_from([1, 4, 2**63 - 1]),
                 segment_ms=st.sampled_from([30_000, 604_800_000]), preallocate=st.booleans())
     def setup(self, segment_bytes, interval, index_bytes, flush, segment_ms, preallocate) -> None:
@@ -65,6 +67,17 @@ class LogModel(RuleBasedStateMachine):
         for _t, seg in self.log._pending_deletes:
             seg.close_handles()
 
+    def _read_every_batch(self) -> None:
+        """Every record of the model is served by `Log.read` at its offset (after a reload, via the loaded
+        or rebuilt indexes)."""
+        for base, last, recs in self.batches:
+            if last < self.start:
+                continue
+            for offset in {max(base, self.start), last}:
+                raw = self.log.read(offset, 1, min_one_message=True).read()
+                got = decode_batch(raw[: 12 + int.from_bytes(raw[8:12], "big")])
+                assert [(r.offset, r.key, r.value, r.timestamp) for r in got.records] == recs
+
     @property
     def records(self):
         return [r for _b, _l, recs in self.batches for r in recs]
@@ -73,6 +86,19 @@ class LogModel(RuleBasedStateMachine):
 
     @rule(batches=st.lists(batch_st, min_size=1, max_size=3))
     def append(self, batches) -> None:
+        self._append(batches)
+
+    @rule(appends=st.lists(st.tuples(st.integers(T0, T0 + 100_000), st.binary(max_size=40)), min_size=1,
+                           max_size=15))
+    def append_burst(self, appends) -> None:
+        """Many one-record appends, as a producer with linger.ms=0 sends them: segments fill and roll."""
+        self._burst(appends)
+
+    def _burst(self, appends) -> None:
+        for ts, value in appends:
+            self._append([(Compression.NONE, ts, [(b"k", value, 0)])])
+
+    def _append(self, batches) -> None:
         parts, expected = [], []
         off = self.leo
         for codec, base_ts, recs in batches:
@@ -95,14 +121,16 @@ class LogModel(RuleBasedStateMachine):
         if self.cfg.flush_messages == 1:
             assert self.log.recovery_point == self.leo
 
-    @rule()
-    def roll(self) -> None:
+    @rule(pre=pre_st)
+    def roll(self, pre) -> None:
+        self._burst(pre)
         self.log.roll()
         assert self.log.active_segment.base_offset == self.leo
-        assert self.log.recovery_point == self.leo or len(self.log.segments) == 1
+        assert self.log.recovery_point == self.leo, "a roll flushes up to the new segment's base"
 
-    @rule()
-    def reopen_clean(self) -> None:
+    @rule(pre=pre_st)
+    def reopen_clean(self, pre) -> None:
+        self._burst(pre)
         self.log.close()
         assert self.log.recovery_point == self.leo
         for seg in self.log.segments:  # everything trimmed
@@ -112,9 +140,11 @@ class LogModel(RuleBasedStateMachine):
         self.log = Log(self.dir, self.cfg, recovery_point=self.leo, log_start_offset=self.start,
                        had_clean_shutdown=True, clock=self.clock)
         assert self.log.bytes_truncated_on_load == 0
+        self._read_every_batch()
 
-    @rule(from_checkpoint=st.booleans(), closed_first=st.booleans())
-    def reopen_unclean(self, from_checkpoint, closed_first) -> None:
+    @rule(pre=pre_st, from_checkpoint=st.booleans(), closed_first=st.booleans())
+    def reopen_unclean(self, pre, from_checkpoint, closed_first) -> None:
+        self._burst(pre)
         rp = self.log.recovery_point if from_checkpoint else 0
         if closed_first:
             self.log.close()
@@ -125,9 +155,11 @@ class LogModel(RuleBasedStateMachine):
         if not self.cfg.preallocate or closed_first:
             assert self.log.bytes_truncated_on_load == 0, "nothing was torn"
         assert self.log.recovery_point == min(rp, self.leo)
+        self._read_every_batch()
 
-    @rule(data=st.data())
-    def truncate(self, data) -> None:
+    @rule(pre=pre_st, data=st.data())
+    def truncate(self, pre, data) -> None:
+        self._burst(pre)
         if data.draw(st.integers(0, 2), label="skip"):
             return  # rarer than appends
         target = data.draw(st.integers(0, self.leo + 2), label="truncate_to")
@@ -144,21 +176,24 @@ class LogModel(RuleBasedStateMachine):
         self.batches = kept
         self.start = min(self.start, self.leo)
 
-    @rule(gap=st.integers(0, 30), act=st.integers(0, 3))
-    def truncate_fully_and_start_at(self, gap, act) -> None:
+    @rule(pre=pre_st, gap=st.integers(0, 30), act=st.integers(0, 3))
+    def truncate_fully_and_start_at(self, pre, gap, act) -> None:
+        self._burst(pre)
         if act:  # rarer than the other rules, so that logs grow several segments
             return
         self.log.truncate_fully_and_start_at(self.leo + gap)
         self.batches, self.leo, self.start = [], self.leo + gap, self.leo + gap
 
-    @rule(data=st.data())
-    def increment_log_start_offset(self, data) -> None:
+    @rule(pre=pre_st, data=st.data())
+    def increment_log_start_offset(self, pre, data) -> None:
+        self._burst(pre)
         target = data.draw(st.integers(self.start, self.leo), label="new_start")
         self.log.increment_log_start_offset(target)
         self.start = target
 
-    @rule()
-    def delete_expired_files(self) -> None:
+    @rule(pre=pre_st)
+    def delete_expired_files(self, pre) -> None:
+        self._burst(pre)
         self.log.delete_expired_files()
         assert not [n for n in os.listdir(self.dir) if n.endswith(".deleted")]
 

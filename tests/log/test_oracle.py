@@ -18,7 +18,7 @@ from logtest_util import FakeClock, all_records, batch_specs, make_config
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.log import Log
-from shale.sidecar.log.records import TimestampType, check_batch, decode_batch, encode_batch
+from shale.sidecar.log.records import Record, TimestampType, check_batch, decode_batch, encode_batch
 from shale.sidecar.log.varint import decode_varlong, encode_varint
 
 SETTINGS = settings(max_examples=60, deadline=None,
@@ -79,8 +79,6 @@ def test_kafka_python_reads_a_shale_segment_file_as_a_fetch_response(tmp_path) -
     expected = []
     for i, codec in enumerate(list(Compression) * 2):
         recs = [(b"k%d" % j, b"value %d %d " % (i, j) * 5, 1000 + i) for j in range(3)]
-        from shale.sidecar.log.records import Record
-
         log.append(encode_batch([Record(j, ts, k, v) for j, (k, v, ts) in enumerate(recs)], compression=codec))
         expected += [(3 * i + j, 1000 + i, k, v) for j, (k, v, _ts) in enumerate(recs)]
     log.close()
@@ -189,8 +187,6 @@ def test_idempotent_and_transactional_client_batches(tmp_path, client) -> None:
 @pytest.mark.parametrize("codec", CLIENT_CODECS, ids=lambda c: c.config_name)
 def test_clients_read_shale_compressed_batches_with_large_payloads(codec) -> None:
     """Several snappy/lz4 blocks (> 64 KiB) and the clients' own codec readers."""
-    from shale.sidecar.log.records import Record
-
     recs = [Record(i, 5000 + i, b"key-%d" % i, os.urandom(8) * 1500) for i in range(12)]
     data = encode_batch(recs, compression=codec)
     for client, dec in DECODERS.items():

@@ -14,7 +14,6 @@ from shale.sidecar.log.errors import CorruptRecordError
 from shale.sidecar.log.records import (
     BATCH_OVERHEAD,
     ControlType,
-    Header,
     Record,
     TimestampType,
     check_batch,

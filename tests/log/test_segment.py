@@ -445,3 +445,27 @@ def test_create_with_init_file_size_clean_shutdown(tmp_path) -> None:
     again = make_segment(tmp_path, 40, preallocate_bytes=512 * 1024 * 1024)
     assert again.read(55, 200).read() == ms2
     assert again.size == old_size == os.path.getsize(again.log_path)
+
+
+def test_recovery_of_a_segment_with_more_batches_than_index_slots(tmp_path) -> None:
+    """Appends index once per append, recovery once per batch: with multi-batch appends (a follower's
+    fetches) and a small segment.index.bytes, recovery must not fail on a full index — the log would
+    not load after a crash. Entries are sparse hints, so a full index only means longer scans."""
+    seg = make_segment(tmp_path, 0, interval=0, max_index_size=60)  # 7 offset slots, 5 time slots
+    offset = 0
+    for _ in range(5):
+        parts = []
+        for _b in range(4):
+            parts.append(records(offset, "v", ts=1000 + offset))
+            offset += 1
+        data = b"".join(parts)
+        seg.append(offset - 1, 1000 + offset - 1, offset - 1, data)
+    assert seg.offset_index.entries == 4
+    seg.close_handles()
+    again = make_segment(tmp_path, 0, interval=0, max_index_size=60)
+    assert again.recover() == 0
+    assert again.offset_index.entries == 7 and again.time_index.entries == 5
+    assert again.time_index.last_entry == (1019, 19), "the final entry still takes the kept slot"
+    for o in range(20):
+        assert again.translate_offset(o).header.base_offset == o
+        assert again.find_offset_by_timestamp(1000 + o, 0) == (o, 1000 + o)
