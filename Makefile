@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench clean
 
-$(BIN)/.installed: pyproject.toml
+# setup.py compiles the cleaner's C loops (sidecar/log/_cleaner_kernel.c); a change to either reinstalls.
+$(BIN)/.installed: pyproject.toml setup.py sidecar/log/_cleaner_kernel.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
@@ -20,6 +21,7 @@ test: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/log_engine.py
+	$(BIN)/python bench/compaction.py
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache .hypothesis
+	rm -rf $(VENV) demo-data .pytest_cache .hypothesis build sidecar/log/_cleaner_kernel.*.so

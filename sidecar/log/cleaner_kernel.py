@@ -27,6 +27,7 @@ from .compression import Compression, compress, decompress
 from .offset_map import OffsetMap
 from .records import (
     BATCH_OVERHEAD,
+    COMPRESSION_MASK,
     CONTROL_BIT,
     DELETE_HORIZON_BIT,
     LOG_OVERHEAD,
@@ -82,8 +83,8 @@ def uses_c(offset_map: OffsetMap) -> bool:
 
 
 def _records_data(h: BatchHeader, body: bytes | memoryview) -> bytes | memoryview:
-    """The uncompressed records, as decode_records gets them."""
-    return decompress(h.compression, body) if h.compression else body
+    """The uncompressed records, as decode_records gets them (and failing as it fails)."""
+    return decompress(h.compression, body) if h.attributes & COMPRESSION_MASK else body
 
 
 # -- pass 1 ----------------------------------------------------------------------------------------
@@ -212,7 +213,7 @@ def rebuild_batch(h: BatchHeader, kept: Retained) -> bytes:
     there is a horizon.
     """
     body = kept.body
-    compression = Compression.from_attributes(h.attributes)
+    compression = Compression.from_attributes(h.attributes) if h.attributes & COMPRESSION_MASK else Compression.NONE
     if compression:
         body = compress(compression, body, None)
     attributes = (int(compression) | (h.attributes & _KEPT_ATTRIBUTES)

@@ -66,7 +66,7 @@ class CleanerManager:
     def __init__(self, log_dir: str, logs: Callable[[], Mapping[TopicPartition, object]],
                  clock: Callable[[], int]) -> None:
         self.dir = log_dir
-        self.logs = logs
+        self._logs = logs
         self.clock = clock
         self._lock = threading.Condition()
         self._states: dict[TopicPartition, PartitionCleaning] = {}
@@ -74,6 +74,10 @@ class CleanerManager:
         self.last_run_ms = clock()
         self.max_dirty_ratio = 0.0
         self.max_compaction_delay_ms = 0
+
+    def logs(self) -> dict[TopicPartition, object]:
+        """A snapshot: partitions are created and deleted while the cleaner iterates."""
+        return dict(self._logs())
 
     # -- states ----------------------------------------------------------------------------------
 
@@ -120,12 +124,17 @@ class CleanerManager:
             self._set(tp, CleaningState.IDLE)
             return 0
 
-    def abort_in_progress(self) -> None:
-        """Ask every running pass to stop (shutdown); no waiting, the threads notice at their next check."""
+    def abort_in_progress(self) -> list[TopicPartition]:
+        """Ask every running pass to stop (shutdown); no waiting, the threads notice at their next check.
+
+        Returns the partitions aborted: each ends in paused(1), which the caller resumes once
+        its threads have stopped, so that the pause is not leaked.
+        """
         with self._lock:
-            for tp, cur in list(self._states.items()):
-                if cur.state is CleaningState.IN_PROGRESS:
-                    self._set(tp, CleaningState.ABORTED)
+            aborted = [tp for tp, cur in self._states.items() if cur.state is CleaningState.IN_PROGRESS]
+            for tp in aborted:
+                self._set(tp, CleaningState.ABORTED)
+            return aborted
 
     def mark_uncleanable(self, tp: TopicPartition, reason: str) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 from .checkpoint import TopicPartition
 from .cleaner import Cleaner, CleanerStats, CleaningAbortedError
-from .cleaner_manager import CleanerManager, LogCleaningError
+from .cleaner_manager import CleanerManager, CleaningState, LogCleaningError
 from .offset_map import OffsetMap
 from .retention import delete_old_segments
 from .throttler import Throttler
@@ -92,9 +92,12 @@ class LogCleaner:
         """Stop the threads; a pass in progress is aborted at its next check."""
         self._stop.set()
         self._wake.set()
-        self.manager.abort_in_progress()
+        aborted = self.manager.abort_in_progress()
         for t in self._threads:
             t.join(timeout_s)
+        for tp in aborted:  # the abort paused them; nothing else did
+            if self.manager.state(tp).state is CleaningState.PAUSED:
+                self.manager.resume(tp)
 
     def wake(self) -> None:
         """Cut the back-off short (tests, config changes)."""

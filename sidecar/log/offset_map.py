@@ -30,6 +30,8 @@ DIGEST_TAG = 0x80
 MAX_DELTA = 2**32 - 2  # offsets of one pass must fit a uint32 delta from the pass base
 
 _HEAD = struct.Struct(">IB")
+_ZEROS = bytes(1 << 20)
+_ZEROS_VIEW = memoryview(_ZEROS)
 
 HashFn = Callable[[bytes], bytes]  # key -> at least 27 bytes: 8 for the slot position, 19 of digest
 
@@ -93,8 +95,14 @@ class OffsetMap:
         return self.size >= self.max_entries
 
     def clear(self, base_offset: int) -> None:
-        """Empty the map for a pass whose offsets start at `base_offset`."""
-        self.buf[:] = bytes(len(self.buf))
+        """Empty the map for a pass whose offsets start at `base_offset`.
+
+        Zeroed in place a chunk at a time, so that no second map-sized buffer raises the cleaner's peak memory.
+        """
+        buf = self.buf
+        for pos in range(0, len(buf), len(_ZEROS)):
+            end = min(pos + len(_ZEROS), len(buf))
+            buf[pos:end] = _ZEROS_VIEW[: end - pos]
         self.base_offset = base_offset
         self.size = 0
         self.latest_offset = -1

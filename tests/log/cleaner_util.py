@@ -22,7 +22,6 @@ from shale.sidecar.log.records import (
     ControlType,
     Record,
     decode_batch,
-    decode_records,
     encode_batch,
     encode_control_key,
     encode_end_txn_marker,
@@ -194,8 +193,6 @@ def control_types(log: Log) -> list[tuple[int, str]]:
             out.append((h.last_offset, parse_control_key(recs[0].key).name if recs else "EMPTY"))
     return out
 
-
-__all__ = [name for name in dir() if not name.startswith("__")] + ["decode_records"]
 
 
 def read_all(log: Log) -> list[Record]:

@@ -43,7 +43,8 @@ class LogModel(RuleBasedStateMachine):
     # -- setup / teardown -------------------------------------------------------------------------
 
     @initialize(segment_bytes=st.integers(250, 1200), interval=st.integers(0, 400),
-                index_bytes=st.sampled_from([60, 96, 240, 4096]), flush=st.sampled_from([1, 4, 2**63 - 1]),
+                index_bytes=st.sampled_from([60, 96, 240, 4096]),
+                flush=st.sampled_from([1, 5, 2**63 - 1, 2**63 - 1]),
                 segment_ms=st.sampled_from([30_000, 604_800_000]), preallocate=st.booleans())
     def setup(self, segment_bytes, interval, index_bytes, flush, segment_ms, preallocate) -> None:
         self.cfg = make_config({
@@ -344,7 +345,7 @@ class LogModel(RuleBasedStateMachine):
 
 
 LogModel.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=50, deadline=None,
+    max_examples=50, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestLogModel = LogModel.TestCase
