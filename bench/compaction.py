@@ -365,8 +365,9 @@ def verify_cleaned(directory: str, built: Built) -> int:
 class Case:
     name: str
     built: Built
-    result: PassResult
-    verified: int
+    result: PassResult  # the median pass
+    verified: int  # records of the cleaned log checked against the model
+    runs: list[float] = field(default_factory=list)  # records/s of every pass
 
 
 @dataclass
@@ -377,9 +378,13 @@ class Run:
 
 
 def run_case(name: str, records: int, keys: int, kernel: str, out_dir: str, *, subprocess_pass: bool = True,
-             profile: bool = False, say=print, per_batch: int = PER_BATCH,
+             profile: bool = False, repeats: int = 1, say=print, per_batch: int = PER_BATCH,
              segment_bytes: int | None = None) -> Case:
-    """Build a log, clean it once with one path (in a worker process), check it against the model, delete it."""
+    """Build a log, clean it with one path (in a worker process), check it against the model, delete it.
+
+    With `repeats` > 1 the pass also runs on copies of the log made before cleaning, and the case
+    reports the median pass; the figures of every pass are kept in `Case.runs`.
+    """
     directory = os.path.join(out_dir, f"compaction-{kernel}-{records}-0")
     say(f"{name}: building {records:,} records on {keys:,} keys ...")
     built = build_log(directory, records, keys, per_batch=per_batch, segment_bytes=segment_bytes)
@@ -387,32 +392,42 @@ def run_case(name: str, records: int, keys: int, kernel: str, out_dir: str, *, s
         f"cleaning with the {kernel} path ...")
     memory = map_memory_for(keys)
     clean = clean_pass_in_subprocess if subprocess_pass else clean_pass
-    copy = directory + "-profiled"
-    if profile:  # the profiled pass runs on a copy, so that the timed pass runs without the profiler
+    copies = [directory + f"-copy{i}" for i in range(1, repeats)]
+    profiled_copy = directory + "-profiled"
+    for copy in copies + ([profiled_copy] if profile else []):  # the profiled pass runs without timing weight
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(directory, copy)
-    result = clean(directory, memory, kernel)
-    if profile:
-        profiled = clean(copy, memory, kernel, profile=True)
-        result.profile, result.profile_split = profiled.profile, profiled.profile_split
+    results = []
+    for where in [directory] + copies:
+        results.append(clean(where, memory, kernel))
+        say(f"  map {results[-1].map_s:.2f} s + clean {results[-1].clean_s:.2f} s = "
+            f"{results[-1].records_per_s:,.0f} records/s")
+    for copy in copies:
         shutil.rmtree(copy, ignore_errors=True)
-    say(f"  map {result.map_s:.2f} s + clean {result.clean_s:.2f} s = {result.records_per_s:,.0f} records/s; "
-        "checking the cleaned log against the model ...")
+    if len({(r.records_written, r.size_after) for r in results}) != 1:
+        raise AssertionError("passes over copies of one log gave different logs")
+    result = sorted(results, key=lambda r: r.total_s)[len(results) // 2]
+    if profile:
+        profiled = clean(profiled_copy, memory, kernel, profile=True)
+        result.profile, result.profile_split = profiled.profile, profiled.profile_split
+        shutil.rmtree(profiled_copy, ignore_errors=True)
+    say("  checking the cleaned log against the model ...")
     verified = verify_cleaned(directory, built)
     shutil.rmtree(directory, ignore_errors=True)
-    return Case(name, built, result, verified)
+    return Case(name, built, result, verified, [r.records_per_s for r in results])
 
 
 def run(*, full_records: int, full_keys: int, small_records: int, small_keys: int, out_dir: str = OUT_DIR,
-        profile: bool = False, subprocess_pass: bool = True, segment_bytes: int | None = None, say=print) -> Run:
-    """The C path on the full log, then the C and the pure-Python paths on the small one."""
+        profile: bool = False, repeats: int = 1, subprocess_pass: bool = True, segment_bytes: int | None = None,
+        say=print) -> Run:
+    """The C path on the full log, then the C and the pure-Python paths on the small one (C passes `repeats` times)."""
     t0 = time.perf_counter()
     res = Run(load=[os.getloadavg()[0]])
     os.makedirs(out_dir, exist_ok=True)
     kw = dict(profile=profile, subprocess_pass=subprocess_pass, segment_bytes=segment_bytes, say=say)
-    res.cases.append(run_case("C kernel", full_records, full_keys, "c", out_dir, **kw))
+    res.cases.append(run_case("C kernel", full_records, full_keys, "c", out_dir, repeats=repeats, **kw))
     if small_records != full_records:
-        res.cases.append(run_case("C kernel", small_records, small_keys, "c", out_dir, **kw))
+        res.cases.append(run_case("C kernel", small_records, small_keys, "c", out_dir, repeats=repeats, **kw))
     res.cases.append(run_case("pure Python", small_records, small_keys, "python", out_dir, **kw))
     res.wall_s = time.perf_counter() - t0
     res.load.append(os.getloadavg()[0])
@@ -426,9 +441,13 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f}"
 
 
+def _range(runs: list[float]) -> str:
+    return f" ({min(runs) / 1e6:.2f}–{max(runs) / 1e6:.2f} M, {len(runs)} passes)" if len(runs) > 1 else ""
+
+
 def table(res: Run) -> str:
     rows = [
-        "| Path | Records / distinct keys | Log MB | Map build s | Clean s | Pass s (CPU s) | **Records/s** | MB/s "
+        "| Path | Records / distinct keys | Log MB | Map build s | Clean s | Pass s (CPU s) | **Records/s** (range) | MB/s "
         "| Map bytes/key (map MB) | Peak RSS MiB (at start) | Size after MB | Reduction |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -436,7 +455,8 @@ def table(res: Run) -> str:
         r = c.result
         rows.append(
             f"| {c.name} | {c.built.records:,} / {r.map_entries:,} | {_mb(r.size_before)} | {r.map_s:.2f} "
-            f"| {r.clean_s:.2f} | {r.total_s:.2f} ({r.cpu_s:.2f}) | **{r.records_per_s:,.0f}** | {r.mb_per_s:,.0f} "
+            f"| {r.clean_s:.2f} | {r.total_s:.2f} ({r.cpu_s:.2f}) | **{r.records_per_s:,.0f}**{_range(c.runs)} "
+            f"| {r.mb_per_s:,.0f} "
             f"| {r.map_bytes_per_key:.2f} ({_mb(r.map_memory)}) | {r.rss_peak_kib / 1024:,.0f} "
             f"({r.rss_start_kib / 1024:,.0f}) | {_mb(r.size_after)} | {100 * r.reduction:.1f}% |"
         )
@@ -450,11 +470,14 @@ def interpretation(res: Run) -> str:
     out = []
     per_batch_us = 1e6 * r.total_s / max(main.built.batches, 1)
     out.append(
-        f"- **Throughput**: {r.records_per_s:,.0f} records/s over the whole pass ({r.map_records / r.map_s:,.0f}/s "
+        f"- **Throughput**: {r.records_per_s:,.0f} records/s over the whole pass ("
+        + (f"the median of {len(main.runs)} passes over copies of the log; " if len(main.runs) > 1 else "")
+        + f"{r.map_records / r.map_s:,.0f}/s "
         f"building the map, {r.records_read / r.clean_s:,.0f}/s cleaning), {per_batch_us:.0f} µs per "
         f"{PER_BATCH}-record batch for both passes together. The pass used {r.cpu_s:.2f} s of CPU for "
         f"{r.total_s:.2f} s of wall time; the 1-minute load average was {res.load[0]:.1f} before the run and "
-        f"{res.load[-1]:.1f} after it on {os.cpu_count()} CPUs, so other processes took part of the machine.")
+        f"{res.load[-1]:.1f} after it on {os.cpu_count()} CPUs"
+        + (", so other processes shared the CPUs (the gap between wall and CPU time)." if max(res.load) > 1 else "."))
     split = r.profile_split
     if split:
         total = sum(split.values()) or 1.0
@@ -465,7 +488,8 @@ def interpretation(res: Run) -> str:
             f"- **Where the time goes** (C path, profiled pass on a copy of the log, own time): {parts}. The C loops "
             f"spend most of their time waiting for the map's cache lines: a {_mb(r.map_memory)} MB table probed at "
             f"random, ~{probes:.1f} slots per lookup at load {load:.2f} with linear probing (Knuth's estimate for a "
-            "hit); the first slot of every record of a batch is prefetched before the loop that uses it. Parsing "
+            "hit); the first two cache lines of every lookup of a batch are prefetched before the loop that uses "
+            "them. Parsing "
             "the records and hashing the keys (XXH64) are a small part. The rest is "
             "per batch and in Python: walking the batch headers (one 61-byte `pread` and a `BatchHeader` each, "
             "in both passes), reading each batch (one `pread` copy out of the page cache), checking its CRC "
@@ -591,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile each cleaning pass")
     ap.add_argument("--no-markdown", action="store_true", help="do not write docs/performance.md")
     ap.add_argument("--records", type=int, help="records of the main log (keys = records / 10)")
+    ap.add_argument("--repeats", type=int, help="C passes per log, on copies; the median is reported (default 3)")
     ap.add_argument("--clean-worker", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--map-bytes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--kernel", choices=("c", "python"), help=argparse.SUPPRESS)
@@ -606,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts()
     print("\n".join(f"{k}: {v}" for k, v in facts.items()))
     res = run(full_records=full, full_keys=full // 10, small_records=small, small_keys=max(small // 10, 1),
-              profile=args.profile or not args.quick)
+              profile=args.profile or not args.quick, repeats=args.repeats or (1 if args.quick else 3))
     print()
     print(table(res))
     print()

@@ -119,10 +119,14 @@ class OffsetMap:
         return DIGEST_TAG, h[8 : 8 + INLINE_MAX], start
 
     def _find(self, tag: int, stored: bytes, start: int) -> tuple[int, int]:
-        """(slot, stored delta+1 or 0 if empty) of the key's slot or the empty slot where it would go."""
+        """(slot, stored delta+1 or 0 if empty) of the key's slot or the empty slot where it would go.
+
+        (-1, 0) when the key is absent and every slot is taken (load factor 1.0): probing stops after
+        one lap, as Kafka's get does, instead of circling forever.
+        """
         buf = self.buf
         slot = start
-        while True:
+        for _ in range(self.slots):
             pos = slot * SLOT_SIZE
             delta1, slot_tag = _HEAD.unpack_from(buf, pos)
             if delta1 == 0 or (slot_tag == tag and buf[pos + 5 : pos + SLOT_SIZE] == stored):
@@ -130,6 +134,7 @@ class OffsetMap:
             slot += 1
             if slot == self.slots:
                 slot = 0
+        return -1, 0
 
     def put(self, key: bytes, offset: int) -> None:
         """Record `offset` as the key's latest; the caller stops the pass when `is_full`."""
@@ -137,7 +142,7 @@ class OffsetMap:
         slot, delta1 = self._find(tag, stored, start)
         pos = slot * SLOT_SIZE
         if delta1 == 0:
-            if self.size >= self.slots:
+            if slot < 0 or self.size >= self.slots:
                 raise OverflowError("offset map has no free slot")
             self.buf[pos + 5 : pos + SLOT_SIZE] = stored
             self.size += 1

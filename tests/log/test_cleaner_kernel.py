@@ -189,7 +189,7 @@ def _batch_keys(h: BatchHeader, body) -> list[bytes]:
 @st.composite
 def filled_maps(draw, h: BatchHeader, body=None):
     """A kernel-hash map holding some keys (many of them the batch's) at offsets around the batch's."""
-    m = kernel_map(draw(st.sampled_from([2, 3, 8, 64, 4096])), draw(st.sampled_from([0.9, 0.75, 0.99])))
+    m = kernel_map(draw(st.sampled_from([2, 3, 8, 64, 4096])), draw(st.sampled_from([0.9, 0.75, 1.0])))
     m.clear(max(0, h.base_offset - draw(st.integers(0, 50))))
     pool = KEYS + (_batch_keys(h, body) if body is not None else [])
     for _ in range(draw(st.integers(0, 12))):

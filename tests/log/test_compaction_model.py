@@ -24,19 +24,18 @@ import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from logtest_util import FakeClock, dir_snapshot, make_config, segment_batches
-
-import pytest
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.cleaner import Cleaner
 from shale.sidecar.log.cleaner_manager import CleanerManager, CleaningState, CleaningStateError
+from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.log_cleaner import CleanerConfig, LogCleaner
 from shale.sidecar.log.log_dir import LogDir
-from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.offset_map import SLOT_SIZE, OffsetMap, default_hash
 from shale.sidecar.log.records import Record, encode_batch
 
@@ -366,7 +365,8 @@ class CompactionModel(RuleBasedStateMachine):
             if crash_at is not None and not snapshot:
                 # "checkpoint": die just before the cleaner checkpoint is renamed into place, i.e. after
                 # every swap of the pass: the next pass cleans the same dirty section again.
-                if calls[0] == crash_at or (crash_at == "checkpoint" and str(dst).endswith("cleaner-offset-checkpoint")):
+                at_checkpoint = crash_at == "checkpoint" and str(dst).endswith("cleaner-offset-checkpoint")
+                if calls[0] == crash_at or at_checkpoint:
                     snapshot.update(dir_snapshot(self.path))  # what the disk holds when the process dies
                     raise Crash(f"crash before os.replace #{calls[0] + 1} of the pass")
                 calls[0] += 1
@@ -433,7 +433,8 @@ class CompactionModel(RuleBasedStateMachine):
           slots=st.sampled_from(SLOTS), py=st.booleans())
     def clean_at_horizon(self, delta, via, slots, py) -> None:
         """A pass 1 ms before, or exactly at, the earliest delete horizon still ahead."""
-        ahead = [b.horizon + delta for b in self.batches if b.horizon is not None and b.horizon + delta > self.clock.now]
+        ahead = [b.horizon + delta for b in self.batches
+                 if b.horizon is not None and b.horizon + delta > self.clock.now]
         if ahead:
             self.clock.now = min(ahead)
             self.clean(via=via, slots=slots, crash_at=None, py=py)
@@ -549,6 +550,21 @@ class CompactionModel(RuleBasedStateMachine):
             assert value is None, f"key {k!r}: latest value at offset {o} lost"
             horizon, removed_at = self.removed_tombstones[o]
             assert removed_at >= horizon
+
+    @invariant()
+    def consumers_see_the_latest_state(self) -> None:
+        """Reading the log from its start gives, for every key, its latest value, and nothing for a key whose
+        tombstone is gone: an older value must never reappear once a tombstone goes (no resurrection)."""
+        if self.logdir is None:
+            return
+        view: dict[bytes, bytes | None] = {}
+        truth: dict[bytes, bytes | None] = {}
+        for b in self.batches:
+            for _o, k, v, _ts in b.recs:
+                view[k] = v
+        for o in sorted(self.written):
+            truth[self.written[o][0]] = self.written[o][1]
+        assert {k: v for k, v in view.items() if v is not None} == {k: v for k, v in truth.items() if v is not None}
 
     @invariant()
     def cleaning_state(self) -> None:

@@ -24,6 +24,8 @@ from shale.sidecar.log.log import Log
 from shale.sidecar.log.offset_map import INLINE_MAX, SLOT_SIZE, OffsetMap, default_hash
 from shale.sidecar.log.records import Record, encode_batch
 
+pytestmark = pytest.mark.timeout(120)  # a map that probes forever must fail fast, not at the 600 s default
+
 
 # -- weak hashes: hash_fn(key) -> 27 bytes, the first 8 pick the slot, the next 19 are a long key's digest --
 
@@ -83,7 +85,7 @@ def test_inline_keys_are_exact_even_in_one_slot() -> None:
         m.put(k, 100 + i)
     assert m.size == len(keys)
     for i, k in enumerate(keys):
-        assert m.get(k) .offset == 100 + i and m.get(k).verified, k
+        assert m.get(k).offset == 100 + i and m.get(k).verified, k
     assert m.get(b"b").offset == -1
 
 
@@ -150,6 +152,42 @@ def test_full_map_and_utilization() -> None:
     assert [m.get(b"k%d" % i).offset for i in range(10)] == [0, 1, 2, 30, 4, 5, 6, 7, 8, 9]
 
 
+@pytest.mark.timeout(60)
+def test_lookups_in_a_completely_full_map_end() -> None:
+    """Load factor 1.0 lets every slot fill; a lookup of an absent key must stop after one lap."""
+    m = OffsetMap(24 * 4, load_factor=1.0, hash_fn=constant)
+    for i in range(4):
+        m.put(b"k%d" % i, i)
+    assert m.is_full and m.utilization == 1.0
+    assert m.get(b"absent").offset == -1 and m.get(b"L" * 30).offset == -1
+    with pytest.raises(OverflowError):
+        m.put(b"absent", 9)
+    assert [m.get(b"k%d" % i).offset for i in range(4)] == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hash_fn", [None, default_hash], ids=["default-map", "blake2b-pure-python"])
+def test_cleaning_with_a_completely_full_map(tmp_path, hash_fn) -> None:
+    """log.cleaner.io.buffer.load.factor=1.0: the map fills every slot, and the clean section's keys are
+    looked up in it (they are absent) — the pass must finish, keeping them."""
+    clock = FakeClock()
+    cfg = make_config({"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.0})
+    log = Log(str(tmp_path / "full-0"), cfg, clock=clock)
+    written: dict[int, tuple[bytes, bytes | None]] = {}
+    write(log, clock, written, [(b"clean-%d" % i, b"c") for i in range(3)])  # offsets 0-2: the clean section
+    # offsets 3-14: k0 k0 k1 k1 k2 k2 k3 k3 k0 k0 k1 k1
+    write(log, clock, written, [(b"k%d" % (i // 2 % 4), b"v%d" % i) for i in range(12)])
+    log.roll()
+    offset_map = OffsetMap(24 * 4, load_factor=1.0, hash_fn=hash_fn)
+    end = clean(log, offset_map, clock, 3)
+    assert offset_map.size == offset_map.slots == 4
+    # Kafka checks `map.size < maxDesiredMapSize` before every put, of a known key too: the pass stops
+    # at the second k3 (offset 10), once the first filled the map.
+    assert end == 10
+    kept = log_view(log)
+    assert sorted(kept) == [0, 1, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14], "clean section kept, [3, 10) compacted"
+
+
 def test_clear_and_base_offset() -> None:
     m = OffsetMap(24 * 10)
     m.put(b"a", 3)
@@ -158,7 +196,8 @@ def test_clear_and_base_offset() -> None:
     assert (m.size, m.latest_offset, m.utilization) == (0, -1, 0.0)
     assert m.get(b"a").offset == -1 and m.get(b"b" * 30).offset == -1
     assert bytes(m.buf) == bytes(m.memory_bytes)
-    assert not m.can_hold(999) and m.can_hold(1000) and m.can_hold(1000 + 2**32 - 2) and not m.can_hold(1000 + 2**32 - 1)
+    assert not m.can_hold(999) and m.can_hold(1000)
+    assert m.can_hold(1000 + 2**32 - 2) and not m.can_hold(1000 + 2**32 - 1)
     m.put(b"a", 1000 + 2**32 - 2)
     m.put(b"c", 1000)
     assert m.get(b"a").offset == 1000 + 2**32 - 2 and m.get(b"c").offset == 1000
@@ -182,8 +221,9 @@ def build_log(path: str, clock: FakeClock, seed: int = 7):
     for round_ in range(4):
         todo = [k for k in keys if round_ == 0 or rng.random() < 0.5]
         rng.shuffle(todo)
-        write(log, clock, written, [(k, None if round_ and rng.random() < 0.15 else b"v%d-%d" % (round_, rng.randrange(10**6)))
-                                    for k in todo])
+        items = [(k, None if round_ and rng.random() < 0.15 else b"v%d-%d" % (round_, rng.randrange(10**6)))
+                 for k in todo]
+        write(log, clock, written, items)
     log.roll()
     return log, written
 
@@ -253,7 +293,7 @@ def test_weak_hash_loses_no_key(tmp_path, hash_fn) -> None:
     # Collisions that occurred in the map: long keys for which it answered with another key's offset.
     merged = [k for k in LONG_KEYS if offset_map.get(k).offset != latest[k]]
     assert all(not offset_map.get(k).verified for k in LONG_KEYS)
-    assert all(offset_map.get(k) .offset == latest[k] and offset_map.get(k).verified for k in SHORT_KEYS), \
+    assert all(offset_map.get(k).offset == latest[k] and offset_map.get(k).verified for k in SHORT_KEYS), \
         "inline keys are exact however badly they collide"
     assert slot_collisions >= 1000 and digest_collisions >= 1000 and len(merged) >= 1000, \
         (slot_collisions, digest_collisions, len(merged))
