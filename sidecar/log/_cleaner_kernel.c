@@ -651,30 +651,29 @@ static PyObject *retain_batch(PyObject *self, PyObject *args) {
                 found = map_base + (int64_t)delta1 - 1; /* checked above: cannot overflow */
                 verified = r->skey.img[0] != DIGEST_TAG;
             }
-            if (r->offset < found) {
-                if (verified) {
-                    k = 0; /* a later record of this very key exists */
-                } else {
-                    /* a digest matched: compare the real key at the winning offset */
-                    PyObject *o_found = PyLong_FromLongLong(found);
-                    if (!o_found)
-                        goto done;
-                    PyObject *winner = PyObject_CallOneArg(key_at, o_found);
+            if (r->offset < found && !verified) {
+                /* Only a digest matched: ask for this key's own latest offset in the map's range
+                 * (exact, -1 if none), so that another key with the same digest decides nothing. */
+                PyObject *o_found = PyLong_FromLongLong(found);
+                if (!o_found)
+                    goto done;
+                PyObject *mine = PyBytes_FromStringAndSize((const char *)r->key, (Py_ssize_t)r->klen);
+                if (!mine) {
                     Py_DECREF(o_found);
-                    if (!winner)
-                        goto done;
-                    PyObject *mine = PyBytes_FromStringAndSize((const char *)r->key, (Py_ssize_t)r->klen);
-                    if (!mine) {
-                        Py_DECREF(winner);
-                        goto done;
-                    }
-                    int same = PyObject_RichCompareBool(winner, mine, Py_EQ);
-                    Py_DECREF(winner);
-                    Py_DECREF(mine);
-                    if (same < 0)
-                        goto done;
-                    k = !same; /* another key with the same digest: keep it */
+                    goto done;
                 }
+                PyObject *own = PyObject_CallFunctionObjArgs(key_at, o_found, mine, NULL);
+                Py_DECREF(o_found);
+                Py_DECREF(mine);
+                if (!own)
+                    goto done;
+                found = PyLong_AsLongLong(own);
+                Py_DECREF(own);
+                if (found == -1 && PyErr_Occurred())
+                    goto done;
+            }
+            if (r->offset < found) {
+                k = 0; /* a later record of this very key exists */
             } else if (r->vlen >= 0) {
                 k = 1;
             } else {

@@ -21,14 +21,12 @@ from typing import Callable
 from . import cleaner_kernel
 from .errors import CorruptRecordError, LogError
 from .file_records import BatchPosition
-from .offset_map import OffsetMap
+from .offset_map import INLINE_MAX, OffsetMap
 from .records import (
     BATCH_OVERHEAD,
     NO_TIMESTAMP,
     BatchHeader,
     ControlType,
-    Record,
-    TimestampType,
     check_batch,
     decode_records,
     encode_batch,
@@ -286,7 +284,7 @@ class Cleaner:
         """Recopy a group into one `.cleaned` segment and swap it in for the group."""
         cleaned = log.create_cleaned_segment(group[0].base_offset)
         try:
-            key_at = _KeyReader(log)
+            key_at = _KeyReader(log, self.map.base_offset, self.map.latest_offset)
             for seg in group:
                 self.check_aborted(log)
                 self._clean_into(log, seg, cleaned, now, stats, txn_meta, producers, upper_bound, key_at)
@@ -381,18 +379,48 @@ class Cleaner:
 
 
 class _KeyReader:
-    """The key of the record at an offset, read from the log; memoised because one winner answers many records."""
+    """A long key's own latest offset in the map's range, for when only its digest matched.
 
-    def __init__(self, log) -> None:
+    The record at the map's offset usually holds this very key (memoised, since one winner
+    answers for many records). If not, two keys share a digest: one walk of the range then
+    records the latest offset of every long key in it — memory spent only once a collision
+    has actually happened, which with the default hash is practically never.
+    """
+
+    def __init__(self, log, start: int, end: int) -> None:
         self.log = log
+        self.start, self.end = start, end  # the map's offset range, inclusive
         self._memo: dict[int, bytes | None] = {}
+        self._exact: dict[bytes, int] | None = None
 
-    def __call__(self, offset: int) -> bytes | None:
+    def __call__(self, offset: int, key: bytes) -> int:
         if offset not in self._memo:
             if len(self._memo) > 65536:
                 self._memo.clear()
             self._memo[offset] = self._read(offset)
-        return self._memo[offset]
+        if self._memo[offset] == key:
+            return offset
+        if self._exact is None:
+            self._exact = self._latest_of_long_keys()
+        return self._exact.get(key, -1)
+
+    def _segments(self) -> list[LogSegment]:
+        with self.log.lock:
+            return segments_in_range(list(self.log.segments), self.start, self.end + 1)
+
+    def _latest_of_long_keys(self) -> dict[bytes, int]:
+        latest: dict[bytes, int] = {}
+        for seg in self._segments():
+            for b in seg.batches(seg.offset_index.lookup(self.start)[1]):
+                if b.header.is_control or b.header.last_offset < self.start:
+                    continue
+                if b.header.base_offset > self.end:
+                    return latest
+                raw = seg.read_bytes(b.position, b.size)
+                for r in decode_records(b.header, memoryview(raw)[BATCH_OVERHEAD:], seg.where):
+                    if r.key is not None and len(r.key) > INLINE_MAX and self.start <= r.offset <= self.end:
+                        latest[r.key] = r.offset
+        return latest
 
     def _read(self, offset: int) -> bytes | None:
         with self.log.lock:

@@ -46,7 +46,9 @@ try:
 except ImportError:  # not compiled: the pure-Python loops run
     _c = None
 
-KeyReader = Callable[[int], "bytes | None"]
+# (offset the map gave, key) -> that key's own latest offset in the map's range, or -1: asked only
+# when a long key matched by digest, so that two keys with one digest never decide for each other.
+KeyReader = Callable[[int, bytes], int]
 
 
 class Counters:
@@ -151,8 +153,8 @@ def retain_records(offset_map: OffsetMap, h: BatchHeader, body: bytes | memoryvi
     `discard`: the batch's records all go (aborted data, an expired marker). `marker`: a
     removable transaction marker, which needs a delete horizon like a tombstone.
     `delete_horizon`: now + delete.retention.ms, set on a batch that keeps a tombstone (or a
-    marker) and has no horizon yet. `key_at(offset)` reads the key at an offset when only a
-    digest matched (long keys), so that two keys with one digest are never confused.
+    marker) and has no horizon yet. `key_at(offset, key)` gives the key's own latest offset when
+    only a digest matched (long keys), so that two keys with one digest are never confused.
     """
     if _c is not None and offset_map.hash_fn is _c.hash27:
         done = _c.retain_batch(offset_map.buf, offset_map.slots, offset_map.base_offset, offset_map.latest_offset,
@@ -183,11 +185,12 @@ def retain_records_py(offset_map: OffsetMap, h: BatchHeader, body: bytes | memor
                     invalid += 1  # only possible if the topic was not compacted when written
                     continue
                 found = offset_map.get(r.key)
-                if r.offset < found.offset:
-                    if found.verified or key_at(found.offset) == r.key:
-                        continue  # a later record of this very key exists
-                    # else another key with the same digest: keep (and keep its tombstone: no resurrection)
-                elif r.value is None and not (h.delete_horizon_ms is None or now < h.delete_horizon_ms):
+                latest_of_key = found.offset
+                if r.offset < latest_of_key and not found.verified:
+                    latest_of_key = key_at(latest_of_key, r.key)  # only a digest matched: the key's own latest
+                if r.offset < latest_of_key:
+                    continue  # a later record of this very key exists
+                if r.value is None and not (h.delete_horizon_ms is None or now < h.delete_horizon_ms):
                     continue  # a tombstone past its delete horizon
             kept.append(r)
             tombstones = tombstones or (r.value is None and not h.is_control)

@@ -283,15 +283,23 @@ def test_pass1_stops_when_full_and_counts_the_record_that_found_it_full():
 
 
 class KeyAt:
-    """A key reader that answers from a table (default: a key chosen by the offset), recording calls."""
+    """A resolver with a table of the keys at offsets (default: a key chosen by the offset), recording calls.
 
-    def __init__(self, table: dict[int, bytes | None]) -> None:
+    Its answer follows the cleaner's contract: the offset itself if the key there is this key,
+    else this key's own latest offset from `own` (default -1: the key is not in the range).
+    """
+
+    def __init__(self, table: dict[int, bytes | None], own: dict[bytes, int] | None = None) -> None:
         self.table = table
+        self.own = own or {}
         self.calls: list[int] = []
 
-    def __call__(self, offset: int) -> bytes | None:
-        self.calls.append(offset)
+    def key(self, offset: int) -> bytes | None:
         return self.table.get(offset, KEYS[offset % len(KEYS)])
+
+    def __call__(self, offset: int, key: bytes) -> int:
+        self.calls.append(offset)
+        return offset if self.key(offset) == key else self.own.get(key, -1)
 
 
 def _reference_retained(m: OffsetMap, h: BatchHeader, body, now: int, key_at, *, discard: bool, marker: bool,
@@ -308,10 +316,11 @@ def _reference_retained(m: OffsetMap, h: BatchHeader, body, now: int, key_at, *,
             invalid += 1
             return False
         found = m.get(r.key)
-        if r.offset < found.offset:
-            if found.verified or key_at(found.offset) == r.key:
-                return False
-            return True
+        latest = found.offset
+        if r.offset < latest and not found.verified:
+            latest = key_at(latest, r.key)
+        if r.offset < latest:
+            return False
         if r.value is not None:
             return True
         return h.delete_horizon_ms is None or now < h.delete_horizon_ms
@@ -455,11 +464,15 @@ def test_long_key_digest_match_asks_for_the_real_key():
     m.clear(0)
     m.put(long_key, 9)
     m.put(b"short", 10)
-    for answer, kept in ((long_key, 0), (b"another key, same digest", 1)):
-        key_at = KeyAt({9: answer})
+    # Same key at 9: superseded. Another key at 9, this key's own latest elsewhere: later (7) drops it,
+    # absent (-1) or this very record (5) keeps it.
+    for answer, own, kept in ((long_key, {}, 0), (b"another key, same digest", {}, 1),
+                              (b"another key, same digest", {long_key: 7}, 0),
+                              (b"another key, same digest", {long_key: 5}, 1)):
+        key_at = KeyAt({9: answer}, own)
         got = cleaner_kernel.retain_records(m, h, batch[61:], 0, key_at, delete_horizon=0)
         assert key_at.calls == [9] and got.kept == kept
-        assert got == cleaner_kernel.retain_records_py(m, h, batch[61:], 0, KeyAt({9: answer}), delete_horizon=0)
+        assert got == cleaner_kernel.retain_records_py(m, h, batch[61:], 0, KeyAt({9: answer}, own), delete_horizon=0)
 
 
 # -- whole logs ------------------------------------------------------------------------------------

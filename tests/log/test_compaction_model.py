@@ -576,7 +576,7 @@ class CompactionModel(RuleBasedStateMachine):
 
 
 CompactionModel.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=50, deadline=None,
+    max_examples=120, stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestCompactionModel = CompactionModel.TestCase
