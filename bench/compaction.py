@@ -48,9 +48,13 @@ import crc32c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perf_doc import update_section  # noqa: E402  (beside this script)
+
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Compaction (issue: Retention and compaction)"
 
+from shale.sidecar.log.varint import encode_varint  # noqa: E402
 from shale.sidecar.log import cleaner_kernel  # noqa: E402
 from shale.sidecar.log.cleaner import Cleaner, LogToClean  # noqa: E402
 from shale.sidecar.log.log import Log  # noqa: E402
@@ -72,15 +76,6 @@ _HEADER = struct.Struct(">qiibIhiqqqhii")
 _I64 = struct.Struct(">q")
 _VALUE_PAD = bytes((i * 37 + 11) & 0xFF for i in range(VALUE_SIZE - 8))
 
-
-def _varint(value: int) -> bytes:
-    u = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while u >= 0x80:
-        out.append((u & 0x7F) | 0x80)
-        u >>= 7
-    out.append(u)
-    return bytes(out)
 
 
 def value_of(offset: int) -> bytes:
@@ -122,12 +117,12 @@ def build_log(directory: str, records: int, keys: int, *, per_batch: int = PER_B
     assert all(len(k) == key_len for k in (key_bytes[0], key_bytes[-1])) and key_len <= 19
     # Record i of a batch: length, attributes 0, timestamp delta i, offset delta i, key length, then the
     # key, value length, value, no headers. Only the key and the value's last 8 bytes vary.
-    tail_len = 1 + len(_varint(key_len)) + key_len + len(_varint(VALUE_SIZE)) + VALUE_SIZE + 1
+    tail_len = 1 + len(encode_varint(key_len)) + key_len + len(encode_varint(VALUE_SIZE)) + VALUE_SIZE + 1
     prefixes = []
     for i in range(per_batch):
-        body_len = tail_len + len(_varint(i)) * 2
-        prefixes.append(_varint(body_len) + b"\x00" + _varint(i) + _varint(i) + _varint(key_len))
-    mid = _varint(VALUE_SIZE) + _VALUE_PAD
+        body_len = tail_len + len(encode_varint(i)) * 2
+        prefixes.append(encode_varint(body_len) + b"\x00" + encode_varint(i) + encode_varint(i) + encode_varint(key_len))
+    mid = encode_varint(VALUE_SIZE) + _VALUE_PAD
     end_of_record = b"\x00"
     last_offset = array("q", [-1]) * keys
     pack_i64 = _I64.pack
@@ -591,22 +586,8 @@ def markdown(res: Run, facts: dict[str, str], command: str, interpretation: str 
 
 
 def update_doc(section: str, path: str = DOC) -> None:
-    """Replace this benchmark's section of docs/performance.md (or add it), leaving other sections alone."""
-    text = ""
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-    if not text.strip():
-        text = "# Performance\n\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt:] if nxt >= 0 else "")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text.rstrip("\n") + "\n")
+    """Replace this benchmark's section of docs/performance.md (or add it)."""
+    update_section(SECTION, section, path)
 
 
 def main(argv: list[str] | None = None) -> int:

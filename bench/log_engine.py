@@ -45,6 +45,9 @@ from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perf_doc import update_section  # noqa: E402  (beside this script)
+
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Log engine (issue: Log engine)"
 
@@ -690,22 +693,8 @@ Interpretation:
 
 
 def update_doc(section: str, path: str = DOC) -> None:
-    """Replace this benchmark's section of docs/performance.md (or add it), leaving other sections alone."""
-    text = ""
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-    if not text.strip():
-        text = "# Performance\n\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text.rstrip("\n") + "\n")
+    """Replace this benchmark's section of docs/performance.md (or add it)."""
+    update_section(SECTION, section, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,26 @@
+"""Writing one benchmark's section of docs/performance.md, leaving the other sections alone."""
+
+from __future__ import annotations
+
+import os
+
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "performance.md")
+
+
+def update_section(heading: str, section: str, path: str = DOC) -> None:
+    """Replace the section that starts with `heading` (a `## ` line) by `section`, or append it."""
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    if not text.strip():
+        text = "# Performance\n\n"
+    start = text.find(heading)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        nxt = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text.rstrip("\n") + "\n")
