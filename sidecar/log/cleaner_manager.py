@@ -70,6 +70,9 @@ class CleanerManager:
         self.clock = clock
         self._lock = threading.Condition()
         self._states: dict[TopicPartition, PartitionCleaning] = {}
+        # Uncleanable is kept apart, as Kafka keeps its set: a partition can be uncleanable and also
+        # paused (truncation, deletion), and each pause still needs its resume.
+        self._uncleanable: dict[TopicPartition, PartitionCleaning] = {}
         self._checkpoint_path = os.path.join(log_dir, CLEANER_OFFSET_CHECKPOINT)
         self.last_run_ms = clock()
         self.max_dirty_ratio = 0.0
@@ -81,9 +84,18 @@ class CleanerManager:
 
     # -- states ----------------------------------------------------------------------------------
 
+    def _base(self, tp: TopicPartition) -> PartitionCleaning:
+        """The state without the uncleanable mark: what transitions work on."""
+        return self._states.get(tp) or PartitionCleaning(CleaningState.IDLE, self.last_run_ms)
+
     def state(self, tp: TopicPartition) -> PartitionCleaning:
+        """The state to report: an idle uncleanable partition shows as uncleanable; any state carries the reason."""
         with self._lock:
-            return self._states.get(tp) or PartitionCleaning(CleaningState.IDLE, self.last_run_ms)
+            base = self._base(tp)
+            mark = self._uncleanable.get(tp)
+            if mark is None:
+                return base
+            return mark if base.state is CleaningState.IDLE else replace(base, reason=mark.reason)
 
     def states(self) -> dict[TopicPartition, PartitionCleaning]:
         with self._lock:
@@ -96,26 +108,24 @@ class CleanerManager:
     def pause(self, tp: TopicPartition) -> int:
         """Kafka's abortAndPauseCleaning: stop a running pass (waiting for it), count the pause; return the count."""
         with self._lock:
-            cur = self.state(tp)
+            cur = self._base(tp)
             if cur.state is CleaningState.IN_PROGRESS:
                 self._set(tp, CleaningState.ABORTED)
-                while self.state(tp).state is CleaningState.ABORTED:
+                while self._base(tp).state is CleaningState.ABORTED:
                     self._lock.wait()
-                return self.state(tp).pause_count
+                return self._base(tp).pause_count
             if cur.state is CleaningState.ABORTED:
                 raise CleaningStateError(f"cleaning of {tp} is being aborted; it cannot be paused now")
             if cur.state is CleaningState.PAUSED:
                 self._states[tp] = replace(cur, pause_count=cur.pause_count + 1)
-            elif cur.state is CleaningState.UNCLEANABLE:
-                raise CleaningStateError(f"{tp} is uncleanable ({cur.reason}); there is no cleaning to pause")
             else:
                 self._set(tp, CleaningState.PAUSED, 1)
-            return self.state(tp).pause_count
+            return self._base(tp).pause_count
 
     def resume(self, tp: TopicPartition) -> int:
         """Undo one pause; resuming a partition that is not paused is an error. Return the remaining count."""
         with self._lock:
-            cur = self.state(tp)
+            cur = self._base(tp)
             if cur.state is not CleaningState.PAUSED:
                 raise CleaningStateError(f"cannot resume cleaning of {tp}: it is {cur.state.value}, not paused")
             if cur.pause_count > 1:
@@ -139,17 +149,19 @@ class CleanerManager:
     def mark_uncleanable(self, tp: TopicPartition, reason: str) -> None:
         with self._lock:
             logger.warning("Marking %s as uncleanable: %s", tp, reason)
-            self._set(tp, CleaningState.UNCLEANABLE, reason=reason)
+            self._uncleanable[tp] = PartitionCleaning(CleaningState.UNCLEANABLE, self.clock(), 0, reason)
+            self._lock.notify_all()
 
     def check_aborted(self, tp: TopicPartition) -> None:
         """Called by the cleaner between steps; raises once someone asked to abort."""
-        if self.state(tp).state is CleaningState.ABORTED:
+        if self._base(tp).state is CleaningState.ABORTED:
             raise CleaningAbortedError(f"cleaning of {tp} was aborted")
 
     def forget(self, tp: TopicPartition) -> None:
         """The partition left this directory (deleted): drop its state and checkpoint entry."""
         with self._lock:
             self._states.pop(tp, None)
+            self._uncleanable.pop(tp, None)
             self.update_checkpoint(tp, None)
 
     # -- checkpoint ------------------------------------------------------------------------------
@@ -272,14 +284,14 @@ class CleanerManager:
     def done_cleaning(self, tp: TopicPartition, end_offset: int | None) -> None:
         """In progress → idle with the checkpoint moved to `end_offset`; aborted → paused(1), checkpoint untouched."""
         with self._lock:
-            cur = self.state(tp).state
+            cur = self._base(tp).state
             if cur is CleaningState.IN_PROGRESS:
                 if end_offset is not None:
                     self.update_checkpoint(tp, end_offset)
                 self._set(tp, CleaningState.IDLE)
             elif cur is CleaningState.ABORTED:
                 self._set(tp, CleaningState.PAUSED, 1)
-            elif cur is not CleaningState.UNCLEANABLE:
+            else:
                 raise CleaningStateError(f"in-progress partition {tp} cannot be in {cur.value} state")
 
     # -- retention of compacted logs -------------------------------------------------------------
@@ -296,7 +308,7 @@ class CleanerManager:
     def done_deleting(self, tps: list[TopicPartition]) -> None:
         with self._lock:
             for tp in tps:
-                cur = self.state(tp).state
+                cur = self._base(tp).state
                 if cur is CleaningState.IN_PROGRESS:
                     self._set(tp, CleaningState.IDLE)
                 elif cur is CleaningState.ABORTED:
@@ -306,7 +318,7 @@ class CleanerManager:
 
     def uncleanable(self) -> dict[TopicPartition, PartitionCleaning]:
         with self._lock:
-            return {tp: s for tp, s in self._states.items() if s.state is CleaningState.UNCLEANABLE}
+            return dict(self._uncleanable)
 
     def uncleanable_bytes(self) -> int:
         """Cleanable bytes stuck in uncleanable partitions (Kafka's uncleanable-bytes gauge)."""

@@ -806,3 +806,22 @@ def test_min_compaction_lag_is_honoured(tmp_path, clock) -> None:  # LogCleanerL
         threads.shutdown()
     assert log.size_in_bytes < start_size
     assert scan(log.segments).open_txns == {}
+
+
+def test_uncleanable_partition_can_be_paused_and_resumed(tmp_path, clock) -> None:
+    """Kafka keeps uncleanable partitions in a set apart from the pause states: truncation and deletion
+    pause and resume them like any other, and they stay uncleanable (and skipped) throughout."""
+    c = Cluster(tmp_path, clock, {"wishing-well": {"cleanup.policy": "compact"}})
+    c.log("wishing-well")
+    t = tp("wishing-well", 0)
+    c.manager.mark_uncleanable(t, "corrupt batch at offset 7")
+    assert c.manager.state(t).state is CleaningState.UNCLEANABLE
+    assert c.manager.pause(t) == 1
+    paused = c.manager.state(t)
+    assert paused.state is CleaningState.PAUSED and paused.reason == "corrupt batch at offset 7"
+    assert c.manager.resume(t) == 0
+    back = c.manager.state(t)
+    assert back.state is CleaningState.UNCLEANABLE and back.reason == "corrupt batch at offset 7"
+    assert t in c.manager.uncleanable()
+    with pytest.raises(CleaningStateError):
+        c.manager.resume(t)
