@@ -1,4 +1,9 @@
-"""The README's first command until the sidecar serves: the seed walkthrough written by the engine, then dumped."""
+"""The README's first command until the sidecar serves: the seed walkthrough run by the engine itself.
+
+It appends the `latest-product-price` updates, dumps the segments, runs one cleaner pass
+(Kafka's compaction), and dumps them again: each key's latest price remains, and duplicates
+only in the active segment.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from typing import TextIO
 
 from .dump_log import dump_files
 from .log.checkpoint import TopicPartition
+from .log.cleaner_manager import CleanerManager
+from .log.log_cleaner import CleanerConfig, LogCleaner
 from .log.log_dir import LogDir
 from .log.records import Record, encode_batch
 from .topic_config import TopicConfig
@@ -19,7 +26,7 @@ UPDATES = [("p3", "10$"), ("p5", "7$"), ("p3", "11$"), ("p6", "25$"), ("p6", "12
 
 
 def run_demo(data_dir: str, out: TextIO) -> int:
-    """Append the price updates one batch each, 60 ms of record time apart, so `segment.ms=100` rolls segments."""
+    """Append the updates one batch each, 60 ms of record time apart, so `segment.ms=100` rolls segments."""
     config = TopicConfig.from_mapping(CONFIG)
     logs = LogDir(data_dir, lambda topic: config)
     log = logs.get_or_create(TopicPartition(TOPIC, 0))
@@ -27,7 +34,18 @@ def run_demo(data_dir: str, out: TextIO) -> int:
     for i, (key, value) in enumerate(UPDATES):
         info = log.append(encode_batch([Record(0, start_ts + 60 * i, key.encode(), value.encode())]))
         print(f"appended {key}:{value} at offset {info.first_offset}", file=out)
+    partition_dir = os.path.join(data_dir, f"{TOPIC}-0")
+    _dump(partition_dir, "before cleaning", out)
+
+    manager = CleanerManager(logs.path, lambda: logs.logs, clock=log.clock)
+    cleaner = LogCleaner(manager, lambda: logs.logs, CleanerConfig(dedupe_buffer_size=1 << 20), clock=log.clock)
+    cleaner.clean_once(cleaner.cleaners[0])
+    log.delete_expired_files()
     logs.close()
-    files = sorted(glob.glob(os.path.join(data_dir, f"{TOPIC}-0", "*.log")))
-    print(f"\n{len(files)} segments in {os.path.join(data_dir, TOPIC + '-0')}; shale dump-log --print-data-log:\n", file=out)
+    return _dump(partition_dir, "after one cleaner pass", out)
+
+
+def _dump(partition_dir: str, when: str, out: TextIO) -> int:
+    files = sorted(glob.glob(os.path.join(partition_dir, "*.log")))
+    print(f"\n{when}: {len(files)} segments in {partition_dir}; shale dump-log --print-data-log:\n", file=out)
     return dump_files(files, print_data=True, out=out)

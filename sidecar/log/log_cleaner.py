@@ -73,7 +73,7 @@ class LogCleaner:
         self._threads: list[threading.Thread] = []
         self.status = [ThreadStatus(i) for i in range(config.threads)]
         self.last_clean_ms: dict[TopicPartition, int] = {}
-        self._cleaners = [
+        self.cleaners = [
             Cleaner(OffsetMap(config.map_memory_per_thread, config.io_buffer_load_factor), clock=clock,
                     check_aborted=lambda log: manager.check_aborted(log.topic_partition), throttle=self.throttler,
                     producer_expiration_ms=config.producer_id_expiration_ms)
@@ -83,7 +83,7 @@ class LogCleaner:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        for i, cleaner in enumerate(self._cleaners):
+        for i, cleaner in enumerate(self.cleaners):
             t = threading.Thread(target=self._run, args=(i, cleaner), name=f"shale-log-cleaner-thread-{i}", daemon=True)
             self._threads.append(t)
             t.start()
