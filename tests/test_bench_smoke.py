@@ -5,29 +5,17 @@ No wall-clock thresholds: this only checks that the benchmark works, not how fas
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
-import sys
 
+import bench_module
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
-
-pytestmark = pytest.mark.skipif(shutil.which("dd") is None, reason="the benchmark compares against dd")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_log_engine", os.path.join(ROOT, "bench", "log_engine.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from bench_module.load("log_engine.py")
 
 
 def test_read_back_equals_written(bench, tmp_path):

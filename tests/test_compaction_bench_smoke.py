@@ -6,25 +6,15 @@ No wall-clock thresholds: this checks that the benchmark works, not how fast the
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
+import bench_module
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_compaction", os.path.join(ROOT, "bench", "compaction.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from bench_module.load("compaction.py")
 
 
 def test_built_log_and_model(bench, tmp_path):
