@@ -59,8 +59,15 @@ class LogDir:
         except BlockingIOError:
             os.close(self._lock_fd)
             raise LogDirLockedError(f"log directory {self.path} is in use by another process") from None
-        self.had_clean_shutdown = self._consume_clean_shutdown_marker()
-        self._load_logs()
+        try:
+            self.had_clean_shutdown = self._consume_clean_shutdown_marker()
+            self._load_logs()
+        except BaseException:
+            for log in self.logs.values():  # release what was opened; the directory stays as it was
+                for seg in log.segments:
+                    seg.close_handles()
+            os.close(self._lock_fd)  # and the lock, so that a retry in this process can take it
+            raise
 
     def _consume_clean_shutdown_marker(self) -> bool:
         """Delete the marker before loading, so that a crash during loading counts as unclean (KAFKA-10471)."""

@@ -10,6 +10,7 @@ from logtest_util import T0, FakeClock, all_records, records_batch
 
 from shale.sidecar.log.checkpoint import TopicPartition, parse_offsets
 from shale.sidecar.log.log_dir import LogDir, LogDirLockedError
+from shale.sidecar.topic_config import TopicConfig
 
 A = TopicPartition("alpha", 0)
 B = TopicPartition("beta-topic", 1)
@@ -144,3 +145,17 @@ def test_delete_dirs_and_non_partition_dirs_at_load(tmp_path, cfg) -> None:
     assert not (tmp_path / "alpha-0.0123456789abcdef0123456789abcdef-delete").exists()
     assert (tmp_path / "not_a_partition").exists() and d.logs == {}
     d.close()
+
+
+def test_failed_open_releases_the_lock(tmp_path) -> None:
+    """A LogDir whose loading fails must not keep the directory locked for the rest of the process."""
+    def broken_config(topic: str):
+        raise ValueError(f"no config for {topic}")
+
+    data = tmp_path / "data"
+    (data / "t-0").mkdir(parents=True)
+    with pytest.raises(ValueError, match="no config for t"):
+        LogDir(str(data), broken_config)
+    ok = LogDir(str(data), lambda topic: TopicConfig.from_mapping({}))
+    assert list(ok.logs) and ok.logs[next(iter(ok.logs))].log_end_offset == 0
+    ok.close()
