@@ -23,7 +23,8 @@ from .log.records import (
     parse_control_key,
     parse_end_txn_marker,
 )
-from .log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, offset_from_filename
+from .log.producer_snapshot import format_entry, parse_snapshot
+from .log.segment import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, offset_from_filename
 from .log.time_index import TimeIndex
 
 CHECKPOINT_NAMES = ("recovery-point-offset-checkpoint", "log-start-offset-checkpoint", "cleaner-offset-checkpoint",
@@ -63,6 +64,10 @@ def dump_files(paths: list[str], *, print_data: bool = False, deep_iteration: bo
                 problems += _dump_offset_index(path, verify_index_only, index_sanity_check, out, report)
             elif name.endswith(TIME_INDEX_SUFFIX):
                 problems += _dump_time_index(path, verify_index_only, index_sanity_check, out, report)
+            elif name.endswith(SNAPSHOT_SUFFIX):
+                with open(path, "rb") as f:
+                    for entry in parse_snapshot(f.read(), path):
+                        print(format_entry(entry), file=out)
             elif name in CHECKPOINT_NAMES:
                 problems += _dump_checkpoint(path, out)
             elif name == "partition.metadata":
