@@ -40,7 +40,6 @@ import struct
 import subprocess
 import sys
 import time
-import types
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +50,7 @@ from perf_doc import update_section  # noqa: E402  (beside this script)
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Log engine (issue: Log engine)"
 
+from shale.sidecar.topic_config import TopicConfig  # noqa: E402
 from shale.sidecar.log.log import Log  # noqa: E402
 from shale.sidecar.log.records import BATCH_OVERHEAD, Record, encode_batch  # noqa: E402
 
@@ -63,37 +63,8 @@ GOAL_RATIO = 0.70
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 
-# Kafka's topic defaults for the attributes Log reads (used only if TopicConfig is missing).
-_KAFKA_DEFAULTS = dict(
-    segment_bytes=GiB, segment_ms=604_800_000, segment_jitter_ms=0, segment_index_bytes=10 * MiB,
-    index_interval_bytes=4096, preallocate=False, compact=False, max_compaction_lag_ms=2**63 - 1,
-    message_timestamp_type="CreateTime", message_timestamp_before_max_ms=2**63 - 1,
-    message_timestamp_after_max_ms=2**63 - 1, max_message_bytes=1_048_588, flush_messages=2**63 - 1,
-    flush_ms=2**63 - 1, file_delete_delay_ms=60_000,
-)
-_FALLBACK_NAMES = {"segment.bytes": "segment_bytes", "index.interval.bytes": "index_interval_bytes",
-                   "segment.index.bytes": "segment_index_bytes"}
-
-
-def make_config(props: dict[str, str] | None = None):
-    """TopicConfig.from_mapping(props), or a stand-in with Kafka's defaults while that module is missing."""
-    props = props or {}
-    try:
-        from shale.sidecar.topic_config import TopicConfig
-    except ImportError:
-        values = dict(_KAFKA_DEFAULTS)
-        for k, v in props.items():
-            values[_FALLBACK_NAMES[k]] = int(v)
-        return types.SimpleNamespace(**values)
-    return TopicConfig.from_mapping(props)
-
-
-def config_source() -> str:
-    try:
-        from shale.sidecar.topic_config import TopicConfig  # noqa: F401
-    except ImportError:
-        return "SimpleNamespace with Kafka's defaults (shale.sidecar.topic_config missing)"
-    return "TopicConfig.from_mapping"
+def make_config(props: dict[str, str] | None = None) -> TopicConfig:
+    return TopicConfig.from_mapping(props or {})
 
 
 # -- environment ---------------------------------------------------------------------------------
@@ -667,7 +638,7 @@ What is measured (MB/s = 10^6 bytes/s):
 
 - **append**: {res.batches} producer batches of {res.batch_bytes:,} bytes (500 records of 1 KiB, {res.total_bytes:,} bytes
   in all), built before timing; a fresh `Log` with the default topic config (segment.bytes 1 GiB; config from
-  {config_source()}); `append()` each batch, then one `flush()` (fsync), timed together. Reference:
+  TopicConfig.from_mapping); `append()` each batch, then one `flush()` (fsync), timed together. Reference:
   `dd if=/dev/zero of=FILE bs=1M count={res.dd_bytes // MiB} conv=fdatasync` ({res.dd_bytes:,} bytes), timed around the
   subprocess. Rounds alternate dd-first and Shale-first; each run first deletes the previous output of its
   kind (see Environment below).

@@ -32,7 +32,7 @@ from .records import (
     encode_batch,
     parse_control_key,
 )
-from .segment import CLEANED_SUFFIX, LogSegment
+from .segment import LogSegment
 from .txn_scan import AbortedTxn, TxnScan, scan
 
 logger = logging.getLogger(__name__)

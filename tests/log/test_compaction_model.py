@@ -349,10 +349,10 @@ class CompactionModel(RuleBasedStateMachine):
         offset_map = OffsetMap(slots * SLOT_SIZE, hash_fn=default_hash if py else None)
         assert offset_map.max_entries == int(slots * 0.9)
         if will_clean:
-            end, latest_of, post = self.predict_pass(segs, grab.first_dirty, grab.first_uncleanable, now,
+            end, _, post = self.predict_pass(segs, grab.first_dirty, grab.first_uncleanable, now,
                                                      offset_map.max_entries)
         else:
-            end, latest_of, post = None, {}, pre
+            end, post = None, pre
         untouched_before = self.segment_files(grab.first_uncleanable)
 
         cleaner = Cleaner(offset_map, clock=self.clock,

@@ -12,9 +12,8 @@ hash, does lose keys: the check can fail.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pytest
 from logtest_util import FakeClock, all_records, make_config
