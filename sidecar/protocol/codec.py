@@ -1,0 +1,321 @@
+"""Sans-I/O Kafka wire-protocol codec for the storage sidecar (server side).
+
+Pure functions, bytes <-> values; no sockets, no asyncio, no global mutable
+state beyond import-time lookup tables.
+
+* ``decode_request(frame)`` takes ONE request frame **without** the 4-byte
+  size prefix (i.e. exactly the ``size`` bytes that follow it on the wire) and
+  returns a :class:`Request`.
+* ``encode_response(api_key, api_version, correlation_id, body)`` returns the
+  response **without** the 4-byte size prefix by default (symmetric with
+  ``decode_request``); pass ``framed=True`` to get the prefix included.
+
+Encoding is schema-driven: the message classes are kafka-python 3.0.x's
+``kafka.protocol`` classes, which are generated at import time from Apache
+Kafka's own JSON message definitions (``kafka/protocol/schemas/resources``).
+Nothing here is written per API version.  Record sets (Produce/Fetch
+``records``) are carried as raw ``bytes`` and never decoded.
+
+Header rules (KIP-482 / KIP-511):
+* request header v1 (non-flexible API version) or v2 (flexible: adds a tagged
+  field buffer); ``client_id`` is always a legacy int16-length nullable string;
+* response header v0 or v1 (flexible) -- except ApiVersions, whose response
+  header is always v0.
+
+Body values are kafka-python data objects (snake_case attributes, e.g.
+``body.topic_data[0].partition_data[0].records``).  ``encode_response``
+accepts either such an object or a plain ``dict`` (nested dicts / lists of
+dicts are converted to the schema's struct classes; missing fields take the
+schema default).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kafka.protocol.admin.configs import (
+    AlterConfigsRequest, AlterConfigsResponse,
+    DescribeConfigsRequest, DescribeConfigsResponse,
+    IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
+)
+from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.api_header import RequestHeader
+from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.group import (
+    HeartbeatRequest, HeartbeatResponse,
+    JoinGroupRequest, JoinGroupResponse,
+    LeaveGroupRequest, LeaveGroupResponse,
+    OffsetCommitRequest, OffsetCommitResponse,
+    OffsetFetchRequest, OffsetFetchResponse,
+    SyncGroupRequest, SyncGroupResponse,
+)
+from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.metadata.find_coordinator import (
+    FindCoordinatorRequest, FindCoordinatorResponse,
+)
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+
+__all__ = [
+    "API_NAMES", "SUPPORTED_VERSIONS", "Request",
+    "ProtocolError", "MalformedFrameError", "UnsupportedApiError", "UnsupportedVersionError",
+    "decode_request", "encode_response", "request_class", "response_class",
+]
+
+_PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
+    (ProduceRequest, ProduceResponse),                      # 0
+    (FetchRequest, FetchResponse),                          # 1
+    (ListOffsetsRequest, ListOffsetsResponse),              # 2
+    (MetadataRequest, MetadataResponse),                    # 3
+    (OffsetCommitRequest, OffsetCommitResponse),            # 8
+    (OffsetFetchRequest, OffsetFetchResponse),              # 9
+    (FindCoordinatorRequest, FindCoordinatorResponse),      # 10
+    (JoinGroupRequest, JoinGroupResponse),                  # 11
+    (HeartbeatRequest, HeartbeatResponse),                  # 12
+    (LeaveGroupRequest, LeaveGroupResponse),                # 13
+    (SyncGroupRequest, SyncGroupResponse),                  # 14
+    (ApiVersionsRequest, ApiVersionsResponse),              # 18
+    (CreateTopicsRequest, CreateTopicsResponse),            # 19
+    (InitProducerIdRequest, InitProducerIdResponse),        # 22
+    (DescribeConfigsRequest, DescribeConfigsResponse),      # 32
+    (AlterConfigsRequest, AlterConfigsResponse),            # 33
+    (IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse),  # 44
+)
+
+_REQUESTS: dict[int, type[ApiMessage]] = {req.API_KEY: req for req, _ in _PAIRS}
+_RESPONSES: dict[int, type[ApiMessage]] = {resp.API_KEY: resp for _, resp in _PAIRS}
+API_NAMES: dict[int, str] = {req.API_KEY: req.name[: -len("Request")] for req, _ in _PAIRS}
+
+# Versions this codec can decode/encode correctly = the JSON schema's
+# "validVersions".  kafka-python itself pretends every message starts at v0
+# (ApiMessageData resets the minimum), which would silently mis-decode
+# versions whose fields Kafka 4.0 removed from the JSON (e.g. ListOffsets v0,
+# OffsetCommit v0-1), so we enforce the schema's own range here.
+# Exception: Produce v0-2 are byte-compatible with the v3 schema minus
+# TransactionalId (every other field is "0+"; the JSON only dropped them from
+# validVersions), so they decode/encode correctly and are allowed; a broker
+# should still answer them UNSUPPORTED_VERSION (they carry old message
+# formats) while advertising min 0 (kafka-protocol.md gotcha G3).
+_EXTRA_MIN: dict[int, int] = {ProduceRequest.API_KEY: 0}
+
+
+def _schema_range(key: int) -> tuple[int, int]:
+    lo = min(_REQUESTS[key].valid_versions[0], _RESPONSES[key].valid_versions[0])
+    hi = min(_REQUESTS[key].valid_versions[1], _RESPONSES[key].valid_versions[1])
+    return (_EXTRA_MIN.get(key, lo), hi)
+
+
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {key: _schema_range(key) for key in _REQUESTS}
+
+
+def request_class(api_key: int) -> type[ApiMessage]:
+    """The (schema-generated) kafka-python request class for ``api_key``."""
+    try:
+        return _REQUESTS[api_key]
+    except KeyError:
+        raise UnsupportedApiError(api_key, None, None, "unknown or unsupported API key") from None
+
+
+def response_class(api_key: int) -> type[ApiMessage]:
+    """The (schema-generated) kafka-python response class for ``api_key``."""
+    try:
+        return _RESPONSES[api_key]
+    except KeyError:
+        raise UnsupportedApiError(api_key, None, None, "unknown or unsupported API key") from None
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+
+class ProtocolError(ValueError):
+    """A frame could not be decoded / a response could not be encoded.
+
+    ``api_key``, ``api_version`` and ``correlation_id`` are set when known
+    (``None`` otherwise), so a server can still answer with the right
+    correlation id (e.g. UNSUPPORTED_VERSION for ApiVersions, KIP-511).
+    """
+
+    def __init__(self, api_key: int | None, api_version: int | None,
+                 correlation_id: int | None, reason: str) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.reason = reason
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        if self.api_key is None:
+            what = "request"
+        else:
+            name = API_NAMES.get(self.api_key, "unknown")
+            what = f"api_key={self.api_key} ({name})"
+            if self.api_version is not None:
+                what += f" api_version={self.api_version}"
+        if self.correlation_id is not None:
+            what += f" correlation_id={self.correlation_id}"
+        return f"{what}: {self.reason}"
+
+
+class MalformedFrameError(ProtocolError):
+    """Truncated frame, trailing bytes, bad lengths, invalid UTF-8, ..."""
+
+
+class UnsupportedApiError(ProtocolError):
+    """API key not implemented by this codec."""
+
+
+class UnsupportedVersionError(ProtocolError):
+    """API key known, version outside :data:`SUPPORTED_VERSIONS`."""
+
+
+# ---------------------------------------------------------------------------
+# Requests
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # kafka-python request object (e.g. ProduceRequest), attributes in snake_case
+    header_tags: Mapping[str, Any] | None = None  # unknown tagged fields of header v2, if any
+
+    @property
+    def api_name(self) -> str:
+        return API_NAMES[self.api_key]
+
+    @property
+    def expects_response(self) -> bool:
+        """False only for Produce with acks=0 (no response frame at all)."""
+        return not (self.api_key == ProduceRequest.API_KEY and self.body.acks == 0)
+
+
+_FIXED_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
+
+# Exceptions kafka-python's generated decoders raise on bad input.
+_DECODE_ERRORS = (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError,
+                  OverflowError, AssertionError, KeyError, EOFError, MemoryError)
+
+
+def decode_request(frame: bytes | bytearray | memoryview) -> Request:
+    """Decode one request frame (without the 4-byte size prefix).
+
+    Raises :class:`MalformedFrameError`, :class:`UnsupportedApiError` or
+    :class:`UnsupportedVersionError`; all are :class:`ProtocolError`.  The
+    error carries api_key/api_version/correlation_id whenever the first 8
+    bytes were present.
+    """
+    data = bytes(frame)
+    if len(data) < _FIXED_HEADER.size:
+        raise MalformedFrameError(None, None, None,
+                                  f"frame too short for a request header ({len(data)} bytes)")
+    api_key, api_version, correlation_id = _FIXED_HEADER.unpack_from(data, 0)
+    cls = _REQUESTS.get(api_key)
+    if cls is None:
+        raise UnsupportedApiError(api_key, api_version, correlation_id,
+                                  "unknown or unsupported API key")
+    lo, hi = SUPPORTED_VERSIONS[api_key]
+    if not lo <= api_version <= hi:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id,
+                                      f"unsupported version (supported {lo}-{hi})")
+    flexible = cls.flexible_version_q(api_version)
+
+    # Header: kafka-python's schema-driven RequestHeader (v1, or v2 if flexible).
+    buf = io.BytesIO(data)
+    try:
+        header = RequestHeader.decode(buf, flexible=flexible)
+    except _DECODE_ERRORS as exc:
+        raise MalformedFrameError(api_key, api_version, correlation_id,
+                                  f"malformed request header v{2 if flexible else 1}: {exc!r}") from exc
+    pos = buf.tell()
+    if pos > len(data):
+        raise MalformedFrameError(api_key, api_version, correlation_id,
+                                  f"truncated request header v{2 if flexible else 1}")
+
+    # Body: the same generated decoder ApiMessage.decode uses, but we need the
+    # end position to reject truncated/overlong frames.
+    decoder = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible,
+                                               data_class=cls)
+    try:
+        body, end = decoder(memoryview(data), pos)
+    except _DECODE_ERRORS as exc:
+        raise MalformedFrameError(api_key, api_version, correlation_id,
+                                  f"malformed request body: {exc!r}") from exc
+    if end != len(data):
+        why = "truncated" if end > len(data) else f"{len(data) - end} trailing bytes after"
+        raise MalformedFrameError(api_key, api_version, correlation_id,
+                                  f"{why} request body (frame {len(data)} bytes, body ends at {end})")
+    body._header = header
+    return Request(api_key=api_key, api_version=api_version, correlation_id=correlation_id,
+                   client_id=header.client_id, body=body, header_tags=header.unknown_tags)
+
+
+# ---------------------------------------------------------------------------
+# Responses
+
+
+def _build(data_class: type, values: Mapping[str, Any], version: int | None) -> Any:
+    fields = data_class._struct.fields
+    kwargs: dict[str, Any] = {}
+    for name, value in values.items():
+        field = fields.get(name)
+        if field is None:
+            raise KeyError(f"unknown field {name!r} in {data_class.__name__}")
+        if field.is_struct() and isinstance(value, Mapping):
+            value = _build(field.data_class, value, None)
+        elif field.is_struct_array() and value is not None:
+            value = [_build(field.data_class, v, None) if isinstance(v, Mapping) else v
+                     for v in value]
+        kwargs[name] = value
+    if version is None:
+        return data_class(**kwargs)
+    return data_class(version=version, **kwargs)
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int,
+                    body: Any, *, framed: bool = False) -> bytes:
+    """Encode a response header + body for ``api_key``/``api_version``.
+
+    ``body`` is a kafka-python response object of the matching class or a
+    ``dict`` of snake_case field names.  Returns the bytes **without** the
+    4-byte size prefix unless ``framed=True``.
+
+    For the KIP-511 downgrade (ApiVersions request newer than supported) call
+    with ``api_version=0`` and ``error_code=35``.
+    """
+    cls = _RESPONSES.get(api_key)
+    if cls is None:
+        raise UnsupportedApiError(api_key, api_version, correlation_id,
+                                  "unknown or unsupported API key")
+    lo, hi = SUPPORTED_VERSIONS[api_key]
+    if not lo <= api_version <= hi:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id,
+                                      f"cannot encode response: unsupported version (supported {lo}-{hi})")
+    try:
+        if isinstance(body, Mapping):
+            msg = _build(cls, body, api_version)
+        elif isinstance(body, cls):
+            msg = body
+        else:
+            raise TypeError(f"body must be a dict or {cls.__name__}, got {type(body).__name__}")
+        # Order matters: kafka-python's API_VERSION setter touches
+        # header.request_api_version, which a ResponseHeader lacks, so set the
+        # version before attaching the header and don't pass version= to encode.
+        msg._header = None
+        msg.API_VERSION = api_version
+        msg.with_header(correlation_id=correlation_id)
+        out = msg.encode(header=True, framed=framed)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with api key/version context
+        raise ProtocolError(api_key, api_version, correlation_id,
+                            f"cannot encode response: {exc!r}") from exc
+    return bytes(out)
