@@ -25,7 +25,7 @@ def test_read_back_equals_written(bench, tmp_path):
     try:
         assert elapsed > 0
         chunks = []
-        received, offsets = bench.fetch_pread(log, 64 * 1024, on_data=lambda data, whole: chunks.append(data[:whole]))
+        received, offsets = bench.fetch_pread(log, 64 * 1024, on_data=lambda data, whole: chunks.append(bytes(data[:whole])))
         assert b"".join(chunks) == b"".join(batches)
         assert received == sum(map(len, batches))
         assert bench.verify_log(log, batches, 64 * 1024) == received

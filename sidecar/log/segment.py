@@ -46,6 +46,17 @@ class LogSlice:
     def read(self) -> bytes:
         return self.segment.read_bytes(self.position, self.size)
 
+    def read_into(self, buf: bytearray) -> memoryview:
+        """Read the slice into `buf` (grown if too small) and return a view of what was read.
+
+        A fetch loop that reuses one buffer allocates nothing per fetch: a fresh 1 MiB `bytes`
+        costs 256 page faults, a fifth of the copy itself.
+        """
+        if len(buf) < self.size:
+            buf.extend(bytes(self.size - len(buf)))
+        view = memoryview(buf)[: self.size]
+        return view[: os.preadv(self.segment.fileno(), [view], self.position)]
+
 
 class LogSegment:
     """A segment's three files and the in-memory counters Kafka keeps for them."""

@@ -469,3 +469,20 @@ def test_recovery_of_a_segment_with_more_batches_than_index_slots(tmp_path) -> N
     for o in range(20):
         assert again.translate_offset(o).header.base_offset == o
         assert again.find_offset_by_timestamp(1000 + o, 0) == (o, 1000 + o)
+
+
+def test_slice_read_into_reuses_and_grows_the_buffer(tmp_path) -> None:
+    """`LogSlice.read_into` returns the same bytes as `read()`, in the caller's buffer, growing it if needed."""
+    from shale.sidecar.log.log import Log
+    from shale.sidecar.log.records import Record, encode_batch
+    from shale.sidecar.topic_config import TopicConfig
+
+    log = Log(str(tmp_path / "t-0"), TopicConfig.from_mapping({}))
+    for i in range(5):
+        log.append(encode_batch([Record(0, 1000 + i, b"k%d" % i, b"v" * 300)]))
+    found = log.read(2, 10_000)
+    buf = bytearray(16)
+    view = found.read_into(buf)
+    assert bytes(view) == found.read() and len(view) == found.size
+    assert len(buf) >= found.size and view.obj is buf
+    log.close()
