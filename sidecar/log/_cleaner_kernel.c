@@ -278,6 +278,19 @@ static inline int read_varint(const uint8_t **pp, const uint8_t *end, int max_by
     return -1;
 }
 
+/* A varint length then that many bytes (a key or value); a negative length is null. */
+static inline int read_nullable(const uint8_t **pp, const uint8_t *end, const uint8_t **data, int64_t *len) {
+    if (read_varint(pp, end, 5, len))
+        return -1;
+    *data = *pp;
+    if (*len >= 0) {
+        if (*len > end - *pp)
+            return -1;
+        *pp += *len;
+    }
+    return 0;
+}
+
 typedef struct {
     int64_t offset;   /* the delta as read, then the absolute offset */
     int64_t ts_delta; /* the delta as read */
@@ -308,24 +321,8 @@ static int parse_records(const uint8_t *data, Py_ssize_t len, Py_ssize_t count, 
         p++; /* attributes, unused */
         if (read_varint(&p, rend, 10, &r->ts_delta) || read_varint(&p, rend, 5, &r->offset))
             return -1;
-        if (read_varint(&p, rend, 5, &n))
+        if (read_nullable(&p, rend, &r->key, &r->klen) || read_nullable(&p, rend, &r->value, &r->vlen))
             return -1;
-        r->klen = n;
-        r->key = p;
-        if (n >= 0) {
-            if (n > rend - p)
-                return -1;
-            p += n;
-        }
-        if (read_varint(&p, rend, 5, &n))
-            return -1;
-        r->vlen = n;
-        r->value = p;
-        if (n >= 0) {
-            if (n > rend - p)
-                return -1;
-            p += n;
-        }
         if (read_varint(&p, rend, 5, &n) || n < 0)
             return -1;
         r->nheaders = n;

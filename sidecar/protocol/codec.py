@@ -205,6 +205,18 @@ _DECODE_ERRORS = (struct.error, IndexError, ValueError, TypeError, UnicodeDecode
                   OverflowError, AssertionError, KeyError, EOFError, MemoryError)
 
 
+def _message_class(table: dict, api_key: int, api_version: int, correlation_id: int | None, what: str):
+    """The message class for an API key and version we serve, or the error that names them."""
+    cls = table.get(api_key)
+    if cls is None:
+        raise UnsupportedApiError(api_key, api_version, correlation_id, "unknown or unsupported API key")
+    lo, hi = SUPPORTED_VERSIONS[api_key]
+    if not lo <= api_version <= hi:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id,
+                                      f"{what}unsupported version (supported {lo}-{hi})")
+    return cls
+
+
 def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     """Decode one request frame (without the 4-byte size prefix).
 
@@ -218,14 +230,7 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
         raise MalformedFrameError(None, None, None,
                                   f"frame too short for a request header ({len(data)} bytes)")
     api_key, api_version, correlation_id = _FIXED_HEADER.unpack_from(data, 0)
-    cls = _REQUESTS.get(api_key)
-    if cls is None:
-        raise UnsupportedApiError(api_key, api_version, correlation_id,
-                                  "unknown or unsupported API key")
-    lo, hi = SUPPORTED_VERSIONS[api_key]
-    if not lo <= api_version <= hi:
-        raise UnsupportedVersionError(api_key, api_version, correlation_id,
-                                      f"unsupported version (supported {lo}-{hi})")
+    cls = _message_class(_REQUESTS, api_key, api_version, correlation_id, "")
     flexible = cls.flexible_version_q(api_version)
 
     # Header: kafka-python's schema-driven RequestHeader (v1, or v2 if flexible).
@@ -291,14 +296,7 @@ def encode_response(api_key: int, api_version: int, correlation_id: int,
     For the KIP-511 downgrade (ApiVersions request newer than supported) call
     with ``api_version=0`` and ``error_code=35``.
     """
-    cls = _RESPONSES.get(api_key)
-    if cls is None:
-        raise UnsupportedApiError(api_key, api_version, correlation_id,
-                                  "unknown or unsupported API key")
-    lo, hi = SUPPORTED_VERSIONS[api_key]
-    if not lo <= api_version <= hi:
-        raise UnsupportedVersionError(api_key, api_version, correlation_id,
-                                      f"cannot encode response: unsupported version (supported {lo}-{hi})")
+    cls = _message_class(_RESPONSES, api_key, api_version, correlation_id, "cannot encode response: ")
     try:
         if isinstance(body, Mapping):
             msg = _build(cls, body, api_version)
