@@ -23,6 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="write the latest-product-price walkthrough into a log directory and dump it")
     demo.add_argument("--data-dir", default="demo-data")
 
+    serve = sub.add_parser("serve", help="run a storage node: the Kafka protocol over a data directory")
+    serve.add_argument("--data-dir", required=True, help="the log directory (created if missing)")
+    serve.add_argument("--topics", required=True, metavar="PATH",
+                       help="a Topic manifest file or a directory of them (watched for changes)")
+    serve.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT", help="Kafka listener")
+    serve.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
+                       help="/metrics, /status, /healthz, /readyz")
+    serve.add_argument("--advertised-host", default=None, help="host name clients are told to connect to")
+    serve.add_argument("--node-id", type=int, default=0)
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -36,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return run_demo(args.data_dir, out=sys.stdout)
+    if args.command == "serve":
+        from .server.serve import serve_forever
+
+        return serve_forever(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -1,12 +1,14 @@
-"""The storage sidecar's Kafka server: a single-node broker over a `LogDir`.
+"""The storage sidecar's Kafka server: the broker over the partitions a `TopicRegistry` hosts here.
 
 This module is the socket edge only: asyncio streams read 4-byte size-prefixed
 frames, `shale.sidecar.protocol.codec` decodes requests and encodes responses,
 and the handlers below translate them into `Log` calls.
 
-First slice: ApiVersions, Metadata, Produce, Fetch, ListOffsets.  Responses are
-written in request order per connection (a FIFO of handler tasks), so a Fetch
-waiting for data does not reorder the replies to pipelined requests.
+The broker serves ApiVersions, Metadata, Produce, Fetch and ListOffsets itself;
+the other APIs come from components (group coordinator, admin, producer ids) as
+a table of handlers, `async (request, connection) -> response body`.  Responses
+are written in request order per connection (a FIFO of handler tasks), so a
+Fetch or JoinGroup that waits does not reorder the replies to pipelined requests.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import Any, Mapping
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import (
@@ -24,9 +28,9 @@ from shale.sidecar.log.errors import (
     OffsetOutOfRangeError,
     RecordTooLargeError,
 )
-from shale.sidecar.log.log import Log, InvalidTimestampError
-from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.log.log import InvalidTimestampError
 from shale.sidecar.protocol import codec
+from shale.sidecar.server.topics import TopicRegistry, topic_uuid
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ UNKNOWN_SERVER_ERROR = -1
 OFFSET_OUT_OF_RANGE = 1
 CORRUPT_MESSAGE = 2
 UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
 MESSAGE_TOO_LARGE = 10
 INVALID_REQUIRED_ACKS = 21
 INVALID_TIMESTAMP = 32
@@ -48,14 +53,26 @@ UNKNOWN_TOPIC_ID = 100
 
 API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA, API_API_VERSIONS = 0, 1, 2, 3, 18
 
-# What this broker advertises: the codec's ranges for the APIs implemented here,
-# capped where the request identifies topics by ID (kafka-protocol.md G6:
-# Fetch >= 13 and Produce 13 use topic IDs, which are not routed yet).
-_CAPS = {API_FETCH: 12, API_PRODUCE: 12}
-ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = {
-    key: (codec.SUPPORTED_VERSIONS[key][0], min(codec.SUPPORTED_VERSIONS[key][1], _CAPS.get(key, 1 << 15)))
-    for key in (API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA, API_API_VERSIONS)
-}
+# Caps below the codec's ranges where a version identifies topics by ID, which is
+# not routed yet (kafka-protocol.md G6): Fetch >= 13, Produce 13, OffsetCommit and
+# OffsetFetch >= 10.
+VERSION_CAPS = {API_FETCH: 12, API_PRODUCE: 12, 8: 9, 9: 9}
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """Who sent a request: group members record the client id and host."""
+
+    client_id: str | None
+    host: str
+
+
+Handler = Callable[[codec.Request, ConnectionInfo], Awaitable[Any]]
+
+
+def advertised_range(api_key: int) -> tuple[int, int]:
+    lo, hi = codec.SUPPORTED_VERSIONS[api_key]
+    return lo, min(hi, VERSION_CAPS.get(api_key, hi))
 
 
 def _append_error_code(exc: Exception) -> int:
@@ -63,6 +80,9 @@ def _append_error_code(exc: Exception) -> int:
         return CORRUPT_MESSAGE
     if isinstance(exc, RecordTooLargeError):
         return MESSAGE_TOO_LARGE
+    code = getattr(exc, "error_code", None)  # engine errors that carry their Kafka code (idempotence)
+    if code is not None:
+        return code
     if isinstance(exc, InvalidTimestampError):  # before InvalidRecordError: it is a subclass
         return INVALID_TIMESTAMP
     if isinstance(exc, InvalidRecordError):
@@ -92,42 +112,44 @@ class Broker:
 
     def __init__(
         self,
-        log_dir: LogDir,
-        topics: Mapping[str, tuple[int, Any]],
+        registry: TopicRegistry,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        advertised_host: str | None = None,
-        advertised_port: int | None = None,
-        node_id: int = 0,
+        handlers: Mapping[int, Handler] | None = None,
         cluster_id: str = "shale",
+        observe: Callable[[str, float], None] | None = None,
     ) -> None:
-        self.log_dir = log_dir
-        self.topics = {name: (int(parts), cfg) for name, (parts, cfg) in topics.items()}
+        self.registry = registry
         self.host = host
         self.port = port
-        self.advertised_host = advertised_host or host
-        self._advertised_port = advertised_port
-        self.node_id = node_id
         self.cluster_id = cluster_id
+        self._observe = observe  # (api name, seconds) of every answered request, for the metrics
         self._server: asyncio.Server | None = None
         self._events: dict[TopicPartition, asyncio.Event] = {}
         self._connections: set[asyncio.Task] = set()
+        self.handlers: dict[int, Handler] = {
+            API_API_VERSIONS: self._api_versions,
+            API_METADATA: self._metadata,
+            API_PRODUCE: self._produce,
+            API_FETCH: self._fetch,
+            API_LIST_OFFSETS: self._list_offsets,
+            **(handlers or {}),
+        }
+        self.advertised = {key: advertised_range(key) for key in self.handlers}
+
+    @property
+    def node_id(self) -> int:
+        return self.registry.node.node_id
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    @property
-    def advertised_port(self) -> int:
-        return self._advertised_port if self._advertised_port is not None else self.port
-
     async def start(self) -> None:
-        for topic, (parts, _cfg) in self.topics.items():
-            for p in range(parts):
-                self.log_dir.get_or_create(TopicPartition(topic, p))
         self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
-        logger.info("broker %d listening on %s:%d (advertised %s:%d)", self.node_id, self.host, self.port,
-                    self.advertised_host, self.advertised_port)
+        node = self.registry.node
+        logger.info("broker %d listening on %s:%d (advertised %s:%d)", node.node_id, self.host, self.port,
+                    node.host, node.port)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -157,6 +179,7 @@ class Broker:
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        host = peer[0] if isinstance(peer, tuple) else str(peer)
         state = {"client_id": None}
 
         def client() -> str:
@@ -186,7 +209,7 @@ class Broker:
                     request = codec.decode_request(frame)
                 except codec.UnsupportedVersionError as exc:
                     if exc.api_key == API_API_VERSIONS:  # KIP-511: tell the client what we do support, at v0
-                        lo, hi = ADVERTISED_VERSIONS[API_API_VERSIONS]
+                        lo, hi = self.advertised[API_API_VERSIONS]
                         body = {"error_code": UNSUPPORTED_VERSION,
                                 "api_keys": [{"api_key": API_API_VERSIONS, "min_version": lo, "max_version": hi}]}
                         out = codec.encode_response(API_API_VERSIONS, 0, exc.correlation_id, body, framed=True)
@@ -203,12 +226,13 @@ class Broker:
                     clean = False
                     break
                 state["client_id"] = request.client_id
-                if request.api_key not in ADVERTISED_VERSIONS:
+                if request.api_key not in self.handlers:
                     logger.error("closing connection of %s: %s v%d is not implemented", client(),
                                  request.api_name, request.api_version)
                     clean = False
                     break
-                await pending.put(asyncio.create_task(self._dispatch(request, client)))
+                conn = ConnectionInfo(request.client_id, host)
+                await pending.put(asyncio.create_task(self._dispatch(request, conn)))
         finally:
             if clean:
                 await pending.put(None)
@@ -253,31 +277,26 @@ class Broker:
                 if t is not None:
                     t.cancel()
 
-    async def _dispatch(self, request: codec.Request, client) -> bytes | None:
-        key, version, body = request.api_key, request.api_version, request.body
-        if key == API_API_VERSIONS:
-            resp = self._api_versions()
-        elif key == API_METADATA:
-            resp = self._metadata(version, body)
-        elif key == API_PRODUCE:
-            resp = self._produce(version, body)
-            if not request.expects_response:
-                return None
-        elif key == API_FETCH:
-            resp = await self._fetch(version, body)
-        elif key == API_LIST_OFFSETS:
-            resp = self._list_offsets(version, body)
-        else:  # pragma: no cover - filtered by the reader
-            raise AssertionError(key)
-        return codec.encode_response(key, version, request.correlation_id, resp, framed=True)
+    async def _dispatch(self, request: codec.Request, conn: ConnectionInfo) -> bytes | None:
+        started = time.perf_counter()
+        resp = await self.handlers[request.api_key](request, conn)
+        if self._observe is not None:
+            self._observe(request.api_name, time.perf_counter() - started)
+        if not request.expects_response:
+            return None
+        return codec.encode_response(request.api_key, request.api_version, request.correlation_id, resp,
+                                     framed=True)
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _log(self, topic: str | None, partition: int) -> Log | None:
-        entry = self.topics.get(topic) if topic is not None else None
-        if entry is None or not 0 <= partition < entry[0]:
-            return None
-        return self.log_dir.get_or_create(TopicPartition(topic, partition))
+    def _partition_error(self, topic: str | None, partition: int) -> int:
+        """Why a partition has no local log: unknown, or led by another node."""
+        leader = self.registry.leader(topic, partition) if topic is not None else None
+        return UNKNOWN_TOPIC_OR_PARTITION if leader is None else NOT_LEADER_OR_FOLLOWER
+
+    def poke(self, tp: TopicPartition) -> None:
+        """Wake fetches waiting on a partition (after an append by another component)."""
+        self._poke(tp)
 
     def _event(self, tp: TopicPartition) -> asyncio.Event:
         ev = self._events.get(tp)
@@ -292,46 +311,47 @@ class Broker:
 
     # -- APIs --------------------------------------------------------------------------------
 
-    def _api_versions(self) -> dict:
+    async def _api_versions(self, request: codec.Request, conn: ConnectionInfo) -> dict:
         return {
             "error_code": NONE,
             "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi}
-                         for k, (lo, hi) in sorted(ADVERTISED_VERSIONS.items())],
+                         for k, (lo, hi) in sorted(self.advertised.items())],
             "throttle_time_ms": 0,
         }
 
-    def _metadata(self, version: int, body) -> dict:
+    async def _metadata(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        version, body = request.api_version, request.body
+        registry = self.registry
         if body.topics is None or (version == 0 and not body.topics):
-            wanted = list(self.topics)
+            wanted = list(registry.topics)
         else:
             wanted = [t.name for t in body.topics]
         topics = []
         for name in wanted:
-            entry = self.topics.get(name) if name is not None else None
-            if entry is None:
+            spec = registry.topics.get(name) if name is not None else None
+            if spec is None:
                 topics.append({"error_code": UNKNOWN_TOPIC_ID if name is None else UNKNOWN_TOPIC_OR_PARTITION,
                                "name": name, "partitions": []})
                 continue
-            topics.append({
-                "error_code": NONE,
-                "name": name,
-                "is_internal": False,
-                "partitions": [
-                    {"error_code": NONE, "partition_index": p, "leader_id": self.node_id, "leader_epoch": -1,
-                     "replica_nodes": [self.node_id], "isr_nodes": [self.node_id], "offline_replicas": []}
-                    for p in range(entry[0])
-                ],
-            })
+            partitions = []
+            for p in range(spec.partitions):
+                leader = spec.node_of(p, self.node_id)
+                partitions.append({"error_code": NONE, "partition_index": p, "leader_id": leader,
+                                   "leader_epoch": -1, "replica_nodes": [leader], "isr_nodes": [leader],
+                                   "offline_replicas": []})
+            topics.append({"error_code": NONE, "name": name, "topic_id": topic_uuid(registry.topic_id(name)),
+                           "is_internal": spec.internal, "partitions": partitions})
         return {
             "throttle_time_ms": 0,
-            "brokers": [{"node_id": self.node_id, "host": self.advertised_host, "port": self.advertised_port,
-                         "rack": None}],
+            "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": None}
+                        for n in sorted(registry.nodes().values(), key=lambda n: n.node_id)],
             "cluster_id": self.cluster_id,
-            "controller_id": self.node_id,
+            "controller_id": min(registry.nodes()),
             "topics": topics,
         }
 
-    def _produce(self, version: int, body) -> dict:
+    async def _produce(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        version, body = request.api_version, request.body
         responses = []
         for topic in body.topic_data:
             parts = []
@@ -350,9 +370,11 @@ class Broker:
                 out["error_message"] = message
             return out
 
-        log = self._log(topic, partition)
+        log = self.registry.local_log(topic, partition)
         if log is None:
-            return fail(UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic-partition {topic}-{partition}")
+            code = self._partition_error(topic, partition)
+            where = "unknown" if code == UNKNOWN_TOPIC_OR_PARTITION else "not led by this node:"
+            return fail(code, f"{where} topic-partition {topic}-{partition}")
         if version < 3:
             return fail(UNSUPPORTED_VERSION, "Produce v0-2 (message format v0/v1) is not supported")
         if acks not in (0, 1, -1):
@@ -371,7 +393,8 @@ class Broker:
                    log_start_offset=log.log_start_offset)
         return out
 
-    async def _fetch(self, version: int, body) -> dict:
+    async def _fetch(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        body = request.body
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(body.max_wait_ms, 0) / 1000
         min_bytes = max(body.min_bytes, 0)
@@ -380,7 +403,7 @@ class Broker:
             events = []
             for t in body.topics:
                 for p in t.partitions:
-                    if t.topic in self.topics:
+                    if self.registry.local_log(t.topic, p.partition) is not None:
                         events.append(self._event(TopicPartition(t.topic, p.partition)))
             responses, total, errors = self._fetch_once(body)
             remaining = deadline - loop.time()
@@ -405,9 +428,9 @@ class Broker:
                 out = {"partition_index": p.partition, "error_code": NONE, "high_watermark": -1,
                        "last_stable_offset": -1, "log_start_offset": -1, "records": b""}
                 parts.append(out)
-                log = self._log(t.topic, p.partition)
+                log = self.registry.local_log(t.topic, p.partition)
                 if log is None:
-                    out["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                    out["error_code"] = self._partition_error(t.topic, p.partition)
                     errors = True
                     continue
                 hw = log.high_watermark
@@ -428,7 +451,8 @@ class Broker:
             responses.append({"topic": t.topic, "partitions": parts})
         return responses, total, errors
 
-    def _list_offsets(self, version: int, body) -> dict:
+    async def _list_offsets(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        body = request.body
         read_committed = body.isolation_level == 1
         topics = []
         for t in body.topics:
@@ -437,9 +461,9 @@ class Broker:
                 out = {"partition_index": p.partition_index, "error_code": NONE, "timestamp": -1, "offset": -1,
                        "leader_epoch": -1}
                 parts.append(out)
-                log = self._log(t.name, p.partition_index)
+                log = self.registry.local_log(t.name, p.partition_index)
                 if log is None:
-                    out["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                    out["error_code"] = self._partition_error(t.name, p.partition_index)
                     continue
                 ts = p.timestamp
                 if ts == -1:

@@ -18,6 +18,7 @@ from kafka.errors import KafkaError
 from shale.sidecar.log.checkpoint import TopicPartition as SidecarTP
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.server.broker import Broker
+from shale.sidecar.server.topics import NodeAddress, TopicRegistry, TopicSpec
 from shale.sidecar.topic_config import TopicConfig
 
 TOPICS = {
@@ -36,9 +37,11 @@ class BrokerThread:
 
     def __init__(self, path: str) -> None:
         cfg = TopicConfig.from_mapping({})
-        topics = {name: (parts, cfg) for name, parts in TOPICS.items()}
-        self.log_dir = LogDir(path, lambda topic: topics[topic][1])
-        self.broker = Broker(self.log_dir, topics, host="127.0.0.1", port=0)
+        self.log_dir = LogDir(path, lambda topic: cfg)
+        self.registry = TopicRegistry(self.log_dir, NodeAddress(0, "127.0.0.1", 0))
+        for name, parts in TOPICS.items():
+            self.registry.put(TopicSpec(name, parts, cfg))
+        self.broker = Broker(self.registry, host="127.0.0.1", port=0)
         self.loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -58,6 +61,7 @@ class BrokerThread:
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         await self.broker.start()
+        self.registry.node = NodeAddress(0, "127.0.0.1", self.broker.port)
         self._started.set()
         await self._stop.wait()
         await self.broker.close()

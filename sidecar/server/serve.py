@@ -1,0 +1,36 @@
+"""`shale serve`: run a `StorageNode` in the foreground until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from shale.sidecar.log.log_dir import LogDirLockedError
+from shale.sidecar.server.node import ServeOptions, StorageNode, parse_host_port
+
+logger = logging.getLogger(__name__)
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    return ServeOptions(data_dir=args.data_dir, topics=args.topics, listen=parse_host_port(args.listen),
+                        http=parse_host_port(args.http), advertised_host=args.advertised_host,
+                        node_id=args.node_id)
+
+
+def serve_forever(args: argparse.Namespace) -> int:
+    try:
+        node = StorageNode(options_from_args(args))
+    except (LogDirLockedError, ValueError) as exc:
+        logger.error("cannot start: %s", exc)
+        return 1
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, node.stop)  # graceful: flush, checkpoints, clean-shutdown marker
+        await node.run()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,230 @@
+"""The topics this node serves: their partitions, config, ids and which node leads each partition.
+
+One `TopicRegistry` per process is the server's source of truth for "what exists": the manifest
+watcher, CreateTopics/AlterConfigs and the built-in `__consumer_offsets` all change topics through
+it, and it applies each change to the `LogDir` (create partition logs, swap a log's config live,
+delete Kafka's way). Every mutation happens on the server's event loop; the maintenance threads only
+read `LogDir.logs`, which has its own lock.
+
+Partitions of a topic may be spread over several `shale serve` processes: `TopicSpec.assignment`
+names the node of each partition and `TopicSpec.nodes` their addresses. A node keeps logs only for
+the partitions assigned to it and answers NOT_LEADER_OR_FOLLOWER for the others, while Metadata
+sends clients to the right node.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from shale.sidecar.log.atomic_file import atomic_write
+from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.log import Log
+from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.topic_config import TopicConfig
+
+logger = logging.getLogger(__name__)
+
+API_TOPICS_FILE = "shale-api-topics.json"  # topics created through CreateTopics, kept across restarts
+_TOPIC_ID_NAMESPACE = uuid.UUID("6f1c3c2e-8a2b-4d0e-9a53-5ad0c0ffee00")
+
+
+class TopicError(ValueError):
+    """A topic change that cannot be applied (e.g. fewer partitions); the message names the topic."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddress:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """What a topic should be, wherever it was declared."""
+
+    name: str
+    partitions: int
+    config: TopicConfig
+    origin: str = "manifest"  # the manifest's path, "api" (CreateTopics) or "internal"
+    topic_id: str | None = None  # Kafka's text form; None = keep the one on disk or derive one from the name
+    assignment: tuple[int, ...] | None = None  # node id of each partition; None = all on this node
+    nodes: Mapping[int, tuple[str, int]] = field(default_factory=dict)  # addresses of the assigned nodes
+    internal: bool = False
+
+    def node_of(self, partition: int, default: int) -> int:
+        return default if self.assignment is None else self.assignment[partition]
+
+
+def topic_id_for(name: str) -> str:
+    """A stable topic id for a topic that brings none: the same on every node that hosts part of it."""
+    raw = uuid.uuid5(_TOPIC_ID_NAMESPACE, name).bytes
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def topic_uuid(topic_id: str) -> uuid.UUID:
+    return uuid.UUID(bytes=base64.urlsafe_b64decode(topic_id + "=" * (-len(topic_id) % 4)))
+
+
+class TopicRegistry:
+    """Topics, their partition leaders, and the logs of the partitions hosted here."""
+
+    def __init__(self, log_dir: LogDir, node: NodeAddress,
+                 on_change: Callable[[str], None] | None = None) -> None:
+        self.log_dir = log_dir
+        self.node = node
+        self.topics: dict[str, TopicSpec] = {}
+        self._ids: dict[str, str] = {}
+        self._on_change = on_change or (lambda _name: None)
+        self._api_file = os.path.join(log_dir.path, API_TOPICS_FILE)
+        # Called with each local partition before its log is deleted (the cleaner must let go of it first).
+        self.before_delete: list[Callable[[TopicPartition], None]] = []
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def config_for(self, topic: str) -> TopicConfig:
+        """The LogDir's callback: the topic's config, or Kafka's defaults for a log no topic claims."""
+        spec = self.topics.get(topic)
+        return spec.config if spec is not None else TopicConfig.from_mapping({})
+
+    def nodes(self) -> dict[int, NodeAddress]:
+        """Every node some topic is assigned to, and this one."""
+        out = {self.node.node_id: self.node}
+        for spec in self.topics.values():
+            for node_id, (host, port) in spec.nodes.items():
+                if node_id != self.node.node_id:
+                    out.setdefault(node_id, NodeAddress(node_id, host, port))
+        return out
+
+    def leader(self, topic: str, partition: int) -> int | None:
+        spec = self.topics.get(topic)
+        if spec is None or not 0 <= partition < spec.partitions:
+            return None
+        return spec.node_of(partition, self.node.node_id)
+
+    def local_log(self, topic: str | None, partition: int) -> Log | None:
+        """The log of a partition hosted here, or None (unknown topic/partition, or led elsewhere)."""
+        if topic is None or self.leader(topic, partition) != self.node.node_id:
+            return None
+        return self.log_dir.logs.get(TopicPartition(topic, partition))
+
+    def topic_id(self, topic: str) -> str:
+        return self._ids[topic]
+
+    def local_partitions(self, spec: TopicSpec) -> list[int]:
+        return [p for p in range(spec.partitions) if spec.node_of(p, self.node.node_id) == self.node.node_id]
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def put(self, spec: TopicSpec) -> bool:
+        """Create the topic or change it live; True if anything changed. Raises TopicError if it cannot."""
+        old = self.topics.get(spec.name)
+        if old is not None and spec.partitions < old.partitions:
+            raise TopicError(f"topic {spec.name}: the number of partitions cannot be decreased "
+                             f"({old.partitions} -> {spec.partitions})")
+        if spec.assignment is not None and len(spec.assignment) != spec.partitions:
+            raise TopicError(f"topic {spec.name}: the assignment names {len(spec.assignment)} nodes "
+                             f"for {spec.partitions} partitions")
+        if old == spec:
+            return False
+        topic_id = self._resolve_id(spec)
+        self.topics[spec.name] = spec
+        self._ids[spec.name] = topic_id
+        for p in self.local_partitions(spec):
+            tp = TopicPartition(spec.name, p)
+            log = self.log_dir.logs.get(tp)
+            if log is None:
+                self.log_dir.get_or_create(tp, topic_id)
+            elif log.config != spec.config:
+                log.config = spec.config  # read at every append/roll/retention check: takes effect now
+        for p in range(spec.partitions):  # partitions moved away from this node stay on disk, unserved
+            tp = TopicPartition(spec.name, p)
+            if spec.node_of(p, self.node.node_id) != self.node.node_id and tp in self.log_dir.logs:
+                logger.warning("%s is now assigned to node %d; its log stays on disk, no longer served",
+                               tp, spec.node_of(p, self.node.node_id))
+        if spec.origin == "api" or (old is not None and old.origin == "api"):
+            self._save_api_topics()
+        logger.info("topic %s %s: %d partitions (%d here), config overrides %s", spec.name,
+                    "created" if old is None else "updated", spec.partitions, len(self.local_partitions(spec)),
+                    spec.config.overrides())
+        self._on_change(spec.name)
+        return True
+
+    def remove(self, name: str) -> bool:
+        """Delete a topic Kafka's way: each local partition directory is renamed `-delete`, then removed."""
+        spec = self.topics.pop(name, None)
+        if spec is None:
+            return False
+        self._ids.pop(name, None)
+        for p in range(spec.partitions):
+            tp = TopicPartition(name, p)
+            if tp in self.log_dir.logs:
+                for hook in self.before_delete:
+                    hook(tp)
+                self.log_dir.delete(tp)
+        if spec.origin == "api":
+            self._save_api_topics()
+        logger.info("topic %s deleted", name)
+        self._on_change(name)
+        return True
+
+    def sync_origin(self, origin_prefix: str, specs: Iterable[TopicSpec]) -> dict[str, str]:
+        """Make the topics declared by one source (e.g. the manifests) exactly `specs`.
+
+        Returns {topic: message} for the specs that could not be applied; those topics stay as they were.
+        A name another source already owns (CreateTopics, internal) is refused the same way.
+        """
+        wanted = {s.name: s for s in specs}
+        errors: dict[str, str] = {}
+        for name in [n for n, s in self.topics.items() if s.origin.startswith(origin_prefix) and n not in wanted]:
+            self.remove(name)
+        for spec in wanted.values():
+            current = self.topics.get(spec.name)
+            if current is not None and not current.origin.startswith(origin_prefix):
+                errors[spec.name] = f"topic {spec.name} already exists (created by {current.origin})"
+                continue
+            try:
+                self.put(spec)
+            except TopicError as exc:
+                errors[spec.name] = str(exc)
+        for message in errors.values():
+            logger.error("refused topic change: %s", message)
+        return errors
+
+    def load_api_topics(self) -> None:
+        """Re-create the topics CreateTopics made before a restart."""
+        try:
+            with open(self._api_file, encoding="utf-8") as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            return
+        for entry in saved:
+            self.put(TopicSpec(entry["name"], entry["partitions"], TopicConfig.from_mapping(entry["config"]),
+                               origin="api", topic_id=entry["topic_id"]))
+
+    def _save_api_topics(self) -> None:
+        saved = [{"name": s.name, "partitions": s.partitions, "config": s.config.overrides(),
+                  "topic_id": self._ids[s.name]} for s in self.topics.values() if s.origin == "api"]
+        atomic_write(self._api_file, json.dumps(saved, indent=1, sort_keys=True).encode())
+
+    def _resolve_id(self, spec: TopicSpec) -> str:
+        if spec.name in self._ids:
+            return self._ids[spec.name]
+        if spec.topic_id is not None:
+            return spec.topic_id
+        for p in self.local_partitions(spec):
+            on_disk = self.log_dir.topic_id(TopicPartition(spec.name, p))
+            if on_disk is not None:
+                return on_disk
+        return topic_id_for(spec.name)
+
+    def strays(self) -> list[TopicPartition]:
+        """Partition logs on disk that no topic assigns to this node: kept, never served (Kafka's strays)."""
+        return sorted((tp for tp in self.log_dir.logs if self.local_log(tp.topic, tp.partition) is None),
+                      key=str)
