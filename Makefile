@@ -14,9 +14,15 @@ $(BIN)/.installed: pyproject.toml setup.py sidecar/log/_cleaner_kernel.c
 
 demo: $(BIN)/.installed
 	rm -rf demo-data
-	$(BIN)/shale demo --data-dir demo-data
+	$(BIN)/shale demo --workdir demo-data
+
+# Debian's kcat (librdkafka 2.0.2) is the "old librdkafka" client of the protocol tests.
+KCAT := $(shell command -v kcat 2>/dev/null)
 
 test: $(BIN)/.installed
+ifeq ($(KCAT),)
+	apt-get install -y --no-install-recommends kcat >/dev/null || (apt-get update >/dev/null && apt-get install -y --no-install-recommends kcat >/dev/null)
+endif
 	$(BIN)/pytest -n 2 -q
 
 bench: $(BIN)/.installed

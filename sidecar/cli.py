@@ -20,8 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     dump.add_argument("--index-sanity-check", action="store_true", help="only run the sanity checks of index files")
     dump.add_argument("--max-bytes", type=int, default=None, help="read at most this many bytes of a .log")
 
-    demo = sub.add_parser("demo", help="write the latest-product-price walkthrough into a log directory and dump it")
-    demo.add_argument("--data-dir", default="demo-data")
+    demo = sub.add_parser("demo", help="start shale serve locally and replay the latest-product-price walkthrough")
+    demo.add_argument("--workdir", default="demo-data", help="holds the topic manifest and the data directory")
+    demo.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT")
+    demo.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT")
+    demo.add_argument("--exit", action="store_true", help="stop the server after the walkthrough")
 
     serve = sub.add_parser("serve", help="run a storage node: the Kafka protocol over a data directory")
     serve.add_argument("--data-dir", required=True, help="the log directory (created if missing)")
@@ -32,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="/metrics, /status, /healthz, /readyz")
     serve.add_argument("--advertised-host", default=None, help="host name clients are told to connect to")
     serve.add_argument("--node-id", type=int, default=0)
+    serve.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                       help="a broker config, e.g. log.cleaner.threads=2 (repeatable, as kafka-server-start)")
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -45,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        return run_demo(args.data_dir, out=sys.stdout)
+        return run_demo(args.workdir, out=sys.stdout, listen=args.listen, http=args.http, keep_serving=not args.exit)
     if args.command == "serve":
         from .server.serve import serve_forever
 

@@ -1,51 +1,123 @@
-"""The README's first command until the sidecar serves: the seed walkthrough run by the engine itself.
+"""The README's first command: `shale serve` on a local directory, and the seed walkthrough through a real client.
 
-It appends the `latest-product-price` updates, dumps the segments, runs one cleaner pass
-(Kafka's compaction), and dumps them again: each key's latest price remains, and duplicates
-only in the active segment.
+It writes a `Topic` manifest for `latest-product-price` (compacted, segments rolled every 100 ms),
+starts `shale serve` as a child process, produces the price updates with kafka-python (an
+unmodified Kafka client, idempotent with acks=all by default), waits until the node's `/status`
+reports a cleaner pass over the partition, then consumes the topic from the beginning and prints
+what is left: each product's latest price (plus the newest update, still in the active segment,
+which Kafka never cleans). Then the node keeps serving until Ctrl-C, for kcat or any other client.
 """
 
 from __future__ import annotations
 
-import glob
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 from typing import TextIO
 
-from .dump_log import dump_files
-from .log.checkpoint import TopicPartition
-from .log.cleaner_manager import CleanerManager
-from .log.log_cleaner import CleanerConfig, LogCleaner
-from .log.log_dir import LogDir
-from .log.records import Record, encode_batch
-from .topic_config import TopicConfig
+import yaml
 
 TOPIC = "latest-product-price"
 CONFIG = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
           "delete.retention.ms": "100"}
 UPDATES = [("p3", "10$"), ("p5", "7$"), ("p3", "11$"), ("p6", "25$"), ("p6", "12$"), ("p5", "14$"), ("p5", "17$")]
+# The demo should not wait Kafka's 15 s cleaner back-off.
+OVERRIDES = {"log.cleaner.backoff.ms": "200"}
 
 
-def run_demo(data_dir: str, out: TextIO) -> int:
-    """Append the updates one batch each, 60 ms of record time apart, so `segment.ms=100` rolls segments."""
-    config = TopicConfig.from_mapping(CONFIG)
-    logs = LogDir(data_dir, lambda topic: config)
-    log = logs.get_or_create(TopicPartition(TOPIC, 0))
-    start_ts = max(log.clock(), log.active_segment.max_timestamp_and_offset[0] + 1)
-    for i, (key, value) in enumerate(UPDATES):
-        info = log.append(encode_batch([Record(0, start_ts + 60 * i, key.encode(), value.encode())]))
-        print(f"appended {key}:{value} at offset {info.first_offset}", file=out)
-    partition_dir = os.path.join(data_dir, f"{TOPIC}-0")
-    _dump(partition_dir, "before cleaning", out)
-
-    manager = CleanerManager(logs.path, lambda: logs.logs, clock=log.clock)
-    cleaner = LogCleaner(manager, lambda: logs.logs, CleanerConfig(dedupe_buffer_size=1 << 20), clock=log.clock)
-    cleaner.clean_once(cleaner.cleaners[0])
-    log.delete_expired_files()
-    logs.close()
-    return _dump(partition_dir, "after one cleaner pass", out)
+def manifest() -> dict:
+    return {"apiVersion": "shale.dev/v1alpha1", "kind": "Topic", "metadata": {"name": TOPIC},
+            "spec": {"partitions": 1, "config": CONFIG}}
 
 
-def _dump(partition_dir: str, when: str, out: TextIO) -> int:
-    files = sorted(glob.glob(os.path.join(partition_dir, "*.log")))
-    print(f"\n{when}: {len(files)} segments in {partition_dir}; shale dump-log --print-data-log:\n", file=out)
-    return dump_files(files, print_data=True, out=out)
+def run_demo(workdir: str, out: TextIO, *, listen: str = "127.0.0.1:9092", http: str = "127.0.0.1:8080",
+             keep_serving: bool = True, timeout_s: float = 60.0) -> int:
+    topics_dir = os.path.join(workdir, "topics")
+    os.makedirs(topics_dir, exist_ok=True)
+    with open(os.path.join(topics_dir, f"{TOPIC}.yaml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump(manifest(), f, sort_keys=False)
+    command = [sys.executable, "-m", "shale.sidecar.cli", "serve", "--data-dir", os.path.join(workdir, "data"),
+               "--topics", topics_dir, "--listen", listen, "--http", http]
+    for key, value in OVERRIDES.items():
+        command += ["--override", f"{key}={value}"]
+    print("$ shale serve " + " ".join(command[4:]), file=out, flush=True)
+    server = subprocess.Popen(command)
+    try:
+        _wait_ready(http, server, timeout_s)
+        _walkthrough(listen, http, out, timeout_s)
+        if keep_serving:
+            print(f"\nshale serve keeps running on {listen} (metrics and status on http://{http}); "
+                  f"try: kcat -b {listen} -C -t {TOPIC} -e -f '%k=%s @%o\\n'   Ctrl-C stops it.", file=out, flush=True)
+            try:
+                server.wait()
+            except KeyboardInterrupt:
+                pass
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)  # graceful: flush, checkpoints, clean-shutdown marker
+            server.wait(30)
+    return 0 if server.returncode in (0, -signal.SIGTERM) else 1
+
+
+def _get_json(http: str, path: str) -> dict:
+    with urllib.request.urlopen(f"http://{http}{path}", timeout=2) as resp:
+        return json.load(resp)
+
+
+def _wait_ready(http: str, server: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"shale serve exited with status {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://{http}/readyz", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"shale serve was not ready after {timeout_s:.0f} s")
+
+
+def _walkthrough(listen: str, http: str, out: TextIO, timeout_s: float) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    producer = KafkaProducer(bootstrap_servers=listen, acks="all")
+    try:
+        for key, value in UPDATES:
+            # One batch per update, more than segment.ms apart: each lands in a new segment, so the
+            # cleaner has inactive segments to compact, as in the seed's walkthrough.
+            meta = producer.send(TOPIC, key=key.encode(), value=value.encode()).get(timeout=10)
+            print(f"produced {key}:{value} at offset {meta.offset}", file=out, flush=True)
+            time.sleep(0.15)
+    finally:
+        producer.close(5)
+    cleaned = _wait_for_cleaning(http, timeout_s)
+    print(f"\nthe cleaner compacted {TOPIC}-0 up to offset {cleaned}; consuming from the beginning:", file=out)
+    consumer = KafkaConsumer(bootstrap_servers=listen, enable_auto_commit=False, group_id=None)
+    try:
+        tp = TopicPartition(TOPIC, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        while consumer.position(tp) < end:
+            for records in consumer.poll(timeout_ms=500).values():
+                for r in records:
+                    print(f"  offset {r.offset}: {r.key.decode()}:{r.value.decode()}", file=out)
+    finally:
+        consumer.close()
+
+
+def _wait_for_cleaning(http: str, timeout_s: float) -> int:
+    """Poll `/status` until a cleaner pass over the partition is reported; return its first dirty offset."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        partition = _get_json(http, "/status")["topics"][TOPIC]["partitions"]["0"]
+        if partition["cleaning"]["lastCleanTime"] is not None and partition["cleaning"]["state"] == "idle":
+            return partition["cleaning"]["firstDirtyOffset"]
+        time.sleep(0.2)
+    raise SystemExit(f"no cleaner pass over {TOPIC}-0 within {timeout_s:.0f} s")

@@ -27,3 +27,15 @@ class InvalidIndexEntryError(LogError):
 
 class CorruptIndexError(LogError):
     """An index file whose contents contradict its segment."""
+
+
+class OutOfOrderSequenceError(InvalidRecordError):
+    """An idempotent producer's batch whose sequence does not follow its last one (a gap, or a new epoch not at 0)."""
+
+    error_code = 45  # Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class InvalidProducerEpochError(InvalidRecordError):
+    """A batch from a producer epoch older than the last one the partition saw (a fenced zombie)."""
+
+    error_code = 47  # Kafka's INVALID_PRODUCER_EPOCH

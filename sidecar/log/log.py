@@ -21,6 +21,7 @@ from .atomic_file import fsync_dir
 from .checkpoint import TopicPartition
 from .errors import CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError
 from .loader import load
+from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, BatchMetadata, ProducerBatch, ProducerStateManager
 from .records import (
     BATCH_OVERHEAD,
     LOG_OVERHEAD,
@@ -28,6 +29,7 @@ from .records import (
     BatchHeader,
     TimestampType,
     check_batch,
+    check_record_framing,
     compute_crc,
     decode_records,
     set_base_offset,
@@ -51,7 +53,11 @@ def now_ms() -> int:
 
 @dataclass(frozen=True, slots=True)
 class AppendInfo:
-    """What an append did: the offsets it assigned and the timestamps the log saw."""
+    """What an append did: the offsets it assigned and the timestamps the log saw.
+
+    `duplicate`: the append was a producer's retry of batches already in the log; nothing was
+    written and the offsets (and timestamp) are those of the original append.
+    """
 
     first_offset: int
     last_offset: int
@@ -60,6 +66,7 @@ class AppendInfo:
     log_append_time: int  # -1 unless the topic uses LogAppendTime
     batches: int
     size: int
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,7 @@ class Log:
         had_clean_shutdown: bool = True,
         clock: Callable[[], int] = now_ms,
         rng: random.Random | None = None,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     ) -> None:
         self.dir = directory
         self.name = os.path.basename(directory)
@@ -128,7 +136,11 @@ class Log:
         self.bytes_truncated_on_load = result.bytes_truncated
         self.last_flush_ms = clock()
         self._ts_prefix: list[int] | None = None  # running max of inactive segments' largest timestamps
-        self._open_txns: dict[int, int] | None = None  # producer id -> first offset of its open transaction
+        self.producer_state = ProducerStateManager(directory, self.name,
+                                                   producer_id_expiration_ms=producer_id_expiration_ms)
+        self.producer_state.load(self.segments, log_start_offset=self.log_start_offset,
+                                 log_end_offset=self.log_end_offset, now_ms=clock(),
+                                 had_clean_shutdown=had_clean_shutdown)
 
     # -- segments --------------------------------------------------------------------------------
 
@@ -184,7 +196,9 @@ class Log:
         """Validate and append a set of v2 batches; return the offsets given to them.
 
         Every batch is checked (size, magic, CRC, limits, keys on compacted topics,
-        timestamps) before a byte is written, so a bad append leaves the log untouched.
+        timestamps, producer epochs and sequences) before a byte is written, so a bad append
+        leaves the log untouched. A producer's retry of a batch already in the log writes
+        nothing and returns the original offsets, with `duplicate` set.
         """
         with self.lock:
             now = self.clock()
@@ -197,6 +211,7 @@ class Log:
             max_ts, max_ts_offset = -1, -1
             first_offset = offset if assign_offsets else parsed.headers[0][1].base_offset
             last_offset = -1
+            producer_batches: list[ProducerBatch] = []
             for pos, h in parsed.headers:
                 if assign_offsets:
                     set_base_offset(buf, offset, pos)
@@ -223,19 +238,41 @@ class Log:
                 if batch_max_ts > max_ts:
                     max_ts, max_ts_offset = batch_max_ts, last
                 last_offset = last
+                if h.producer_id >= 0:
+                    pb = ProducerBatch.of(h, base, batch_max_ts, memoryview(buf)[pos : pos + h.size], self.name)
+                    if pb is not None:
+                        producer_batches.append(pb)
             if not assign_offsets and first_offset < self.log_end_offset:
                 raise InvalidRecordError(
                     f"out of order offsets: first offset {first_offset} is below the log end offset "
                     f"{self.log_end_offset} of {self.name}"
                 )
+            update = self.producer_state.prepare(producer_batches, validate=assign_offsets)
+            if update.duplicates:
+                return self._duplicate(update.duplicates, len(parsed.headers))
             self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
             self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
-            self._track_transactions(memoryview(buf), parsed, first_offset)
+            self.producer_state.apply(update)
             self.log_end_offset = last_offset + 1
             if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
                 self.flush()
             return AppendInfo(first_offset, last_offset, max_ts, max_ts_offset, now if log_append else -1,
                               len(parsed.headers), len(buf))
+
+    def _duplicate(self, duplicates: list[BatchMetadata], batches: int) -> AppendInfo:
+        """The answer to a retry: the original batches' offsets; nothing is written."""
+        if len(duplicates) != batches:
+            # Kafka takes one batch per produce request, so it never meets this; refusing beats dropping the new part.
+            raise InvalidRecordError(
+                f"append to {self.name} mixes {len(duplicates)} retried batch(es) (first at offset "
+                f"{duplicates[0].first_offset}) with {batches - len(duplicates)} new one(s)"
+            )
+        first, last = duplicates[0], duplicates[-1]
+        # Kafka answers with the stored batch timestamp as log append time even on CreateTime topics; here the
+        # retry gets what the original append returned (-1 unless the topic uses LogAppendTime).
+        log_append_time = last.timestamp if self.config.message_timestamp_type == "LogAppendTime" else -1
+        return AppendInfo(first.first_offset, last.last_offset, last.timestamp, last.last_offset, log_append_time,
+                          0, 0, duplicate=True)
 
     def _validate(self, data: bytes | bytearray, parsed: _ParsedSet, now: int, assign_offsets: bool) -> None:
         cfg = self.config
@@ -264,9 +301,15 @@ class Log:
                     )
                 if h.timestamp_type is TimestampType.LOG_APPEND_TIME:
                     raise InvalidTimestampError(f"a producer may not send a LogAppendTime batch ({at})")
+            body = view[pos + BATCH_OVERHEAD : pos + h.size]
             if h.is_control or not (cfg.compact or check_ts):
+                check_record_framing(h, body, at)
                 continue
-            for r in decode_records(h, view[pos + BATCH_OVERHEAD : pos + h.size], at):
+            try:
+                records = decode_records(h, body, at)
+            except CorruptRecordError as e:  # the CRC matched: the producer wrote a malformed batch
+                raise InvalidRecordError(str(e)) from None
+            for r in records:
                 if cfg.compact and r.key is None:
                     raise InvalidRecordError(f"compacted topic cannot accept message without key in {at}")
                 if check_ts and not (now - cfg.message_timestamp_before_max_ms <= r.timestamp
@@ -304,6 +347,8 @@ class Log:
                     os.unlink(path)
             segments.append(self._open_segment(new_base, new=True))
             self._set_segments(segments)
+            # Named by the new base offset, so recovery can start from the snapshot and scan only this segment.
+            self.producer_state.take_snapshot(new_base)
             # Kafka flushes asynchronously; the recovery point becomes the new base, also when an empty
             # active segment was replaced (UnifiedLog.roll schedules flushUptoOffsetExclusive either way).
             self.flush(new_base)
@@ -421,8 +466,9 @@ class Log:
             self._set_segments(keep)
             self.log_end_offset = self.active_segment.next_offset
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
-            self._open_txns = None  # recounted lazily
             self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+            self.producer_state.truncate_to(self.segments, log_start_offset=self.log_start_offset,
+                                            log_end_offset=self.log_end_offset, now_ms=self.clock())
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every segment and start an empty log at `offset`."""
@@ -430,7 +476,7 @@ class Log:
             for seg in self.segments:
                 self._delete_segment(seg)
             self._set_segments([self._open_segment(offset, new=True)])
-            self._open_txns = {}
+            self.producer_state.truncate_fully_and_start_at(offset)
             self.log_end_offset = offset
             self.recovery_point = offset
             self.log_start_offset = offset
@@ -450,24 +496,13 @@ class Log:
     def last_stable_offset(self) -> int:
         """First offset of the earliest undecided transaction, or the high watermark; the cleaner stops here."""
         with self.lock:
-            if self._open_txns is None:
-                from .txn_scan import scan  # a header walk, done once per load or truncation
+            undecided = self.producer_state.first_undecided_offset()
+            return self.high_watermark if undecided is None else min(self.high_watermark, undecided)
 
-                self._open_txns = scan(self.segments).open_txns
-            return min([self.high_watermark, *self._open_txns.values()])
-
-    def _track_transactions(self, view: memoryview, parsed: "_ParsedSet", first_base: int) -> None:
-        """Keep the open transactions current on append (a marker closes its producer's transaction)."""
-        if self._open_txns is None:
-            return
-        base = first_base
-        for pos, h in parsed.headers:
-            if h.is_transactional:
-                if h.is_control:
-                    self._open_txns.pop(h.producer_id, None)
-                else:
-                    self._open_txns.setdefault(h.producer_id, base)
-            base += h.last_offset_delta + 1
+    def remove_expired_producers(self, now: int) -> int:
+        """Forget producers idle for `producer.id.expiration.ms`; the maintenance scheduler calls this."""
+        with self.lock:
+            return self.producer_state.remove_expired_producers(now)
 
     @property
     def high_watermark(self) -> int:
@@ -493,6 +528,7 @@ class Log:
             keep = [s for s in self.segments if all(s is not d for d in doomed)]
             self.increment_log_start_offset(keep[0].base_offset)
             self._set_segments(keep)
+            self.producer_state.delete_snapshots_below(keep[0].base_offset)  # snapshots go with their segments
             for seg in doomed:
                 logger.info("%s: deleting segment %d (%s)", self.name, seg.base_offset, reason)
                 self._delete_segment(seg)
@@ -524,6 +560,7 @@ class Log:
                 seg.change_suffix(SWAP_SUFFIX, "")
             fsync_dir(self.dir)
             self._set_segments(sorted(kept + list(new), key=lambda s: s.base_offset))
+            self.producer_state.delete_snapshots({s.base_offset for s in old_live} - {s.base_offset for s in new})
 
     def _delete_segment(self, seg: LogSegment) -> None:
         """Rename to `.deleted` now; the files (and descriptors) go after `file.delete.delay.ms` so in-flight reads finish."""
@@ -549,6 +586,7 @@ class Log:
         """Flush through the log end and trim every file; after this the directory is what a clean shutdown leaves."""
         with self.lock:
             self.flush()
+            self.producer_state.take_snapshot(self.log_end_offset)
             for seg in self.segments:
                 seg.close()
             for _, seg in self._pending_deletes:

@@ -31,6 +31,7 @@ from .checkpoint import (
     write_offsets,
 )
 from .log import Log, now_ms
+from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +47,12 @@ class LogDirLockedError(RuntimeError):
 class LogDir:
     """All partition logs of one data directory."""
 
-    def __init__(self, path: str, config_for: Callable[[str], object], *, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, path: str, config_for: Callable[[str], object], *, clock: Callable[[], int] = now_ms,
+                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> None:
         self.path = os.path.abspath(path)
         self.config_for = config_for
         self.clock = clock
+        self.producer_id_expiration_ms = producer_id_expiration_ms  # a broker setting, given to every Log
         self.logs: dict[TopicPartition, Log] = {}
         self.lock = threading.RLock()
         os.makedirs(self.path, exist_ok=True)
@@ -108,6 +111,7 @@ class LogDir:
                 log_start_offset=start_offsets.get(tp, 0),
                 had_clean_shutdown=self.had_clean_shutdown,
                 clock=self.clock,
+                producer_id_expiration_ms=self.producer_id_expiration_ms,
             )
             if log.bytes_truncated_on_load:
                 logger.warning("%s: recovery truncated %d bytes; log end offset is now %d",
@@ -120,7 +124,8 @@ class LogDir:
             if tp in self.logs:
                 return self.logs[tp]
             directory = os.path.join(self.path, str(tp))
-            log = Log(directory, self.config_for(tp.topic), clock=self.clock)
+            log = Log(directory, self.config_for(tp.topic), clock=self.clock,
+                      producer_id_expiration_ms=self.producer_id_expiration_ms)
             atomic_write(os.path.join(directory, PARTITION_METADATA), encode_partition_metadata(topic_id or new_topic_id()))
             fsync_dir(self.path)
             self.logs[tp] = log

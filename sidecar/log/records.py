@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import crc32c
 
 from .compression import Compression, compress, decompress
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, InvalidRecordError
 from .varint import decode_varint, decode_varlong, encode_varint
 
 MAGIC = 2
@@ -269,6 +269,30 @@ def decode_records(header: BatchHeader, body: bytes | memoryview, where: str = "
             f"batch at offset {header.base_offset}: incorrect declared batch size, records still remaining{at}"
         )
     return records
+
+
+def check_record_framing(header: BatchHeader, body: bytes | memoryview, where: str = "") -> None:
+    """Check that exactly `recordsCount` records fill the batch (decompressed if need be), without decoding them.
+
+    Kafka's LogValidator iterates every record of a produced batch, so a batch whose count or size
+    disagrees with its records is refused (InvalidRecordException) instead of being stored for
+    consumers to trip over. Only the records' length prefixes are read here.
+    """
+    at = f" ({where})" if where else ""
+    try:
+        data = decompress(header.compression, body) if header.compression else body
+        pos, end = 0, len(data)
+        for _ in range(header.records_count):
+            length, pos = decode_varint(data, pos)
+            if length <= 0 or pos + length > end:
+                raise CorruptRecordError(f"record of {length} bytes runs past the end of the batch")
+            pos += length
+    except CorruptRecordError as e:
+        raise InvalidRecordError(f"batch at offset {header.base_offset}: found invalid record framing: {e}{at}") from None
+    if pos != end:
+        raise InvalidRecordError(
+            f"batch at offset {header.base_offset}: incorrect declared batch size, records still remaining{at}"
+        )
 
 
 def _read_bytes(data: bytes | memoryview, pos: int) -> tuple[bytes | None, int]:

@@ -9,6 +9,9 @@ state beyond import-time lookup tables.
 * ``encode_response(api_key, api_version, correlation_id, body)`` returns the
   response **without** the 4-byte size prefix by default (symmetric with
   ``decode_request``); pass ``framed=True`` to get the prefix included.
+* ``encode_response_parts(...)`` is the same encoding as a list of pieces in
+  which record sets given as :class:`ExternalRecords` (bytes still in a file)
+  stay separate, so a server can send them with ``sendfile`` uncopied.
 
 Encoding is schema-driven: the message classes are kafka-python 3.0.x's
 ``kafka.protocol`` classes, which are generated at import time from Apache
@@ -45,6 +48,7 @@ from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsRespons
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.data_container import DataContainer
 from kafka.protocol.consumer.group import (
     HeartbeatRequest, HeartbeatResponse,
     JoinGroupRequest, JoinGroupResponse,
@@ -65,7 +69,8 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 __all__ = [
     "API_NAMES", "SUPPORTED_VERSIONS", "Request",
     "ProtocolError", "MalformedFrameError", "UnsupportedApiError", "UnsupportedVersionError",
-    "decode_request", "encode_response", "request_class", "response_class",
+    "decode_request", "encode_response", "encode_response_parts", "ExternalRecords",
+    "request_class", "response_class",
 ]
 
 _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
@@ -217,15 +222,23 @@ def _message_class(table: dict, api_key: int, api_version: int, correlation_id: 
     return cls
 
 
+# The request header is decoded from a copy of the frame's start only: a Produce frame of
+# megabytes is not copied for a header of a few bytes (client_id is at most 32767 bytes).
+_HEADER_PREFIX = 64 * 1024
+
+
 def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     """Decode one request frame (without the 4-byte size prefix).
+
+    The frame is not copied: a server may decode from its receive buffer and
+    reuse the buffer afterwards (decoded values own their bytes).
 
     Raises :class:`MalformedFrameError`, :class:`UnsupportedApiError` or
     :class:`UnsupportedVersionError`; all are :class:`ProtocolError`.  The
     error carries api_key/api_version/correlation_id whenever the first 8
     bytes were present.
     """
-    data = bytes(frame)
+    data = frame if isinstance(frame, bytes) else memoryview(frame).cast("B")
     if len(data) < _FIXED_HEADER.size:
         raise MalformedFrameError(None, None, None,
                                   f"frame too short for a request header ({len(data)} bytes)")
@@ -234,9 +247,19 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     flexible = cls.flexible_version_q(api_version)
 
     # Header: kafka-python's schema-driven RequestHeader (v1, or v2 if flexible).
-    buf = io.BytesIO(data)
+    head = data if isinstance(data, bytes) and len(data) <= _HEADER_PREFIX else bytes(data[:_HEADER_PREFIX])
+    buf = io.BytesIO(head)
     try:
-        header = RequestHeader.decode(buf, flexible=flexible)
+        try:
+            header = RequestHeader.decode(buf, flexible=flexible)
+            cut = buf.tell() >= len(head) < len(data)  # it may have read into the cut: decode it whole
+        except _DECODE_ERRORS:
+            if len(head) == len(data):
+                raise
+            cut = True
+        if cut:  # header tags beyond the prefix (never seen from real clients)
+            buf = io.BytesIO(bytes(data))
+            header = RequestHeader.decode(buf, flexible=flexible)
     except _DECODE_ERRORS as exc:
         raise MalformedFrameError(api_key, api_version, correlation_id,
                                   f"malformed request header v{2 if flexible else 1}: {exc!r}") from exc
@@ -250,7 +273,7 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     decoder = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible,
                                                data_class=cls)
     try:
-        body, end = decoder(memoryview(data), pos)
+        body, end = decoder(data if isinstance(data, memoryview) else memoryview(data), pos)
     except _DECODE_ERRORS as exc:
         raise MalformedFrameError(api_key, api_version, correlation_id,
                                   f"malformed request body: {exc!r}") from exc
@@ -317,3 +340,85 @@ def encode_response(api_key: int, api_version: int, correlation_id: int,
         raise ProtocolError(api_key, api_version, correlation_id,
                             f"cannot encode response: {exc!r}") from exc
     return bytes(out)
+
+
+# ---------------------------------------------------------------------------
+# Responses whose record sets stay in files
+
+
+class ExternalRecords:
+    """A record set the caller sends itself (e.g. a log file range for ``sendfile``): only its size is encoded.
+
+    Anything with an integer ``size`` attribute that is not ``bytes`` can stand in a ``records`` field
+    given to :func:`encode_response_parts`; subclassing this class is not required.
+    """
+
+    size: int
+
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+_MARKER = b"\x00shale-records\x00" + bytes(range(200, 216))  # 32 bytes no real record set starts with
+
+
+def _swap_external(value: Any, found: list) -> Any:
+    """`value` with every external record set replaced by a unique placeholder of the marker's length."""
+    if isinstance(value, Mapping):
+        return {k: _swap_external(v, found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_swap_external(v, found) for v in value]
+    if value is None or isinstance(value, (_BYTES_LIKE, str, int, float, bool, DataContainer)):
+        return value
+    if isinstance(getattr(value, "size", None), int):
+        found.append(value)
+        return _MARKER[:-4] + struct.pack(">I", len(found) - 1)
+    return value
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any], *,
+                          framed: bool = False) -> list:
+    """:func:`encode_response` as a list of ``bytes`` and the body's external record sets, in wire order.
+
+    ``body`` is a dict as for :func:`encode_response`; any value with an integer ``size`` that is not
+    bytes (see :class:`ExternalRecords`) must be a nullable-bytes field such as Fetch's ``records``. The
+    response is encoded with a placeholder for each of them, then cut around the placeholders and given the
+    real length prefix (int32, or unsigned varint of size + 1 in flexible versions). Writing the pieces in
+    order, with ``size`` bytes for each external one, gives the same bytes as :func:`encode_response` with
+    the record sets inline.
+    """
+    found: list = []
+    swapped = _swap_external(body, found)
+    out = encode_response(api_key, api_version, correlation_id, swapped, framed=framed)
+    if not found:
+        return [out]
+    compact = response_class(api_key).flexible_version_q(api_version)
+    placeholder_len = len(_MARKER)
+    old_prefix = _uvarint(placeholder_len + 1) if compact else struct.pack(">i", placeholder_len)
+    parts: list = []
+    pos = 0
+    for i, ext in enumerate(found):
+        marker = _MARKER[:-4] + struct.pack(">I", i)
+        at = out.find(marker, pos)
+        start = at - len(old_prefix)
+        if at < 0 or out[start:at] != old_prefix or out.find(marker, at + 1) >= 0:
+            raise ProtocolError(api_key, api_version, correlation_id,
+                                "cannot encode response: an external record set is not in a bytes field")
+        if ext.size < 0:
+            raise ProtocolError(api_key, api_version, correlation_id,
+                                f"cannot encode response: external record set of negative size {ext.size}")
+        parts.append(out[pos:start] + (_uvarint(ext.size + 1) if compact else struct.pack(">i", ext.size)))
+        parts.append(ext)
+        pos = at + placeholder_len
+    parts.append(out[pos:])
+    if framed:
+        total = sum(len(p) if isinstance(p, _BYTES_LIKE) else p.size for p in parts) - 4
+        parts[0] = struct.pack(">i", total) + parts[0][4:]
+    return parts

@@ -74,7 +74,7 @@ class ManifestSource:
                     documents = [d for d in yaml.safe_load_all(f) if d is not None]
             except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
                 errors[path] = f"{path}: not readable as YAML: {exc}"
-                good[path] = self._good.get(path, {})  # keep what it declared before
+                good[path] = dict(self._good.get(path, {}))  # keep what it declared before
                 continue
             specs: dict[str, TopicSpec] = {}
             for doc in documents:
@@ -91,15 +91,16 @@ class ManifestSource:
                     continue
                 specs[spec.name] = spec
             good[path] = specs
-        seen: dict[str, str] = {}
+        # A topic declared twice stays with the file that declared it before, so that adding a duplicate
+        # (in a file that sorts first) never takes a topic over; new names go to the first file in order.
+        seen = {name: path for path, specs in self._good.items() for name in specs if name in good.get(path, {})}
         for path, specs in good.items():
             for name in list(specs):
-                if name in seen:
-                    errors[f"{path}: {name}"] = (f"{path}: topic {name} is already declared in {seen[name]}; "
+                owner = seen.setdefault(name, path)
+                if owner != path:
+                    errors[f"{path}: {name}"] = (f"{path}: topic {name} is already declared in {owner}; "
                                                  "this declaration is ignored")
                     del specs[name]
-                else:
-                    seen[name] = path
         for key, message in errors.items():
             if self.errors.get(key) != message:
                 logger.error("refused manifest: %s (the topic keeps its last good config)", message)

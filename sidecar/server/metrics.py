@@ -1,0 +1,363 @@
+"""What a node measures: live figures read at scrape time, rendered for Prometheus (here) and /status.
+
+`gather(node)` reads the engine's own numbers when asked — log offsets and sizes, cleaning states,
+CleanerManager's dirty ratio (`cleanable_offsets` + `log_to_clean`, the figures the cleaner ranks logs
+by), the cleaner threads, the maintenance tasks — so nothing is copied into counters that could drift.
+`NodeCollector` turns them into Prometheus families on each scrape; `/status` serializes the same
+`NodeFigures`. The only state kept here is `RequestStats`, fed by `Broker(observe=...)`.
+
+Every family is documented in docs/metrics.md; a test fails if one is missing there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import shutil
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.cleaner_manager import CleaningState, PartitionCleaning
+from shale.sidecar.log.log import now_ms
+
+logger = logging.getLogger(__name__)
+
+# Request latency buckets: produce/metadata take milliseconds, fetch long-polls and group joins take seconds.
+REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+PARTITION_LABELS = ["topic", "partition"]
+
+
+class RequestStats:
+    """Count and latency histogram of answered Kafka requests per API (`Broker(observe=...)`)."""
+
+    def __init__(self, buckets: tuple[float, ...] = REQUEST_BUCKETS) -> None:
+        self.buckets = buckets
+        self._lock = threading.Lock()
+        self._by_api: dict[str, tuple[int, float, list[int]]] = {}
+
+    def observe(self, api: str, seconds: float) -> None:
+        with self._lock:
+            count, total, buckets = self._by_api.get(api) or (0, 0.0, [0] * (len(self.buckets) + 1))
+            buckets[bisect.bisect_left(self.buckets, seconds)] += 1  # le: a value equal to a bound belongs to it
+            self._by_api[api] = (count + 1, total + seconds, buckets)
+
+    def snapshot(self) -> dict[str, tuple[int, float, list[int]]]:
+        """api -> (count, sum of seconds, per-bucket counts with +Inf last)."""
+        with self._lock:
+            return {api: (c, s, list(b)) for api, (c, s, b) in self._by_api.items()}
+
+
+# -- figures ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionFigures:
+    topic: str
+    partition: int
+    served: bool  # False for a stray log: on disk, assigned to no topic here
+    log_start_offset: int
+    log_end_offset: int
+    recovery_point: int
+    size_bytes: int
+    segments: int
+    cleanup_policy: tuple[str, ...]
+    cleaning: PartitionCleaning
+    uncleanable_reason: str | None
+    dirty_ratio: float | None  # compacted logs only
+    min_cleanable_dirty_ratio: float | None  # compacted logs only
+    last_clean_ms: int | None  # the last clean by this process, if any
+
+
+@dataclass(frozen=True)
+class CleanerThreadFigures:
+    index: int
+    alive: bool
+    error: str
+
+
+@dataclass(frozen=True)
+class CleanerFigures:
+    enabled: bool
+    threads: tuple[CleanerThreadFigures, ...]
+    live: int
+    dead: int
+    max_dirty_ratio: float
+    max_compaction_delay_ms: int
+    last_run_ms: int
+    max_clean_time_s: float
+    max_buffer_utilization: float
+    recopy_ratio: float
+    uncleanable_bytes: int
+
+
+@dataclass(frozen=True)
+class TaskFigures:
+    name: str
+    interval_ms: int
+    runs: int
+    errors: int
+    last_run_ms: int | None
+    last_error: str
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    node_id: int
+    phase: str
+    ready: bool
+    now_ms: int
+    data_dir: str
+    bytes_used: int
+    bytes_free: int
+    bytes_total: int
+    had_clean_shutdown: bool | None  # None while the logs are still loading
+    partitions: tuple[PartitionFigures, ...] = ()
+    cleaner: CleanerFigures | None = None
+    scheduler_alive: bool = False
+    tasks: tuple[TaskFigures, ...] = ()
+    manifest_errors: dict[str, str] = field(default_factory=dict)
+    topic_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def uncleanable(self) -> list[PartitionFigures]:
+        return [p for p in self.partitions if p.uncleanable_reason is not None]
+
+
+def gather(node) -> NodeFigures:
+    """Read a StorageNode's live state. Safe from any thread, and while the node is still starting."""
+    now = now_ms()
+    options = node.options
+    log_dir = getattr(node, "log_dir", None)
+    path = log_dir.path if log_dir is not None else options.data_dir
+    try:
+        usage = shutil.disk_usage(path)
+        free, total = usage.free, usage.total
+    except OSError:
+        free = total = 0
+    figures = NodeFigures(node_id=options.node_id, phase=getattr(node, "phase", "starting"),
+                          ready=bool(getattr(node, "ready", False)), now_ms=now, data_dir=path, bytes_used=0,
+                          bytes_free=free, bytes_total=total, had_clean_shutdown=None)
+    maintenance = getattr(node, "maintenance", None)
+    registry = getattr(node, "registry", None)
+    if log_dir is None or maintenance is None or registry is None:
+        return figures
+    manager, cleaner = maintenance.manager, maintenance.cleaner
+    with log_dir.lock:
+        logs = dict(log_dir.logs)
+    checkpoint = manager.read_checkpoint()
+    uncleanable = manager.uncleanable()
+    partitions = []
+    for tp, log in sorted(logs.items(), key=lambda item: (item[0].topic, item[0].partition)):
+        try:
+            partitions.append(_partition(tp, log, registry, manager, checkpoint.get(tp), uncleanable,
+                                         cleaner.last_clean_ms.get(tp), now))
+        except Exception as exc:  # noqa: BLE001 - e.g. deleted during the scrape: leave it out this time
+            logger.debug("no figures for %s this time: %s", tp, exc)
+    try:
+        uncleanable_bytes = manager.uncleanable_bytes()
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("uncleanable bytes not available: %s", exc)
+        uncleanable_bytes = 0
+    stats = [s.last_stats for s in cleaner.status if s.last_stats is not None]
+    started = cleaner.live_threads + cleaner.dead_threads
+    cleaner_figures = CleanerFigures(
+        enabled=maintenance.config.log_cleaner_enable,
+        threads=tuple(CleanerThreadFigures(s.index, s.alive, s.error) for s in cleaner.status[:started]),
+        live=cleaner.live_threads,
+        dead=cleaner.dead_threads,
+        max_dirty_ratio=manager.max_dirty_ratio,
+        max_compaction_delay_ms=manager.max_compaction_delay_ms,
+        last_run_ms=manager.last_run_ms,
+        max_clean_time_s=max((s.elapsed_s for s in stats), default=0.0),
+        max_buffer_utilization=max((s.buffer_utilization for s in stats), default=0.0),
+        recopy_ratio=sum(s.bytes_written for s in stats) / max(sum(s.bytes_read for s in stats), 1),
+        uncleanable_bytes=uncleanable_bytes,
+    )
+    tasks = tuple(TaskFigures(t.name, t.interval_ms, t.runs, t.errors, t.last_run_ms, t.last_error)
+                  for t in maintenance.tasks.values())
+    manifests = getattr(node, "manifests", None)
+    return replace(figures, bytes_used=sum(p.size_bytes for p in partitions),
+                   had_clean_shutdown=log_dir.had_clean_shutdown, partitions=tuple(partitions),
+                   cleaner=cleaner_figures, scheduler_alive=maintenance.scheduler.alive, tasks=tasks,
+                   manifest_errors=dict(getattr(manifests, "errors", {}) or {}),
+                   topic_errors=dict(getattr(node, "topic_errors", {}) or {}))
+
+
+def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | None,
+               uncleanable: dict[TopicPartition, PartitionCleaning], last_clean_ms: int | None,
+               now: int) -> PartitionFigures:
+    config = log.config
+    with log.lock:
+        start, end, recovery = log.log_start_offset, log.log_end_offset, log.recovery_point
+        size, segments = log.size_in_bytes, len(log.segments)
+    dirty = min_ratio = None
+    if config.compact:  # the cleaner's own figures: the ratio it ranks this log by
+        ltc = manager.log_to_clean(log, manager.cleanable_offsets(tp, log, checkpoint, now), now)
+        dirty, min_ratio = ltc.cleanable_ratio, config.min_cleanable_dirty_ratio
+    mark = uncleanable.get(tp)
+    return PartitionFigures(
+        topic=tp.topic, partition=tp.partition, served=registry.local_log(tp.topic, tp.partition) is log,
+        log_start_offset=start, log_end_offset=end, recovery_point=recovery, size_bytes=size, segments=segments,
+        cleanup_policy=tuple(config.cleanup_policy), cleaning=manager.state(tp),
+        uncleanable_reason=mark.reason if mark is not None else None, dirty_ratio=dirty,
+        min_cleanable_dirty_ratio=min_ratio, last_clean_ms=last_clean_ms,
+    )
+
+
+# -- Prometheus ---------------------------------------------------------------------------------
+
+
+class NodeCollector(Collector):
+    """A custom collector: every scrape calls `gather` and renders the figures as metric families."""
+
+    def __init__(self, node, requests: RequestStats) -> None:
+        self.node = node
+        self.requests = requests
+
+    def collect(self) -> Iterator[Metric]:
+        f = gather(self.node)
+        yield from _partition_families(f)
+        yield from _node_families(f)
+        yield from _cleaner_families(f)
+        yield from _task_families(f)
+        yield from _request_families(self.requests)
+
+
+def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels or [])
+
+
+def _partition_families(f: NodeFigures) -> Iterator[Metric]:
+    size = _gauge("shale_log_size_bytes", "Bytes in the partition's segments (Kafka's Log Size).", PARTITION_LABELS)
+    segments = _gauge("shale_log_segments", "Segments of the partition (Kafka's NumLogSegments).", PARTITION_LABELS)
+    start = _gauge("shale_log_start_offset", "First offset readable from the partition.", PARTITION_LABELS)
+    end = _gauge("shale_log_end_offset", "Offset the next appended record gets.", PARTITION_LABELS)
+    state = _gauge("shale_cleaning_state",
+                   "1 for the partition's current cleaning state, 0 for the others.", PARTITION_LABELS + ["state"])
+    seconds = _gauge("shale_cleaning_state_seconds", "Seconds since the partition entered its cleaning state.",
+                     PARTITION_LABELS)
+    pauses = _gauge("shale_cleaning_pause_count", "Pauses of the partition's cleaning not yet resumed.",
+                    PARTITION_LABELS)
+    uncleanable = _gauge("shale_log_uncleanable", "1 if a cleaning pass of the partition failed.", PARTITION_LABELS)
+    dirty = _gauge("shale_log_dirty_ratio", "Cleanable share of a compacted partition, as the cleaner ranks it.",
+                   PARTITION_LABELS)
+    min_dirty = _gauge("shale_log_min_cleanable_dirty_ratio",
+                       "The compacted partition's min.cleanable.dirty.ratio.", PARTITION_LABELS)
+    last_clean = _gauge("shale_log_last_clean_timestamp_seconds",
+                        "Unix time of the partition's last completed cleaning pass by this process.", PARTITION_LABELS)
+    for p in f.partitions:
+        labels = [p.topic, str(p.partition)]
+        size.add_metric(labels, p.size_bytes)
+        segments.add_metric(labels, p.segments)
+        start.add_metric(labels, p.log_start_offset)
+        end.add_metric(labels, p.log_end_offset)
+        for s in CleaningState:
+            state.add_metric(labels + [s.value], 1.0 if p.cleaning.state is s else 0.0)
+        seconds.add_metric(labels, max(f.now_ms - p.cleaning.since_ms, 0) / 1000)
+        pauses.add_metric(labels, p.cleaning.pause_count)
+        uncleanable.add_metric(labels, 0.0 if p.uncleanable_reason is None else 1.0)
+        if p.dirty_ratio is not None:
+            dirty.add_metric(labels, p.dirty_ratio)
+            min_dirty.add_metric(labels, p.min_cleanable_dirty_ratio)
+        if p.last_clean_ms is not None:
+            last_clean.add_metric(labels, p.last_clean_ms / 1000)
+    yield from (size, segments, start, end, state, seconds, pauses, uncleanable, dirty, min_dirty, last_clean)
+
+
+def _node_families(f: NodeFigures) -> Iterator[Metric]:
+    yield GaugeMetricFamily("shale_node_ready", "1 once the node serves Kafka requests, 0 before and while stopping.",
+                            value=1.0 if f.ready else 0.0)
+    yield GaugeMetricFamily("shale_data_dir_bytes_used", "Bytes in the data directory's partition logs.",
+                            value=f.bytes_used)
+    yield GaugeMetricFamily("shale_data_dir_bytes_free", "Free bytes of the data directory's filesystem.",
+                            value=f.bytes_free)
+    yield GaugeMetricFamily("shale_data_dir_bytes_total", "Size of the data directory's filesystem.",
+                            value=f.bytes_total)
+    yield GaugeMetricFamily("shale_manifest_errors", "Topic manifest files or documents that could not be applied.",
+                            value=len(f.manifest_errors))
+    yield GaugeMetricFamily("shale_topic_errors", "Declared topic changes that were refused.",
+                            value=len(f.topic_errors))
+
+
+def _cleaner_families(f: NodeFigures) -> Iterator[Metric]:
+    c = f.cleaner
+    figures = {
+        "shale_uncleanable_partitions": ("Partitions whose cleaning failed (Kafka's uncleanable-partitions-count).",
+                                         len(f.uncleanable)),
+        "shale_uncleanable_bytes": ("Cleanable bytes stuck in uncleanable partitions (Kafka's uncleanable-bytes).",
+                                    c.uncleanable_bytes if c else 0),
+        "shale_cleaner_threads_live": ("Cleaner threads running.", c.live if c else 0),
+        "shale_cleaner_threads_dead": ("Cleaner threads that died (Kafka's DeadThreadCount).", c.dead if c else 0),
+        "shale_cleaner_max_dirty_ratio": ("Highest dirty ratio at the cleaner's last look (Kafka's "
+                                          "max-dirty-percent / 100).", c.max_dirty_ratio if c else 0.0),
+        "shale_cleaner_max_compaction_delay_seconds": ("How far past max.compaction.lag.ms the most overdue log was "
+                                                       "at the last look (Kafka's max-compaction-delay-secs).",
+                                                       c.max_compaction_delay_ms / 1000 if c else 0.0),
+        "shale_cleaner_time_since_last_run_seconds": ("Seconds since a cleaner thread last looked for work "
+                                                      "(Kafka's time-since-last-run-ms / 1000).",
+                                                      max(f.now_ms - c.last_run_ms, 0) / 1000 if c else 0.0),
+        "shale_cleaner_max_clean_time_seconds": ("Longest last pass over the threads (Kafka's max-clean-time-secs).",
+                                                 c.max_clean_time_s if c else 0.0),
+        "shale_cleaner_max_buffer_utilization_ratio": ("Fullest offset map of the threads' last passes (Kafka's "
+                                                       "max-buffer-utilization-percent / 100).",
+                                                       c.max_buffer_utilization if c else 0.0),
+        "shale_cleaner_recopy_ratio": ("Bytes written over bytes read by the threads' last passes (Kafka's "
+                                       "cleaner-recopy-percent / 100).", c.recopy_ratio if c else 0.0),
+    }
+    for name, (doc, value) in figures.items():
+        yield GaugeMetricFamily(name, doc, value=value)
+
+
+def _task_families(f: NodeFigures) -> Iterator[Metric]:
+    runs = CounterMetricFamily("shale_maintenance_task_runs", "Runs of each scheduled maintenance task.",
+                               labels=["task"])
+    errors = CounterMetricFamily("shale_maintenance_task_errors",
+                                 "Failed runs and failed per-partition steps of each maintenance task.",
+                                 labels=["task"])
+    last = _gauge("shale_maintenance_task_last_run_timestamp_seconds",
+                  "Unix time each maintenance task last ran.", ["task"])
+    for t in f.tasks:
+        runs.add_metric([t.name], t.runs)
+        errors.add_metric([t.name], t.errors)
+        if t.last_run_ms is not None:
+            last.add_metric([t.name], t.last_run_ms / 1000)
+    yield from (runs, errors, last)
+
+
+def _request_families(requests: RequestStats) -> Iterator[Metric]:
+    total = CounterMetricFamily("shale_requests", "Kafka requests answered, by API.", labels=["api"])
+    duration = HistogramMetricFamily("shale_request_duration_seconds",
+                                     "Time from a request's decoding to its response, by API.", labels=["api"])
+    for api, (count, seconds, buckets) in sorted(requests.snapshot().items()):
+        total.add_metric([api], count)
+        cumulative, running = [], 0
+        for bound, n in zip([*map(_le, requests.buckets), "+Inf"], buckets):
+            running += n
+            cumulative.append((bound, running))
+        duration.add_metric([api], cumulative, seconds)
+    yield from (total, duration)
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class NodeMetrics:
+    """The node's Prometheus registry: the live collector plus the request statistics."""
+
+    def __init__(self, node) -> None:
+        self.requests = RequestStats()
+        self.registry = CollectorRegistry()
+        self.registry.register(NodeCollector(node, self.requests))
+
+    def observe_request(self, api: str, seconds: float) -> None:
+        self.requests.observe(api, seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,138 @@
+"""Broker-level settings of `shale serve`: Kafka's names, types, defaults and validators, in one table.
+
+`SERVER_CONFIG_KEYS` plays the part `CONFIG_KEYS` plays for topics (and reuses its types and
+validators, so a value is read exactly as `ConfigDef` reads it). Values come from
+`shale serve --override key=value`, repeated, as `kafka-server-start.sh --override` takes them.
+
+One deliberate difference: Kafka only warns about a key it does not know ("was supplied but isn't
+a known config"); here an unknown key is refused, because the keys Shale does not implement
+(listeners, replication, ...) would silently do nothing and a typo in a pod spec would go unnoticed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+from shale.sidecar.log.log_cleaner import CleanerConfig
+from shale.sidecar.topic_config import BOOLEAN, DOUBLE, INT, LONG, LONG_MAX, ConfigKey, InvalidConfigError, Range
+
+DOUBLE_MAX = 1.7976931348623157e308  # Java's Double.MAX_VALUE, Kafka's "no limit" for the cleaner's I/O rate
+
+SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("log.retention.check.interval.ms", LONG, 300000, Range(1),
+              "How often retention (retention.ms, retention.bytes, the log start offset) runs on logs whose "
+              "policy is delete only; compacted logs get retention from the cleaner threads every pass."),
+    ConfigKey("log.flush.scheduler.interval.ms", LONG, LONG_MAX, None,
+              "How often the flusher looks for logs whose flush.ms has passed; the default runs it once, "
+              "after log.initial.task.delay.ms."),
+    ConfigKey("log.flush.offset.checkpoint.interval.ms", INT, 60000, Range(0),
+              "How often recovery-point-offset-checkpoint is written (0: once); a restart after a crash "
+              "recovers the segments above these offsets."),
+    ConfigKey("log.flush.start.offset.checkpoint.interval.ms", INT, 60000, Range(0),
+              "How often log-start-offset-checkpoint is written (0: once)."),
+    ConfigKey("log.initial.task.delay.ms", LONG, 30000, Range(0),
+              "Delay before the first run of every scheduled log task (Kafka's internal setting)."),
+    ConfigKey("log.cleaner.enable", BOOLEAN, True, None,
+              "Whether the cleaner threads run. Without them compacted topics are neither compacted nor "
+              "trimmed by retention, as in Kafka."),
+    ConfigKey("log.cleaner.threads", INT, 1, Range(0), "Number of cleaner threads."),
+    ConfigKey("log.cleaner.dedupe.buffer.size", LONG, 134217728, None,
+              "Memory of the cleaners' key-to-offset maps, split between the threads."),
+    ConfigKey("log.cleaner.io.buffer.load.factor", DOUBLE, 0.9, None,
+              "How full a cleaner's offset map may get, in (0, 1]."),
+    ConfigKey("log.cleaner.io.max.bytes.per.second", DOUBLE, DOUBLE_MAX, None,
+              "Read plus write rate all cleaner threads together stay under."),
+    ConfigKey("log.cleaner.backoff.ms", LONG, 15000, Range(0),
+              "How long a cleaner thread sleeps when no log needs cleaning; a topic config change wakes it."),
+    ConfigKey("producer.id.expiration.ms", INT, 86400000, Range(1),
+              "How long a producer id is remembered after its last write (and kept by the cleaner)."),
+    ConfigKey("producer.id.expiration.check.interval.ms", INT, 600000, Range(1),
+              "How often expired producer ids are removed."),
+    ConfigKey("group.initial.rebalance.delay.ms", INT, 3000, Range(0),
+              "How long the group coordinator waits for more members before the first rebalance of an "
+              "empty group."),
+    ConfigKey("offsets.topic.num.partitions", INT, 50, Range(1),
+              "Partitions of __consumer_offsets when it is created."),
+)  # fmt: skip
+
+SERVER_CONFIG_KEYS_BY_NAME: Mapping[str, ConfigKey] = MappingProxyType({k.name: k for k in SERVER_CONFIG_KEYS})
+
+
+class ServerConfigError(InvalidConfigError):
+    """An override Shale refuses; the message names the key and the value."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The broker settings, parsed and validated; attributes are the Kafka names with dots as underscores."""
+
+    log_retention_check_interval_ms: int
+    log_flush_scheduler_interval_ms: int
+    log_flush_offset_checkpoint_interval_ms: int
+    log_flush_start_offset_checkpoint_interval_ms: int
+    log_initial_task_delay_ms: int
+    log_cleaner_enable: bool
+    log_cleaner_threads: int
+    log_cleaner_dedupe_buffer_size: int
+    log_cleaner_io_buffer_load_factor: float
+    log_cleaner_io_max_bytes_per_second: float
+    log_cleaner_backoff_ms: int
+    producer_id_expiration_ms: int
+    producer_id_expiration_check_interval_ms: int
+    group_initial_rebalance_delay_ms: int
+    offsets_topic_num_partitions: int
+
+    def __post_init__(self) -> None:
+        for key in SERVER_CONFIG_KEYS:
+            try:
+                object.__setattr__(self, key.attr, key.parse(getattr(self, key.attr)))
+            except ServerConfigError:
+                raise
+            except InvalidConfigError as e:  # one error type for callers: every broker config problem
+                raise ServerConfigError(e.key, e.value, e.rule, str(e)) from None
+        factor = self.log_cleaner_io_buffer_load_factor
+        if not 0 < factor <= 1:  # CleanerConfig's rule, checked here so the message is a config error
+            raise ServerConfigError("log.cleaner.io.buffer.load.factor", factor, "Value must be in (0, 1]")
+
+    @classmethod
+    def from_mapping(cls, overrides: Mapping[str, object]) -> ServerConfig:
+        """Kafka's defaults overlaid with `overrides` (Kafka names, string values)."""
+        for name, raw in overrides.items():
+            if name not in SERVER_CONFIG_KEYS_BY_NAME:
+                known = ", ".join(sorted(SERVER_CONFIG_KEYS_BY_NAME))
+                raise ServerConfigError(str(name), raw, "Unknown broker config name",
+                                        f"Unknown broker config name: {name} (known: {known})")
+        return cls(**{k.attr: overrides.get(k.name, k.default) for k in SERVER_CONFIG_KEYS})
+
+    def value_of(self, name: str) -> object:
+        return getattr(self, SERVER_CONFIG_KEYS_BY_NAME[name].attr)
+
+    def overrides(self) -> dict[str, str]:
+        """The keys that differ from Kafka's defaults, as Kafka strings (logged at startup)."""
+        return {k.name: k.to_string(self.value_of(k.name)) for k in SERVER_CONFIG_KEYS
+                if self.value_of(k.name) != k.default}
+
+    def cleaner_config(self) -> CleanerConfig:
+        return CleanerConfig(
+            enable=self.log_cleaner_enable,
+            threads=self.log_cleaner_threads,
+            dedupe_buffer_size=self.log_cleaner_dedupe_buffer_size,
+            io_buffer_load_factor=self.log_cleaner_io_buffer_load_factor,
+            io_max_bytes_per_second=self.log_cleaner_io_max_bytes_per_second,
+            backoff_ms=self.log_cleaner_backoff_ms,
+            producer_id_expiration_ms=self.producer_id_expiration_ms,
+        )
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, str]:
+    """`key=value` strings (from repeated `--override`) as a mapping; the last of a repeated key wins."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ServerConfigError(item, item, "expected key=value",
+                                    f"Invalid --override {item!r}: expected key=value, e.g. log.cleaner.threads=2")
+        out[key.strip()] = value
+    return out

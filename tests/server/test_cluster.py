@@ -1,0 +1,51 @@
+"""Several `shale serve` processes form one cluster through the assignment in the Topic manifests."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from node_util import ServeProcess, free_port, topic_manifest, write_manifests
+
+
+def test_metadata_sends_each_client_to_the_node_that_owns_each_partition(tmp_path):
+    ports = {0: free_port(), 1: free_port()}
+    nodes = {str(n): f"127.0.0.1:{p}" for n, p in ports.items()}
+    write_manifests(tmp_path / "topics" / "spread.yaml",
+                    topic_manifest("spread", 4, assignment={"partitions": [0, 1, 1, 0], "nodes": nodes}))
+    servers = [ServeProcess(tmp_path / f"data{n}", tmp_path / "topics", node_id=n, port=ports[n]) for n in ports]
+    for s in servers:
+        s.start()
+    try:
+        producer = Producer({"bootstrap.servers": servers[0].bootstrap, "acks": "all", "linger.ms": 5})
+        delivered = []
+        for i in range(40):
+            producer.produce("spread", key=b"k%d" % i, value=b"v%d" % i, partition=i % 4,
+                             on_delivery=lambda err, msg: delivered.append((err, msg.partition(), msg.offset())))
+        assert producer.flush(20) == 0
+        assert [e for e, _, _ in delivered if e is not None] == []
+        assert sorted((p, o) for _, p, o in delivered) == [(p, o) for p in range(4) for o in range(10)]
+
+        # Each node holds exactly the partitions assigned to it.
+        held = {n: sorted(d.name for d in (tmp_path / f"data{n}").iterdir() if d.name.startswith("spread-"))
+                for n in ports}
+        assert held == {0: ["spread-0", "spread-3"], 1: ["spread-1", "spread-2"]}
+
+        # A consumer bootstrapped from node 1 reads every partition, wherever it lives.
+        consumer = Consumer({"bootstrap.servers": servers[1].bootstrap, "group.id": "unused",
+                             "enable.auto.commit": False})
+        try:
+            consumer.assign([TopicPartition("spread", p, 0) for p in range(4)])
+            got = set()
+            deadline = time.monotonic() + 20
+            while len(got) < 40 and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is not None and msg.error() is None:
+                    got.add((msg.partition(), msg.offset(), msg.key(), msg.value()))
+        finally:
+            consumer.close()
+        assert got == {(i % 4, i // 4, b"k%d" % i, b"v%d" % i) for i in range(40)}
+    finally:
+        for s in servers:
+            assert s.terminate() == 0
