@@ -10,6 +10,7 @@ clean-shutdown marker are written, so the next start skips recovery.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -18,7 +19,7 @@ from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.server.admin import AdminApis
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.broker import Broker, ConnectionInfo
-from shale.sidecar.server.group_coordinator import GroupCoordinator
+from shale.sidecar.server.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from shale.sidecar.server.http_api import HttpApi
 from shale.sidecar.server.maintenance import Maintenance
 from shale.sidecar.server.manifests import ORIGIN_PREFIX, ManifestSource, watch
@@ -103,6 +104,24 @@ class StorageNode:
     def reload_manifests(self) -> None:
         """Apply the manifests as they are now (on the event loop)."""
         self.topic_errors = self.registry.sync_origin(ORIGIN_PREFIX, self.manifests.reload())
+        self._place_consumer_offsets()
+
+    def _place_consumer_offsets(self) -> None:
+        """Put every `__consumer_offsets` partition on the cluster's lowest node id (Metadata's controller).
+
+        The nodes share no controller to elect group coordinators, so all of them derive the same one from
+        the node set the manifests name: every member of a group then finds the same coordinator, whichever
+        node it asked. A single node keeps the topic unassigned (all partitions local).
+        """
+        spec = self.registry.topics[OFFSETS_TOPIC]
+        nodes = self.registry.nodes()
+        owner = nodes[min(nodes)]
+        if len(nodes) == 1 and spec.assignment is None:
+            return
+        assignment = (owner.node_id,) * spec.partitions
+        if spec.assignment != assignment:
+            self.registry.put(dataclasses.replace(spec, assignment=assignment,
+                                                  nodes={owner.node_id: (owner.host, owner.port)}))
 
     def _topic_changed(self, name: str) -> None:
         """TopicRegistry's on_change: the cleaner forgets deleted partitions and wakes for new configs."""

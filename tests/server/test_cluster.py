@@ -6,6 +6,8 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from clients_util import build, call
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 from node_util import ServeProcess, free_port, topic_manifest, write_manifests
 
 
@@ -47,5 +49,43 @@ def test_metadata_sends_each_client_to_the_node_that_owns_each_partition(tmp_pat
             consumer.close()
         assert got == {(i % 4, i // 4, b"k%d" % i, b"v%d" % i) for i in range(40)}
     finally:
+        for s in servers:
+            assert s.terminate() == 0
+
+
+def test_a_group_spread_over_two_nodes_has_one_coordinator(tmp_path):
+    """Members bootstrapped from different nodes find the same coordinator and split the partitions."""
+    ports = {0: free_port(), 1: free_port()}
+    nodes = {str(n): f"127.0.0.1:{p}" for n, p in ports.items()}
+    write_manifests(tmp_path / "topics" / "spread.yaml",
+                    topic_manifest("shared", 4, assignment={"partitions": [0, 1, 0, 1], "nodes": nodes}))
+    servers = [ServeProcess(tmp_path / f"data{n}", tmp_path / "topics", "--override",
+                            "group.initial.rebalance.delay.ms=100", node_id=n, port=ports[n]) for n in ports]
+    for s in servers:
+        s.start()
+    consumers = []
+    try:
+        # Every node names node 0 (the lowest id) as the group's coordinator.
+        for s in servers:
+            req = build(FindCoordinatorRequest, {"key": "spread-group", "key_type": 0}, version=1)
+            resp = call(s.port, req, FindCoordinatorResponse)
+            assert (resp.error_code, resp.node_id, resp.port) == (0, 0, ports[0])
+        for s in servers:
+            c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": "spread-group",
+                          "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                          "heartbeat.interval.ms": 500})
+            c.subscribe(["shared"])
+            consumers.append(c)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for c in consumers:
+                c.poll(0.2)
+            owned = [sorted(tp.partition for tp in c.assignment()) for c in consumers]
+            if sorted(p for ps in owned for p in ps) == [0, 1, 2, 3] and all(len(ps) == 2 for ps in owned):
+                break
+        assert sorted(p for ps in owned for p in ps) == [0, 1, 2, 3] and all(len(ps) == 2 for ps in owned), owned
+    finally:
+        for c in consumers:
+            c.close()
         for s in servers:
             assert s.terminate() == 0
