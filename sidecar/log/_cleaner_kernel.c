@@ -1,5 +1,6 @@
 /*
- * The cleaner's per-record hot loops in C (see cleaner_kernel.py, which dispatches here).
+ * The log engine's per-record hot loops in C: the cleaner's two passes (see cleaner_kernel.py, which
+ * dispatches here) and the record-framing walk of produce validation (records.py).
  *
  * Both functions work on the *uncompressed* records of one v2 batch (the bytes after
  * recordsCount) and on the OffsetMap's bytearray, with exactly offset_map.py's slot layout:
@@ -745,6 +746,30 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Produce validation (records.py: check_record_framing): the same varint walk, no map.
+ */
+
+/* records_fill(data, count) -> True if exactly `count` length-prefixed records fill `data`. */
+static PyObject *records_fill(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &count))
+        return NULL;
+    const uint8_t *p = buf.buf, *end = p + buf.len;
+    int ok = count >= 0;
+    for (Py_ssize_t i = 0; ok && i < count; i++) {
+        int64_t n;
+        if (read_varint(&p, end, 5, &n) != 0 || n <= 0 || n > end - p)
+            ok = 0;
+        else
+            p += n;
+    }
+    ok = ok && p == end;
+    PyBuffer_Release(&buf);
+    return PyBool_FromLong(ok);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Module.
  */
 
@@ -753,6 +778,8 @@ static PyMethodDef methods[] = {
      "hash27(key) -> 27 bytes: XXH64 of the key with seeds 0-3, big-endian, truncated (the map hash of the C path)."},
     {"map_batch", map_batch, METH_VARARGS, "Pass 1 over the records of one batch (see cleaner_kernel.py)."},
     {"retain_batch", retain_batch, METH_VARARGS, "Pass 2 over the records of one batch (see cleaner_kernel.py)."},
+    {"records_fill", records_fill, METH_VARARGS,
+     "records_fill(data, count) -> True if exactly count length-prefixed records fill data (produce validation)."},
     {NULL, NULL, 0, NULL},
 };
 

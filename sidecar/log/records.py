@@ -18,6 +18,11 @@ from .compression import Compression, compress, decompress
 from .errors import CorruptRecordError, InvalidRecordError
 from .varint import decode_varint, decode_varlong, encode_varint
 
+try:  # the C walk of check_record_framing, built with the cleaner's kernel; pure Python otherwise
+    from ._cleaner_kernel import records_fill as _records_fill
+except ImportError:  # pragma: no cover - a checkout without the compiled extension
+    _records_fill = None
+
 MAGIC = 2
 LOG_OVERHEAD = 12  # baseOffset int64 + batchLength int32
 BATCH_OVERHEAD = 61  # the whole v2 header, through recordsCount
@@ -281,6 +286,11 @@ def check_record_framing(header: BatchHeader, body: bytes | memoryview, where: s
     at = f" ({where})" if where else ""
     try:
         data = decompress(header.compression, body) if header.compression else body
+    except CorruptRecordError as e:
+        raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}{at}") from None
+    if _records_fill is not None and _records_fill(data, header.records_count):
+        return  # the C walk agrees; otherwise the walk below finds the fault and names it
+    try:
         pos, end = 0, len(data)
         for _ in range(header.records_count):
             length, pos = decode_varint(data, pos)

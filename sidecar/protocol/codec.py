@@ -169,7 +169,7 @@ class ProtocolError(ValueError):
 
 
 class MalformedFrameError(ProtocolError):
-    """Truncated frame, trailing bytes, bad lengths, invalid UTF-8, ..."""
+    """Truncated frame, bad lengths, invalid UTF-8, ..."""
 
 
 class UnsupportedApiError(ProtocolError):
@@ -269,7 +269,7 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
                                   f"truncated request header v{2 if flexible else 1}")
 
     # Body: the same generated decoder ApiMessage.decode uses, but we need the
-    # end position to reject truncated/overlong frames.
+    # end position to reject truncated frames.
     decoder = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible,
                                                data_class=cls)
     try:
@@ -277,10 +277,11 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     except _DECODE_ERRORS as exc:
         raise MalformedFrameError(api_key, api_version, correlation_id,
                                   f"malformed request body: {exc!r}") from exc
-    if end != len(data):
-        why = "truncated" if end > len(data) else f"{len(data) - end} trailing bytes after"
+    if end > len(data):
         raise MalformedFrameError(api_key, api_version, correlation_id,
-                                  f"{why} request body (frame {len(data)} bytes, body ends at {end})")
+                                  f"truncated request body (frame {len(data)} bytes, body ends at {end})")
+    # Bytes after the body are ignored, as Kafka's request parser ignores them: librdkafka 2.16's
+    # all-topics Metadata v13 request carries three (fields of older versions), and Kafka answers it.
     body._header = header
     return Request(api_key=api_key, api_version=api_version, correlation_id=correlation_id,
                    client_id=header.client_id, body=body, header_tags=header.unknown_tags)

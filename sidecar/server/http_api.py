@@ -156,12 +156,11 @@ class HttpApi:
         manager = maintenance.manager
         try:
             if action == "pause":
-                count = manager.pause(tp)
+                count = maintenance.pause(tp)
                 logger.info("cleaning of %s paused through the HTTP API (pause count %d)", tp, count)
             else:
-                count = manager.resume(tp)
+                count = maintenance.resume(tp)
                 logger.info("cleaning of %s resumed through the HTTP API (pause count %d)", tp, count)
-                maintenance.cleaner.wake()
         except CleaningStateError as exc:
             return _json(409, {"error": str(exc), "topic": topic, "partition": tp.partition,
                                "state": manager.state(tp).state.value})

@@ -24,7 +24,9 @@ and counted per task (`TaskStatus`); nothing a task raises stops the scheduler.
 Cleaning states follow Kafka's LogCleanerManager: retention of a delete-only log pauses its cleaning
 for the duration (and skips logs paused or being cleaned), a topic deletion aborts and pauses cleaning
 of each partition before its log goes (`before_delete`) and forgets the partition after
-(`topic_changed`), and a topic that stops being compacted has its running pass aborted.
+(`topic_changed`), and a topic that stops being compacted has its running pass aborted. A pass left
+"in progress" by a cleaner thread that died is ended rather than waited for, so a deletion never
+hangs the event loop.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ class Maintenance:
 
     def before_delete(self, tp: TopicPartition) -> None:
         """Kafka's abortAndPauseCleaning before a log is deleted: wait for a running pass to stop."""
-        self._abort_and_pause(tp)
+        self.pause(tp)
         self._deleting.add(tp)
 
     def topic_changed(self, name: str) -> None:
@@ -215,7 +217,14 @@ class Maintenance:
             self._compacted[name] = compact
         self.cleaner.wake()
 
-    def _abort_and_pause(self, tp: TopicPartition) -> int:
+    # -- pausing ---------------------------------------------------------------------------------
+
+    def pause(self, tp: TopicPartition) -> int:
+        """Abort a running pass (waiting for it) and count a pause; return the pause count.
+
+        Unlike a bare `CleanerManager.pause`, this never waits forever: a pass left behind by a dead
+        cleaner thread is ended, and a concurrent abort of the same pass is waited out.
+        """
         while True:
             if (self.cleaner.live_threads == 0
                     and self.manager.state(tp).state in (CleaningState.IN_PROGRESS, CleaningState.ABORTED)):
@@ -232,9 +241,16 @@ class Maintenance:
             except CleaningStateError:  # another abort of the same pass is under way: it ends soon
                 time.sleep(0.01)
 
+    def resume(self, tp: TopicPartition) -> int:
+        """Undo one pause (CleaningStateError if not paused); return the remaining count."""
+        count = self.manager.resume(tp)
+        if count == 0:
+            self.cleaner.wake()
+        return count
+
     def _abort_cleaning(self, tps: list[TopicPartition]) -> None:
         for tp in tps:
-            self._abort_and_pause(tp)
+            self.pause(tp)
             self._resume_quietly(tp)
 
     def _resume_quietly(self, tp: TopicPartition) -> None:

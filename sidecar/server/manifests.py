@@ -186,9 +186,23 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2) -> 
     timer: list[threading.Timer] = []
     lock = threading.Lock()
 
+    single_file = not os.path.isdir(path)
+    name = os.path.basename(path)
+
+    def relevant(event) -> bool:
+        if event.event_type in ("opened", "closed_no_write"):
+            return False
+        if not single_file:
+            return True
+        # A single file is watched through its directory (editors and ConfigMaps replace files by rename),
+        # which may hold busy neighbours, e.g. the data directory: only the file itself, or the `..data`
+        # link a ConfigMap swaps, counts.
+        touched = [os.path.basename(p) for p in (event.src_path, getattr(event, "dest_path", "")) if p]
+        return any(t == name or t.startswith("..") for t in touched)
+
     class _Handler(FileSystemEventHandler):
         def on_any_event(self, event) -> None:
-            if event.event_type in ("opened", "closed_no_write"):
+            if not relevant(event):
                 return
             with lock:  # editors write in bursts; reload once the burst is over
                 if timer:
@@ -198,9 +212,10 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2) -> 
                 timer[0].start()
 
     observer = Observer()
-    # Watch the directory holding a single file too: editors and ConfigMaps replace files by rename.
-    target = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    observer.schedule(_Handler(), target, recursive=True)
+    if single_file:
+        observer.schedule(_Handler(), os.path.dirname(os.path.abspath(path)), recursive=False)
+    else:
+        observer.schedule(_Handler(), path, recursive=True)
     observer.daemon = True
     observer.start()
 

@@ -377,9 +377,11 @@ def test_every_truncation_is_a_clear_error(name):
 
 
 @pytest.mark.parametrize("name", ["flexible-v9", "v7"])
-def test_trailing_bytes_are_an_error(name):
-    with pytest.raises(MalformedFrameError, match="trailing bytes"):
-        decode_request(_produce_frames()[name] + b"\x00")
+def test_trailing_bytes_are_ignored_as_kafka_does(name):
+    """Kafka's parser reads the body and ignores what follows; librdkafka's Metadata v13 relies on it."""
+    frame = _produce_frames()[name]
+    plain, padded = decode_request(frame), decode_request(frame + b"\x00\x01\x00")
+    assert padded.body == plain.body and padded.correlation_id == plain.correlation_id
 
 
 def test_bad_length_and_utf8_are_errors():

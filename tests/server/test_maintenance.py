@@ -115,9 +115,10 @@ def test_retention_deletes_expired_segments_of_delete_topics_on_schedule(tmp_pat
                     topic_manifest("held", 1, {**small, "retention.ms": HOUR_MS}),
                     topic_manifest("kept", 1, small))  # default retention.ms: 7 days
     overrides = {**FAST, "log.retention.check.interval.ms": "100"}
-    with NodeThread(tmp_path / "data", tmp_path / "topics", overrides=overrides) as node:
-        manager = node.node.maintenance.manager
-        assert manager.pause(TopicPartition("held", 0)) == 1  # paused partitions get no retention (Kafka)
+    node = NodeThread(tmp_path / "data", tmp_path / "topics", overrides=overrides)
+    manager = node.node.maintenance.manager
+    assert manager.pause(TopicPartition("held", 0)) == 1  # paused partitions get no retention (Kafka)
+    with node:
         two_hours_ago = int(time.time() * 1000) - 2 * HOUR_MS
         records = [(b"k%d" % i, b"v" * 40) for i in range(10)]
         for topic in ("expiring", "held", "kept"):
@@ -287,32 +288,43 @@ def test_deleting_a_topic_whose_cleaning_is_paused_forgets_the_pause(tmp_path):
 def test_deleting_a_topic_while_it_is_being_cleaned_aborts_the_pass_first(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     manifests = tmp_path / "topics" / "t.yaml"
-    write_manifests(manifests, topic_manifest("busy", 1, {"cleanup.policy": "compact", "segment.bytes": 2048,
+    write_manifests(manifests, topic_manifest("busy", 1, {"cleanup.policy": "compact", "segment.bytes": 65536,
                                                           "min.cleanable.dirty.ratio": 0.01}),
                     topic_manifest("other", 1))
     data = tmp_path / "data"
     tp = TopicPartition("busy", 0)
-    # A slow cleaner (~170 KB to read twice at 30 KB/s; the throttle starts after 300 ms) that sleeps until
-    # woken, so the pass is caught while it runs.
-    overrides = {"log.cleaner.backoff.ms": "600000", "log.cleaner.io.max.bytes.per.second": "30000"}
-    with NodeThread(data, tmp_path / "topics", overrides=overrides) as node:
+    # The cleaner sleeps until woken (it found nothing to do at startup).
+    with NodeThread(data, tmp_path / "topics", overrides={"log.cleaner.backoff.ms": "600000"}) as node:
         maintenance = node.node.maintenance
-        produce_each(node.bootstrap, "busy", [(b"k%d" % (i % 4), b"y" * 500) for i in range(300)])
-        maintenance.cleaner.wake()
-        wait_for(lambda: any(r.getMessage() == "Building offset map for busy-0..." for r in caplog.records)
-                 and maintenance.manager.state(tp).state is CleaningState.IN_PROGRESS, interval=0.01,
-                 what="a cleaning pass of busy-0 to be running")
+        producer = KafkaProducer(bootstrap_servers=node.bootstrap, acks=1, enable_idempotence=False, linger_ms=20,
+                                 batch_size=16384)
+        try:
+            futures = [producer.send("busy", key=b"k%d" % (i % 4), value=b"y" * 1000) for i in range(3000)]
+            assert [f.get(20).offset for f in futures] == list(range(3000))
+        finally:
+            producer.close()
 
-        write_manifests(manifests, topic_manifest("other", 1))
-        wait_for(lambda: not any(n.startswith("busy-") for n in os.listdir(data)), timeout=60,
-                 what="busy-0 to be deleted")
+        # Choreography with the log's own lock: the woken cleaner stops while it selects busy-0 (it reads the
+        # log's offsets under the lock), the deletion starts and waits for the cleaner, then the lock is let
+        # go: the cleaner takes busy-0, the deletion's abort reaches the running pass, the pass stops, and
+        # only then the log is deleted.
+        log = log_of(node, "busy")
+        looked = maintenance.manager.last_run_ms
+        with log.lock:
+            maintenance.cleaner.wake()
+            wait_for(lambda: maintenance.manager.last_run_ms != looked, what="the cleaner to look for work")
+            write_manifests(manifests, topic_manifest("other", 1))
+            wait_for(lambda: "busy" not in node.node.registry.topics, what="the deletion of busy to begin")
+        wait_for(lambda: not any(n.startswith("busy-") for n in os.listdir(data)), what="busy-0 to be deleted")
         wait_for(lambda: maintenance.manager.state(tp).state is CleaningState.IDLE, what="busy-0 to be forgotten")
         messages = [r.getMessage() for r in caplog.records]
+        began = messages.index("Beginning cleaning of log busy-0")
         aborted = messages.index("Cleaning of busy-0 was aborted")
-        deleted = next(i for i, m in enumerate(messages) if m == "topic busy deleted")
-        assert aborted < deleted  # the pass stopped before the log went
+        deleted = messages.index("topic busy deleted")
+        assert began < aborted < deleted  # the pass started, then stopped before the log went
         assert (maintenance.cleaner.live_threads, maintenance.cleaner.dead_threads) == (1, 0)
         assert maintenance.manager.uncleanable() == {}
+        assert not list(data.glob("*/*.cleaned"))
         checkpoint = data / CLEANER_OFFSET_CHECKPOINT
         assert tp not in (read_offsets(str(checkpoint)) if checkpoint.exists() else {})
         assert produce_each(node.bootstrap, "other", [(b"a", b"b")]) == [0]
@@ -338,3 +350,24 @@ def test_deleting_a_topic_whose_cleaner_thread_died_mid_pass_does_not_hang_the_n
         wait_for(lambda: not any(n.startswith("orphan-") for n in os.listdir(data)), what="orphan-0 to be deleted")
         wait_for(lambda: maintenance.manager.state(tp).state is CleaningState.IDLE, what="orphan-0 to be forgotten")
         assert produce_each(node.bootstrap, "other", [(b"a", b"b")]) == [0]  # the event loop is not stuck
+
+
+def test_a_topic_config_change_wakes_the_sleeping_cleaner(tmp_path):
+    manifests = tmp_path / "topics" / "t.yaml"
+    config = {"cleanup.policy": "compact", "segment.bytes": 1024, "min.cleanable.dirty.ratio": 1}
+    write_manifests(manifests, topic_manifest("lazy", 1, config))
+    data = tmp_path / "data"
+    tp = TopicPartition("lazy", 0)
+    # The cleaner backs off for 10 minutes when it finds nothing to do; this test waits at most 15 s.
+    with NodeThread(data, tmp_path / "topics", overrides={"log.cleaner.backoff.ms": "600000"}) as node:
+        produce_each(node.bootstrap, "lazy", [(b"k%d" % (i % 2), b"w" * 100) for i in range(30)])
+        runs = node.node.maintenance.manager.last_run_ms
+        active_base = log_of(node, "lazy").active_segment.base_offset
+        assert not (data / CLEANER_OFFSET_CHECKPOINT).exists() or tp not in read_offsets(
+            str(data / CLEANER_OFFSET_CHECKPOINT))  # a ratio of 1 is never exceeded: nothing cleaned
+
+        write_manifests(manifests, topic_manifest("lazy", 1, {**config, "min.cleanable.dirty.ratio": 0.01}))
+        wait_for(lambda: (data / CLEANER_OFFSET_CHECKPOINT).exists()
+                 and read_offsets(str(data / CLEANER_OFFSET_CHECKPOINT)).get(tp) == active_base,
+                 what="the woken cleaner to clean lazy-0")
+        assert node.node.maintenance.manager.last_run_ms > runs

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import base64
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from shale.sidecar.server.manifests import API_VERSION, ORIGIN_PREFIX, ManifestError, ManifestSource, parse_topic
+from shale.sidecar.server.manifests import (
+    API_VERSION, ORIGIN_PREFIX, ManifestError, ManifestSource, parse_topic, watch,
+)
 from shale.sidecar.topic_config import TopicConfig
 
 from node_util import topic_manifest, write_manifests
@@ -225,3 +228,23 @@ def test_a_single_file_path_is_a_source_too(tmp_path):
 def test_an_empty_or_missing_directory_declares_nothing(tmp_path):
     assert ManifestSource(str(tmp_path)).reload() == []
     assert ManifestSource(str(Path(tmp_path) / "absent")).reload() == []
+
+
+def test_watching_one_file_ignores_its_busy_neighbours(tmp_path):
+    """`--topics topics.yaml` beside `--data-dir data`: appends to the data dir must not reload manifests."""
+    manifest = tmp_path / "topics.yaml"
+    manifest.write_text("kind: Topic\n")
+    (tmp_path / "data").mkdir()
+    changed = threading.Event()
+    stop = watch(str(manifest), changed.set, debounce_s=0.05)
+    try:
+        for i in range(20):
+            (tmp_path / "data" / f"{i:020d}.log").write_bytes(b"x" * 100)
+        (tmp_path / "neighbour.yaml").write_text("not mine\n")
+        assert not changed.wait(1.0), "a change beside the watched file triggered a reload"
+        replacement = tmp_path / ".topics.yaml.tmp"
+        replacement.write_text("kind: Topic\nmetadata: {name: x}\n")
+        replacement.replace(manifest)  # as editors and kubectl-projected ConfigMaps replace files
+        assert changed.wait(10), "replacing the watched file did not trigger a reload"
+    finally:
+        stop()
