@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -195,6 +193,8 @@ def test_healthz_and_readyz_follow_the_node_lifecycle(tmp_path):
     # Constructed (logs loaded) but not serving yet.
     assert get_json(port, "/readyz") == (503, {"ready": False, "phase": "recovering"})
     assert get_json(port, "/healthz")[0] == 200
+    status, doc = get_json(port, "/status")
+    assert (status, doc["version"], doc["phase"], doc["ready"]) == (200, 1, "recovering", False)
     node.start()
     assert get_json(port, "/readyz") == (200, {"ready": True, "phase": "serving"})
     assert get_json(port, "/healthz") == (200, {"status": "ok", "phase": "serving", "cleaner_threads_dead": 0})

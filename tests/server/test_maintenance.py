@@ -166,7 +166,8 @@ def test_flush_ms_is_applied_by_the_flusher_task(tmp_path):
 def test_checkpoints_are_written_on_schedule(tmp_path):
     write_manifests(tmp_path / "topics" / "t.yaml", topic_manifest("points", 1, {"flush.ms": 0}))
     overrides = {**FAST, "log.flush.scheduler.interval.ms": "50", "log.flush.offset.checkpoint.interval.ms": "100",
-                 "log.flush.start.offset.checkpoint.interval.ms": "100"}
+                 "log.flush.start.offset.checkpoint.interval.ms": "100",
+                 "producer.id.expiration.check.interval.ms": "50"}
     data = tmp_path / "data"
     with NodeThread(data, tmp_path / "topics", overrides=overrides) as node:
         tp = TopicPartition("points", 0)
@@ -183,7 +184,11 @@ def test_checkpoints_are_written_on_schedule(tmp_path):
         node.call(log.increment_log_start_offset, 4)  # as DeleteRecords does: above the first segment's base
         wait_for(lambda: read_offsets(str(data / LOG_START_OFFSET_CHECKPOINT)).get(tp) == 4,
                  what="the log start offset checkpoint")
-        assert node.node.maintenance.tasks["kafka-recovery-point-checkpoint"].errors == 0
+        tasks = node.node.maintenance.tasks
+        assert tasks["kafka-recovery-point-checkpoint"].errors == 0
+        # The producer-id expiry task calls the engine's Log.remove_expired_producers on every log.
+        wait_for(lambda: tasks["PeriodicProducerExpirationCheck"].runs > 2, what="producer expiration runs")
+        assert tasks["PeriodicProducerExpirationCheck"].errors == 0
 
 
 def test_a_failing_task_is_logged_with_its_partition_and_the_scheduler_keeps_running(tmp_path, caplog):
