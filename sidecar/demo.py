@@ -11,6 +11,7 @@ which Kafka never cleans). Then the node keeps serving until Ctrl-C, for kcat or
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -44,8 +45,10 @@ def run_demo(workdir: str, out: TextIO, *, listen: str = "127.0.0.1:9092", http:
                "--topics", topics_dir, "--listen", listen, "--http", http]
     for key, value in OVERRIDES.items():
         command += ["--override", f"{key}={value}"]
-    print("$ shale serve " + " ".join(command[4:]), file=out, flush=True)
-    server = subprocess.Popen(command)
+    log_path = os.path.join(workdir, "serve.log")
+    print("$ shale serve " + " ".join(command[4:]) + f"    (its log: {log_path})", file=out, flush=True)
+    with open(log_path, "ab") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=log)
     try:
         _wait_ready(http, server, timeout_s)
         _walkthrough(listen, http, out, timeout_s)
@@ -72,7 +75,7 @@ def _wait_ready(http: str, server: subprocess.Popen, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"shale serve exited with status {server.returncode}")
+            raise SystemExit(f"shale serve exited with status {server.returncode}; see its log")
         try:
             with urllib.request.urlopen(f"http://{http}/readyz", timeout=1) as resp:
                 if resp.status == 200:
@@ -86,6 +89,8 @@ def _wait_ready(http: str, server: subprocess.Popen, timeout_s: float) -> None:
 def _walkthrough(listen: str, http: str, out: TextIO, timeout_s: float) -> None:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # the client's connection chatter is not the story
+
     producer = KafkaProducer(bootstrap_servers=listen, acks="all")
     try:
         for key, value in UPDATES:
@@ -96,8 +101,9 @@ def _walkthrough(listen: str, http: str, out: TextIO, timeout_s: float) -> None:
             time.sleep(0.15)
     finally:
         producer.close(5)
-    cleaned = _wait_for_cleaning(http, timeout_s)
-    print(f"\nthe cleaner compacted {TOPIC}-0 up to offset {cleaned}; consuming from the beginning:", file=out)
+    dirty = _wait_for_cleaning(http, timeout_s)
+    print(f"\nthe cleaner compacted {TOPIC}-0 (dirty ratio now {dirty:.2f}, /status); "
+          "consuming from the beginning:", file=out)
     consumer = KafkaConsumer(bootstrap_servers=listen, enable_auto_commit=False, group_id=None)
     try:
         tp = TopicPartition(TOPIC, 0)
@@ -112,12 +118,12 @@ def _walkthrough(listen: str, http: str, out: TextIO, timeout_s: float) -> None:
         consumer.close()
 
 
-def _wait_for_cleaning(http: str, timeout_s: float) -> int:
-    """Poll `/status` until a cleaner pass over the partition is reported; return its first dirty offset."""
+def _wait_for_cleaning(http: str, timeout_s: float) -> float:
+    """Poll `/status` until a cleaner pass over the partition is reported; return its dirty ratio then."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        partition = _get_json(http, "/status")["topics"][TOPIC]["partitions"]["0"]
-        if partition["cleaning"]["lastCleanTime"] is not None and partition["cleaning"]["state"] == "idle":
-            return partition["cleaning"]["firstDirtyOffset"]
+        partition = _get_json(http, "/status")["topics"][TOPIC]["partitions"][0]
+        if partition["last_clean_ms"] is not None and partition["cleaning"]["state"] == "idle":
+            return partition["dirty_ratio"]
         time.sleep(0.2)
     raise SystemExit(f"no cleaner pass over {TOPIC}-0 within {timeout_s:.0f} s")

@@ -151,13 +151,12 @@ class LogDir:
 
     def checkpoint(self) -> None:
         """Persist every log's recovery point and the log start offsets above their first segment."""
-        with self.lock:
-            logs = dict(self.logs)
-        write_offsets(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT),
-                      {tp: log.recovery_point for tp, log in logs.items()})
-        write_offsets(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT),
-                      {tp: log.log_start_offset for tp, log in logs.items()
-                       if log.log_start_offset > log.segments[0].base_offset})
+        with self.lock:  # held while writing: two writers would share the same `.tmp` files
+            write_offsets(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT),
+                          {tp: log.recovery_point for tp, log in self.logs.items()})
+            write_offsets(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT),
+                          {tp: log.log_start_offset for tp, log in self.logs.items()
+                           if log.log_start_offset > log.segments[0].base_offset})
 
     def close(self) -> None:
         """Clean shutdown: flush and trim every log, write the checkpoints, then the clean-shutdown marker."""

@@ -5,16 +5,19 @@ from __future__ import annotations
 from .errors import CorruptRecordError
 
 
-def encode_varint(value: int) -> bytes:
-    """Zigzag-encode a signed int32 or int64 (the same bytes for both when the value fits in 32 bits)."""
-    u = (value << 1) ^ (value >> 63)
-    u &= 0xFFFFFFFFFFFFFFFF
+def encode_uvarint(u: int) -> bytes:
+    """An unsigned base-128 varint (the wire protocol's compact lengths and tagged-field sizes)."""
     out = bytearray()
     while u >= 0x80:
         out.append((u & 0x7F) | 0x80)
         u >>= 7
     out.append(u)
     return bytes(out)
+
+
+def encode_varint(value: int) -> bytes:
+    """Zigzag-encode a signed int32 or int64 (the same bytes for both when the value fits in 32 bits)."""
+    return encode_uvarint(((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF)
 
 
 def decode_varint(buf: bytes | memoryview, pos: int, max_bytes: int = 5) -> tuple[int, int]:

@@ -66,6 +66,8 @@ from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
+from shale.sidecar.log.varint import encode_uvarint
+
 __all__ = [
     "API_NAMES", "SUPPORTED_VERSIONS", "Request",
     "ProtocolError", "MalformedFrameError", "UnsupportedApiError", "UnsupportedVersionError",
@@ -375,15 +377,6 @@ def _swap_external(value: Any, found: list) -> Any:
     return value
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any], *,
                           framed: bool = False) -> list:
     """:func:`encode_response` as a list of ``bytes`` and the body's external record sets, in wire order.
@@ -402,7 +395,7 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
         return [out]
     compact = response_class(api_key).flexible_version_q(api_version)
     placeholder_len = len(_MARKER)
-    old_prefix = _uvarint(placeholder_len + 1) if compact else struct.pack(">i", placeholder_len)
+    old_prefix = encode_uvarint(placeholder_len + 1) if compact else struct.pack(">i", placeholder_len)
     parts: list = []
     pos = 0
     for i, ext in enumerate(found):
@@ -415,7 +408,7 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
         if ext.size < 0:
             raise ProtocolError(api_key, api_version, correlation_id,
                                 f"cannot encode response: external record set of negative size {ext.size}")
-        parts.append(out[pos:start] + (_uvarint(ext.size + 1) if compact else struct.pack(">i", ext.size)))
+        parts.append(out[pos:start] + (encode_uvarint(ext.size + 1) if compact else struct.pack(">i", ext.size)))
         parts.append(ext)
         pos = at + placeholder_len
     parts.append(out[pos:])

@@ -302,13 +302,18 @@ class AdminApis:
             results.append(out)
         return {"throttle_time_ms": 0, "results": results}
 
-    def _describe_topic(self, name: str, wanted: set[str] | None, synonyms: bool, docs: bool) -> list[dict]:
+    def _existing_topic(self, name: str) -> TopicSpec:
+        """The topic a config resource names, or Kafka's error for a bad or unknown name."""
         problem = topic_name_error(name)
         if problem is not None:
             raise AdminError(INVALID_TOPIC_EXCEPTION, problem)
         spec = self.registry.topics.get(name)
         if spec is None:
             raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.")
+        return spec
+
+    def _describe_topic(self, name: str, wanted: set[str] | None, synonyms: bool, docs: bool) -> list[dict]:
+        spec = self._existing_topic(name)
         entries = []
         for key_name, value, source in _topic_entries(spec.config, wanted):
             key = CONFIG_KEYS_BY_NAME[key_name]
@@ -412,12 +417,7 @@ class AdminApis:
                      conn: ConnectionInfo) -> None:
         if name == "":
             raise AdminError(INVALID_REQUEST, "Default topic resources are not allowed.")
-        problem = topic_name_error(name)
-        if problem is not None:
-            raise AdminError(INVALID_TOPIC_EXCEPTION, problem)
-        spec = self.registry.topics.get(name)
-        if spec is None:
-            raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.")
+        spec = self._existing_topic(name)
         if spec.origin.startswith(ORIGIN_PREFIX):
             path = spec.origin[len(ORIGIN_PREFIX):]
             raise AdminError(POLICY_VIOLATION, f"Topic '{name}' is declared by the Topic manifest {path}: edit the "

@@ -263,6 +263,16 @@ def _java_length(s: str) -> int:
 # -- the coordinator ----------------------------------------------------------------------------------------------
 
 
+def _answer_waiting(member: Member, code: int) -> None:
+    """Answer a member's pending JoinGroup/SyncGroup with an error (it is leaving the coordinator's care)."""
+    if member.awaiting_join is not None:
+        member.awaiting_join(_join_error(member.member_id, code))
+        member.awaiting_join = None
+    if member.awaiting_sync is not None:
+        member.awaiting_sync(_sync_result(code))
+        member.awaiting_sync = None
+
+
 class GroupCoordinator:
     """Every classic consumer group whose `__consumer_offsets` partition this node leads."""
 
@@ -342,12 +352,7 @@ class GroupCoordinator:
         for group in self.groups.values():
             self._cancel_group_timers(group)
             for m in group.members.values():
-                if m.awaiting_join is not None:
-                    m.awaiting_join(_join_error(m.member_id, NOT_COORDINATOR))
-                    m.awaiting_join = None
-                if m.awaiting_sync is not None:
-                    m.awaiting_sync(_sync_result(NOT_COORDINATOR))
-                    m.awaiting_sync = None
+                _answer_waiting(m, NOT_COORDINATOR)
 
     def _cancel_group_timers(self, group: Group) -> None:
         for t in [group.join_timer, group.sync_timer, *group.pending_members.values(),
@@ -570,12 +575,7 @@ class GroupCoordinator:
         if member.timer is not None:
             member.timer.cancel()
             member.timer = None
-        if member.awaiting_join is not None:
-            member.awaiting_join(_join_error(member.member_id, UNKNOWN_MEMBER_ID))
-            member.awaiting_join = None
-        if member.awaiting_sync is not None:
-            member.awaiting_sync(_sync_result(UNKNOWN_MEMBER_ID))
-            member.awaiting_sync = None
+        _answer_waiting(member, UNKNOWN_MEMBER_ID)
         del group.members[member.member_id]
         instance = member.group_instance_id
         if instance is not None and group.static_members.get(instance) == member.member_id:

@@ -9,7 +9,7 @@ A `Scheduler` thread runs the periodic tasks with Kafka's names and settings:
 | `kafka-recovery-point-checkpoint` | `log.flush.offset.checkpoint.interval.ms` | `LogDir.checkpoint` |
 | `kafka-log-start-offset-checkpoint` | `log.flush.start.offset.checkpoint.interval.ms` | `LogDir.checkpoint` |
 | `kafka-delete-logs` | 1 s | `Log.delete_expired_files` (`file.delete.delay.ms`) |
-| `PeriodicProducerExpirationCheck` | `producer.id.expiration.check.interval.ms` | `Log.remove_expired_producers`, if the engine has it |
+| `PeriodicProducerExpirationCheck` | `producer.id.expiration.check.interval.ms` | `Log.remove_expired_producers` |
 
 Each starts after `log.initial.task.delay.ms`. Compacted logs (`compact` and `compact,delete`) get
 retention from the cleaner threads after every cleaning attempt (`LogCleaner._retain_compacted`), as
@@ -304,10 +304,9 @@ class Maintenance:
             self._on_log(status, "flush", tp, log, Log.maybe_flush)
 
     def run_checkpoint(self, status: TaskStatus) -> None:
-        """Write the recovery points and log start offsets (under the directory lock: deletes write them too)."""
+        """Write the recovery points and log start offsets."""
         try:
-            with self.log_dir.lock:
-                self.log_dir.checkpoint()
+            self.log_dir.checkpoint()
         except Exception as exc:  # noqa: BLE001 - counted and retried at the next interval
             status.failed(f"{self.log_dir.path}: {type(exc).__name__}: {exc}")
             logger.error("writing the checkpoints of %s failed: %s", self.log_dir.path, exc, exc_info=True)
@@ -319,11 +318,9 @@ class Maintenance:
             self._on_log(status, "deleting expired segment files", tp, log, Log.delete_expired_files)
 
     def run_producer_expiration(self, status: TaskStatus) -> None:
-        """Kafka's removeExpiredProducers, on engines whose Log keeps producer state."""
+        """Kafka's removeExpiredProducers: forget idempotent producers idle for `producer.id.expiration.ms`."""
         now = self.clock()
         for tp, log in self._logs().items():
             if self._stopping.is_set():
                 return
-            remove = getattr(log, "remove_expired_producers", None)
-            if remove is not None:
-                self._on_log(status, "producer id expiration", tp, log, lambda _lg, f=remove: f(now))
+            self._on_log(status, "producer id expiration", tp, log, lambda lg: lg.remove_expired_producers(now))

@@ -20,6 +20,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from shale.sidecar.log.varint import encode_uvarint
+
 OFFSETS_TOPIC = "__consumer_offsets"
 
 OFFSET_COMMIT_KEY_VERSION = 1  # what Kafka writes (0 is the pre-0.10 key with the same body)
@@ -115,26 +117,17 @@ def partition_for(group: str, partitions: int) -> int:
 # -- primitive writers/readers ----------------------------------------------------------------------------------
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _string(s: str | None, flexible: bool, what: str) -> bytes:
     if s is None:
         return b"\x00" if flexible else _I16.pack(-1)
     raw = s.encode("utf-8")
     if len(raw) > 0x7FFF:
         raise OffsetRecordError(f"{what} is {len(raw)} bytes long; Kafka strings hold at most 32767")
-    return (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
+    return (encode_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
 
 
 def _bytes(b: bytes, flexible: bool) -> bytes:
-    return (_uvarint(len(b) + 1) if flexible else _I32.pack(len(b))) + b
+    return (encode_uvarint(len(b) + 1) if flexible else _I32.pack(len(b))) + b
 
 
 class _Reader:
@@ -277,7 +270,7 @@ def encode_group_metadata_value(value: GroupMetadataValue, version: int = GROUP_
              _string(value.leader, flexible, "leader")]
     if version >= 2:
         parts.append(_I64.pack(value.current_state_timestamp))
-    parts.append(_uvarint(len(value.members) + 1) if flexible else _I32.pack(len(value.members)))
+    parts.append(encode_uvarint(len(value.members) + 1) if flexible else _I32.pack(len(value.members)))
     for m in value.members:
         parts.append(_string(m.member_id, flexible, "member id"))
         if version >= 3:

@@ -266,8 +266,8 @@ def _raw_exchange(port: int, payload: bytes) -> bytes:
 
 def test_malformed_frames_close_only_that_connection(server, caplog):
     port = server.broker.port
-    # ApiVersions v0 header with a client id, then garbage after the (empty) body.
-    bad = struct.pack(">hhih", 18, 0, 7, 3) + b"bad" + b"\xff\xff\xff"
+    # Metadata v4 header with a client id, then a body cut short inside its topic array's length.
+    bad = struct.pack(">hhih", 3, 4, 7, 3) + b"bad" + b"\xff\xff\xff"
     with caplog.at_level(logging.ERROR, logger="shale.sidecar.server.broker"):
         assert _raw_exchange(port, struct.pack(">i", len(bad)) + bad) == b""  # closed, no reply
         assert _raw_exchange(port, struct.pack(">i", 200 * 1024 * 1024)) == b""  # over the frame limit
