@@ -28,6 +28,7 @@ endif
 bench: $(BIN)/.installed
 	$(BIN)/python bench/log_engine.py
 	$(BIN)/python bench/compaction.py
+	$(BIN)/python bench/broker.py
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .hypothesis build sidecar/log/_cleaner_kernel.*.so
