@@ -8,7 +8,7 @@ import logging
 import signal
 
 from shale.sidecar.log.log_dir import LogDirLockedError
-from shale.sidecar.server.broker import tune_malloc
+from shale.sidecar.server.connection import tune_malloc
 from shale.sidecar.server.node import ServeOptions, StorageNode, parse_host_port
 from shale.sidecar.server.server_config import parse_overrides
 
