@@ -33,22 +33,15 @@ from shale.sidecar.server.manifests import ORIGIN_PREFIX, RESERVED
 from shale.sidecar.server.server_config import SERVER_CONFIG_KEYS, ServerConfig
 from shale.sidecar.server.topics import TopicError, TopicRegistry, TopicSpec, topic_id_for, topic_uuid
 from shale.sidecar.topic_config import CONFIG_KEYS, CONFIG_KEYS_BY_NAME, InvalidConfigError, TopicConfig
+from shale.sidecar.protocol.error_codes import (
+    NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS,
+    INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG, INVALID_REQUEST, POLICY_VIOLATION,
+)
 
 logger = logging.getLogger(__name__)
 
 API_CREATE_TOPICS, API_DESCRIBE_CONFIGS, API_ALTER_CONFIGS, API_INCREMENTAL_ALTER_CONFIGS = 19, 32, 33, 44
 
-# Kafka error codes.
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_TOPIC_EXCEPTION = 17
-TOPIC_ALREADY_EXISTS = 36
-INVALID_PARTITIONS = 37
-INVALID_REPLICATION_FACTOR = 38
-INVALID_REPLICA_ASSIGNMENT = 39
-INVALID_CONFIG = 40
-INVALID_REQUEST = 42
-POLICY_VIOLATION = 44
 
 # ConfigResource.Type ids.
 RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8

@@ -36,6 +36,11 @@ from shale.sidecar.log.log import InvalidTimestampError
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
+from shale.sidecar.protocol.error_codes import (
+    NONE, UNKNOWN_SERVER_ERROR, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION,
+    NOT_LEADER_OR_FOLLOWER, MESSAGE_TOO_LARGE, INVALID_REQUIRED_ACKS, INVALID_TIMESTAMP, UNSUPPORTED_VERSION,
+    KAFKA_STORAGE_ERROR, INVALID_RECORD, UNKNOWN_TOPIC_ID,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,20 +48,6 @@ logger = logging.getLogger(__name__)
 # where the few loop iterations of a sendfile would cost more than the copy they save.
 SENDFILE_MIN_BYTES = 64 * 1024
 
-# Kafka error codes used here.
-NONE = 0
-UNKNOWN_SERVER_ERROR = -1
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
-MESSAGE_TOO_LARGE = 10
-INVALID_REQUIRED_ACKS = 21
-INVALID_TIMESTAMP = 32
-UNSUPPORTED_VERSION = 35
-KAFKA_STORAGE_ERROR = 56
-INVALID_RECORD = 87
-UNKNOWN_TOPIC_ID = 100
 
 API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA, API_API_VERSIONS = 0, 1, 2, 3, 18
 

@@ -13,6 +13,7 @@ import os
 import threading
 
 from shale.sidecar.log.atomic_file import atomic_write
+from shale.sidecar.protocol.error_codes import NONE, COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST
 
 PRODUCER_ID_BLOCK_FILE = "producer-id-block"
 _FILE_VERSION = 0
@@ -22,10 +23,6 @@ NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NODE_STRIDE = 1024  # node ids 0..1023 each own one residue class of producer ids
 
-# Kafka error codes of InitProducerId.
-NONE = 0
-COORDINATOR_NOT_AVAILABLE = 15
-INVALID_REQUEST = 42
 
 
 class ProducerIdAllocatorError(Exception):
