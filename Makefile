@@ -18,10 +18,26 @@ demo: $(BIN)/.installed
 
 # Debian's kcat (librdkafka 2.0.2) is the "old librdkafka" client of the protocol tests.
 KCAT := $(shell command -v kcat 2>/dev/null)
+# Spark (the PySpark data source's tests, tests/pipeline) runs on a Java 17+ runtime.
+JAVA := $(shell command -v java 2>/dev/null)
 
-test: $(BIN)/.installed
+# promtool (tests/k8s/test_alerts.py runs the chart's alerts through it): taken out of Debian's prometheus
+# package into the venv, so that no Prometheus server gets installed or started.
+PROMTOOL := $(shell command -v promtool 2>/dev/null || echo $(BIN)/promtool)
+
+$(BIN)/promtool: | $(BIN)/.installed
+	rm -rf $(VENV)/prometheus-deb && mkdir -p $(VENV)/prometheus-deb
+	cd $(VENV)/prometheus-deb && (apt-get download prometheus >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get download prometheus >/dev/null))
+	dpkg-deb -x $(VENV)/prometheus-deb/prometheus_*.deb $(VENV)/prometheus-deb/root
+	cp $(VENV)/prometheus-deb/root/usr/bin/promtool $@
+	rm -rf $(VENV)/prometheus-deb
+
+test: $(BIN)/.installed $(PROMTOOL)
 ifeq ($(KCAT),)
 	apt-get install -y --no-install-recommends kcat >/dev/null || (apt-get update >/dev/null && apt-get install -y --no-install-recommends kcat >/dev/null)
+endif
+ifeq ($(JAVA),)
+	apt-get install -y --no-install-recommends openjdk-17-jre-headless >/dev/null || (apt-get update >/dev/null && apt-get install -y --no-install-recommends openjdk-17-jre-headless >/dev/null)
 endif
 	$(BIN)/pytest -n 2 -q
 
@@ -29,6 +45,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/log_engine.py
 	$(BIN)/python bench/compaction.py
 	$(BIN)/python bench/broker.py
+	$(BIN)/python bench/spark_read.py
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .hypothesis build sidecar/log/_cleaner_kernel.*.so

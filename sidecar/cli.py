@@ -38,6 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                        help="a broker config, e.g. log.cleaner.threads=2 (repeatable, as kafka-server-start)")
 
+    crd = sub.add_parser("crd", help="print (or write) the Topic CRD, generated from the topic-config table")
+    crd.add_argument("-o", "--output", action="append", default=[], metavar="FILE",
+                     help="write the CRD to FILE instead of stdout (repeatable)")
+
+    operator = sub.add_parser("operator", help="run the kopf operator: Topic resources -> the storage pods' topics")
+    from shale.operator.settings import add_arguments as add_operator_arguments
+
+    add_operator_arguments(operator)
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -55,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         from .server.serve import serve_forever
 
         return serve_forever(args)
+    if args.command == "operator":
+        from shale.operator.main import main as operator_main
+
+        return operator_main(args)
+    if args.command == "crd":
+        from shale.operator.crd import main as crd_main
+
+        return crd_main(args.output)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The user journey on a real cluster, by hand (not part of `make test`): install the chart, apply a
+# Topic, produce and consume through the client Service, read the Topic's status, uninstall.
+#
+#   KUBECONFIG=~/.kube/config IMAGE=registry.example.com/shale:0.1.0 e2e/journey.sh
+#
+# Needs kubectl, helm (3.14+ or 4) and an image the cluster can pull (see e2e/README.md).
+# KEEP=1 leaves everything installed (also after a failure) for a look around.
+set -euo pipefail
+
+IMAGE=${IMAGE:-shale:0.1.0}
+NAMESPACE=${NAMESPACE:-shale-e2e}
+RELEASE=${RELEASE:-shale}
+TOPIC=${TOPIC:-e2e-prices}
+KEEP=${KEEP:-0}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$HERE")
+
+step() { printf '\n== %s\n' "$*"; }
+fail() { printf 'FAILED: %s\n' "$*" >&2; exit 1; }
+k() { kubectl -n "$NAMESPACE" "$@"; }
+
+diagnose() {
+    step "diagnostics"
+    k get all,topics,pvc,configmaps -o wide || true
+    k describe topics || true
+    k logs -l app.kubernetes.io/instance="$RELEASE",app.kubernetes.io/component=operator --tail=100 || true
+    k logs -l app.kubernetes.io/instance="$RELEASE",app.kubernetes.io/component=storage --tail=50 --prefix || true
+}
+
+cleanup() {
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then diagnose; fi
+    if [ "$KEEP" = 1 ]; then
+        echo "KEEP=1: left release $RELEASE in namespace $NAMESPACE"
+        exit "$rc"
+    fi
+    step "uninstall"
+    k delete topics --all --wait --timeout=120s || true          # while the operator runs: it removes its finalizers
+    helm uninstall "$RELEASE" -n "$NAMESPACE" --wait || true
+    k delete pvc -l app.kubernetes.io/instance="$RELEASE" --wait=false || true
+    kubectl delete namespace "$NAMESPACE" --wait=false || true
+    exit "$rc"
+}
+trap cleanup EXIT
+
+command -v kubectl >/dev/null || fail "kubectl not found"
+command -v helm >/dev/null || fail "helm not found"
+kubectl version >/dev/null || fail "no cluster: set KUBECONFIG"
+
+step "helm install $RELEASE ($IMAGE) into namespace $NAMESPACE"
+repository=${IMAGE%:*}
+tag=${IMAGE##*:}
+helm install "$RELEASE" "$ROOT/helm/shale" -n "$NAMESPACE" --create-namespace \
+    --set image.repository="$repository" --set image.tag="$tag" --wait --timeout 5m
+kubectl wait --for condition=Established crd/topics.shale.dev --timeout=60s
+service=$(k get service -l app.kubernetes.io/instance="$RELEASE",shale.dev/service=client -o jsonpath='{.items[0].metadata.name}')
+port=$(k get service "$service" -o jsonpath='{.spec.ports[?(@.name=="kafka")].port}')
+bootstrap="$service.$NAMESPACE.svc:$port"
+echo "bootstrap: $bootstrap"
+
+step "apply Topic $TOPIC and wait for Ready"
+k apply -f - <<YAML
+apiVersion: shale.dev/v1alpha1
+kind: Topic
+metadata: {name: $TOPIC}
+spec:
+  partitions: 3
+  config: {cleanup.policy: compact, segment.ms: "100", min.cleanable.dirty.ratio: "0.01"}
+YAML
+k wait --for condition=Ready "topic/$TOPIC" --timeout=180s
+k get topics
+
+step "the API server refuses a partition decrease and an unknown config key"
+if out=$(k patch topic "$TOPIC" --type=merge -p '{"spec":{"partitions":2}}' 2>&1); then
+    fail "partitions 3 -> 2 was accepted"
+fi
+grep -q "cannot be decreased from 3 to 2" <<<"$out" || fail "unexpected refusal: $out"
+echo "refused: $out"
+if out=$(k apply -f - 2>&1 <<YAML
+apiVersion: shale.dev/v1alpha1
+kind: Topic
+metadata: {name: $TOPIC}
+spec: {partitions: 3, config: {cleanup.policy: compact, retention.msec: "1000"}}
+YAML
+); then
+    fail "an unknown config key was accepted"
+fi
+grep -q 'unknown field "spec.config.retention.msec"' <<<"$out" || fail "unexpected refusal: $out"
+echo "refused: $out"
+
+step "produce 10 keys x 10 updates and consume them back through $bootstrap"
+k run e2e-client --image="$IMAGE" --restart=Never --rm -i --quiet \
+    --env BOOTSTRAP="$bootstrap" --env TOPIC="$TOPIC" --command -- python -c "$(cat "$HERE/client.py")"
+
+step "status: 100 records over 3 partitions, cleaning reported"
+for _ in $(seq 60); do
+    ends=$(k get topic "$TOPIC" -o jsonpath='{.status.partitions[*].logEndOffset}')
+    total=0
+    for e in $ends; do total=$((total + e)); done
+    [ "$total" -ge 100 ] && break
+    sleep 5
+done
+[ "$total" -ge 100 ] || fail "status.partitions logEndOffsets sum to $total, want 100"
+k get topics -o wide
+k get topic "$TOPIC" -o jsonpath='{range .status.partitions[*]}{.partition}{"\t"}{.pod}{"\t"}{.logEndOffset}{"\t"}{.cleaningState}{"\n"}{end}'
+[ "$(k get topic "$TOPIC" -o jsonpath='{.status.conditions[?(@.type=="CleaningStuck")].status}')" = False ] \
+    || fail "CleaningStuck is not False"
+
+step "delete the Topic: the operator removes it from the nodes and drops its finalizer"
+k delete topic "$TOPIC" --wait --timeout=120s
+k get configmap -l app.kubernetes.io/instance="$RELEASE" -o jsonpath='{.items[0].data}' | grep -q "$TOPIC" \
+    && fail "the topic's manifest is still in the topics ConfigMap"
+
+step "journey passed"

@@ -1,0 +1,250 @@
+"""The kopf handlers: a Topic's create/update/resume and timer reconcile it, its deletion removes its key.
+
+Reconciling is level-based and idempotent, so every entry point runs the same `reconcile`: validate
+the spec (a bad one only sets Ready=False with the reason, nothing is written), read the StatefulSet
+and the pods' /status, plan the ConfigMap key (planning.py) and write it with optimistic concurrency,
+then report what the pods serve. Change handlers wait up to `ready_wait_seconds` for the pods to pick
+the change up so Ready turns True promptly; the timer repeats everything every
+`status_interval_seconds`, which refreshes offsets and cleaning and repairs a ConfigMap edited or
+recreated behind the operator's back. One lock per Topic keeps a timer from racing a change handler,
+one lock per process serialises this operator's own ConfigMap writes (other writers are caught by the
+resourceVersion precondition).
+
+Annotations (Strimzi's semantics): `shale.dev/paused-reconciliation: "true"` applies nothing and sets
+ReconciliationPaused=True; `shale.dev/managed: "false"` hands the topic back (Unmanaged=True), and
+deleting such a Topic — or a paused one — keeps its key, so the topic and its data stay on the pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import kopf
+import kubernetes
+
+from shale.operator.conditions import PAUSED, READY, UNMANAGED, Condition, find, merge, rfc3339
+from shale.operator.configmap import ConflictError, Snapshot, TopicsConfigMap
+from shale.operator.kube import connection_info
+from shale.operator.crd import GROUP, MANAGED_ANNOTATION, PAUSE_ANNOTATION, PLURAL, VERSION
+from shale.operator.manifests import DesiredTopic, SpecError, configmap_key, desired_topic, parse_applied
+from shale.operator.metrics import OperatorMetrics
+from shale.operator.planning import plan
+from shale.operator.settings import Settings
+from shale.operator.status import Observation, ReportCache, fetch_reports, observe, placements
+from shale.operator.storage import Storage, StorageError, read_storage
+
+FINALIZER = f"{GROUP}/topic-operator"
+_POLL_SECONDS = 0.25  # while a change handler waits for the pods
+
+
+@dataclass
+class Context:
+    """What every handler shares (passed to kopf as memo.ctx)."""
+
+    settings: Settings
+    api: kubernetes.client.ApiClient
+    configmap: TopicsConfigMap
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    configmap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    topic_locks: dict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    reports: ReportCache = field(default_factory=lambda: ReportCache(0.0))
+
+    @classmethod
+    def create(cls, settings: Settings, api: kubernetes.client.ApiClient) -> "Context":
+        # Refreshes may reuse a pod's /status for half an interval: one fetch per pod per half interval.
+        return cls(settings, api, TopicsConfigMap(api, settings.storage_namespace, settings.configmap),
+                   reports=ReportCache(settings.status_interval_seconds / 2))
+
+
+def _same(current: Mapping[str, Any] | None, cond: Condition) -> bool:
+    return current is not None and (current.get("status"), current.get("reason"), current.get("message")) == (
+        cond.status_text, cond.reason, cond.message)
+
+
+def _status_patch(patch: kopf.Patch, current: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """Patch only the status fields that changed, so an idle Topic causes no writes."""
+    for key, value in new.items():
+        if current.get(key) != value:
+            patch.status[key] = value
+
+
+async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | logging.LoggerAdapter,
+                    wait: bool) -> None:
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    status = dict(body.get("status") or {})
+    annotations = meta.get("annotations") or {}
+    generation = meta.get("generation")
+    now = rfc3339(time.time())
+    async with ctx.topic_locks[meta["uid"]]:
+        if annotations.get(PAUSE_ANNOTATION) == "true":
+            cond = Condition(PAUSED, True, "ReconciliationPaused",
+                             f'{PAUSE_ANNOTATION} is "true": changes to this Topic are not applied')
+            _status_patch(patch, status, {"conditions": merge(status.get("conditions"), [cond],
+                                                              generation=generation, now=now)})
+            return
+        if annotations.get(MANAGED_ANNOTATION) == "false":
+            ctx.metrics.forget(namespace, name)
+            cond = Condition(UNMANAGED, True, "Unmanaged",
+                             f'{MANAGED_ANNOTATION} is "false": the topic is left as it is, also when the Topic '
+                             "is deleted")
+            _status_patch(patch, status, {"conditions": merge(status.get("conditions"), [cond],
+                                                              generation=generation, now=now, drop=(PAUSED,))})
+            return
+        drop = (PAUSED, UNMANAGED)
+        try:
+            topic, observation = await _apply(ctx, body, logger, wait)
+        except (SpecError, StorageError) as exc:
+            reason = exc.reason if isinstance(exc, SpecError) else "StorageNotReady"
+            cond = Condition(READY, False, reason, str(exc))
+            # Warn (which also posts an Event) when this becomes the Topic's state, not on every refresh.
+            log = logger.debug if _same(find(status.get("conditions"), READY), cond) else logger.warning
+            log("Topic %s/%s not applied (%s): %s", namespace, name, reason, exc)
+            ctx.metrics.set_ready(namespace, name, False)
+            conditions = merge(status.get("conditions"), [cond], generation=generation, now=now, drop=drop)
+            _status_patch(patch, status, {"observedGeneration": generation, "conditions": conditions})
+            return
+        except ConflictError as exc:
+            raise kopf.TemporaryError(str(exc), delay=2) from None
+        ctx.metrics.set_ready(namespace, name, bool(observation.ready.status))
+        if not _same(find(status.get("conditions"), READY), observation.ready):
+            logger.info("Topic %s/%s: Ready=%s (%s): %s", namespace, name, observation.ready.status_text,
+                        observation.ready.reason, observation.ready.message)
+        conditions = merge(status.get("conditions"), [observation.ready, observation.cleaning_stuck],
+                           generation=generation, now=now, drop=drop)
+        _status_patch(patch, status, {
+            "observedGeneration": generation, "topicName": topic.topic_name, "conditions": conditions,
+            "partitions": observation.partitions, "diskUsageBytes": observation.disk_usage_bytes})
+
+
+async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool) -> tuple[DesiredTopic, Observation]:
+    settings = ctx.settings
+    topic = desired_topic(body)
+    storage: Storage = await asyncio.to_thread(read_storage, ctx.api, settings)
+    every_node = set(storage.nodes) | set(storage.pods)
+    cache = None if wait else ctx.reports  # a change handler looks at the pods afresh
+    reports = await fetch_reports(storage, settings.status_url_template, every_node, settings.http_timeout_seconds,
+                                  cache)
+    found = placements(topic.topic_name, reports)
+    planned: dict[str, Any] = {}
+
+    def compute(snapshot: Snapshot) -> dict[str, str]:
+        text, owners = plan(topic, snapshot.data, storage, settings.node_address_template, found)
+        planned["owners"], planned["changed"] = owners, snapshot.data.get(topic.key) != text
+        return {topic.key: text}
+
+    async with ctx.configmap_lock:
+        await asyncio.to_thread(ctx.configmap.update, compute)
+    owners = planned["owners"]
+    if planned["changed"]:
+        logger.info("Topic %s: wrote %s to %s (topic %s, %d partitions on nodes %s)", topic.ref, topic.key,
+                    ctx.configmap.ref, topic.topic_name, topic.partitions, owners)
+    if not wait:  # a refresh: what the pods said above is recent enough
+        return topic, observe(topic.topic_name, topic.key, owners, storage, reports,
+                              settings.cleaning_stuck_after_seconds)
+    deadline = time.monotonic() + settings.ready_wait_seconds
+    while True:
+        reports = await fetch_reports(storage, settings.status_url_template, set(owners),
+                                      settings.http_timeout_seconds)
+        observation = observe(topic.topic_name, topic.key, owners, storage, reports,
+                              settings.cleaning_stuck_after_seconds)
+        if observation.ready.status or time.monotonic() >= deadline:
+            return topic, observation
+        await asyncio.sleep(_POLL_SECONDS)
+
+
+async def remove(ctx: Context, body: kopf.Body, logger: Any) -> None:
+    """Remove the Topic's key (the pods then delete the topic Kafka's way); never blocks on missing storage."""
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
+    annotations = meta.get("annotations") or {}
+    ctx.metrics.forget(namespace, name)
+    ctx.topic_locks.pop(uid, None)
+    if annotations.get(MANAGED_ANNOTATION) == "false" or annotations.get(PAUSE_ANNOTATION) == "true":
+        logger.info("Topic %s/%s is unmanaged or paused: its topic and data are kept", namespace, name)
+        return
+    key = configmap_key(namespace, name)
+
+    def compute(snapshot: Snapshot) -> dict[str, str | None]:
+        text = snapshot.data.get(key)
+        if text is None:
+            return {}
+        applied = parse_applied(key, text)
+        if applied is not None and applied.uid not in (None, uid):
+            logger.info("%s in %s belongs to another Topic (uid %s): left in place", key, ctx.configmap.ref,
+                        applied.uid)
+            return {}
+        return {key: None}
+
+    try:
+        async with ctx.configmap_lock:
+            await asyncio.to_thread(ctx.configmap.update, compute)
+    except ConflictError as exc:
+        raise kopf.TemporaryError(str(exc), delay=2) from None
+    logger.info("Topic %s/%s: removed %s from %s", namespace, name, key, ctx.configmap.ref)
+
+
+def build_registry(settings: Settings) -> kopf.OperatorRegistry:
+    """The handlers, registered for this run's settings (the timer interval is one)."""
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, PLURAL)
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+        return connection_info(memo.ctx.api.configuration)
+
+    @kopf.on.startup(id="metrics-start", registry=registry)
+    async def start_metrics(memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        if settings.metrics_port is not None:
+            await memo.ctx.metrics.start(settings.metrics_host, settings.metrics_port)
+            logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+
+    @kopf.on.cleanup(id="metrics-stop", registry=registry)
+    async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+        await memo.ctx.metrics.stop()
+
+    @kopf.on.probe(id="topics", registry=registry)
+    def topics_probe(memo: kopf.Memo, **_: Any) -> int:
+        return len(memo.ctx.topic_locks)
+
+    @kopf.on.create(*resource, id="apply-create", registry=registry)
+    @kopf.on.update(*resource, id="apply-update", registry=registry)
+    @kopf.on.resume(*resource, id="apply-resume", registry=registry)
+    async def apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        await reconcile(memo.ctx, body, patch, logger, wait=True)
+
+    @kopf.timer(*resource, id="refresh", interval=settings.status_interval_seconds,
+                initial_delay=settings.status_interval_seconds, registry=registry)
+    async def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
+                      stopped: kopf.DaemonStopped, **_: Any) -> None:
+        # kopf never cancels a running timer; give up the refresh at once when the operator stops.
+        work = asyncio.ensure_future(reconcile(memo.ctx, body, patch, logger, wait=False))
+        stop = asyncio.ensure_future(stopped.wait())
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not work.done():
+            work.cancel()
+            return
+        work.result()
+
+    @kopf.on.delete(*resource, id="remove", registry=registry)
+    async def delete(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        await remove(memo.ctx, body, logger)
+
+    return registry
+
+
+def kopf_settings() -> kopf.OperatorSettings:
+    """Progress and diff-base in annotations (a strict status schema would prune kopf's status fields)."""
+    s = kopf.OperatorSettings()
+    s.persistence.finalizer = FINALIZER
+    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
+    s.posting.level = logging.WARNING  # Events for problems only, not for every successful handler
+    s.scanning.disabled = True  # the CRD comes with the chart; no cluster-wide CRD/namespace watching needed
+    return s

@@ -1,0 +1,149 @@
+"""A `Topic` custom resource → the manifest the storage pods read, and the ConfigMap keys that hold them.
+
+The manifest is what `shale serve --topics` parses (sidecar/server/manifests.py): metadata.uid (the
+CR's uid) becomes the Kafka topic id, spec.topicName is always written out, spec.config holds the keys
+the user set in Kafka's string form, and spec.assignment places each partition on a pod. Config is
+checked with the one topic-config table (`TopicConfig.from_mapping`) so a bad key is reported on the
+Topic by name, and every rendered manifest goes through the sidecar's own parser before it is
+written, so the operator never writes what the pods would refuse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import yaml
+
+from shale.operator.crd import GROUP, KIND, TOPIC_NAME_MAX, VERSION
+from shale.sidecar.server.manifests import ManifestError, parse_topic
+from shale.sidecar.topic_config import CONFIG_KEYS_BY_NAME, InvalidConfigError, TopicConfig
+
+API_VERSION = f"{GROUP}/{VERSION}"
+_KEY_MAX = 253  # a ConfigMap key is at most 253 characters of [-._a-zA-Z0-9]
+
+
+class SpecError(ValueError):
+    """A Topic spec that cannot be applied; `reason` is the Ready condition's reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class DesiredTopic:
+    """What a Topic CR asks for, validated."""
+
+    namespace: str
+    name: str
+    uid: str
+    topic_name: str
+    partitions: int
+    config: dict[str, str]  # the keys the user set, as Kafka strings
+
+    @property
+    def key(self) -> str:
+        return configmap_key(self.namespace, self.name)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class AppliedTopic:
+    """A manifest found in the ConfigMap: who wrote it and where its partitions are."""
+
+    key: str
+    namespace: str | None
+    name: str | None
+    uid: str | None
+    topic_name: str | None
+    partitions: int
+    assignment: tuple[int, ...] | None
+    manifest: dict[str, Any]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def configmap_key(namespace: str, name: str) -> str:
+    """`<namespace>_<name>.yaml`: '_' is in neither a namespace nor an object name, so keys never collide."""
+    key = f"{namespace}_{name}.yaml"
+    if len(key) <= _KEY_MAX:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"{key[:_KEY_MAX - len(digest) - 6]}-{digest}.yaml"
+
+
+def desired_topic(body: Mapping[str, Any]) -> DesiredTopic:
+    """Read and check a Topic CR; SpecError(reason, message naming the field) when it cannot be applied."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    namespace, name = meta.get("namespace") or "default", meta.get("name")
+    topic_name = spec.get("topicName") or name
+    if not isinstance(topic_name, str) or not topic_name:
+        raise SpecError("InvalidSpec", "spec.topicName must be a non-empty string")
+    if len(topic_name) > TOPIC_NAME_MAX:
+        raise SpecError("InvalidSpec", f"topic name {topic_name!r} is longer than {TOPIC_NAME_MAX} characters: "
+                                       "set a shorter spec.topicName")
+    partitions = spec.get("partitions", 1)
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise SpecError("InvalidSpec", f"spec.partitions must be an integer >= 1, got {partitions!r}")
+    raw_config = spec.get("config") or {}
+    if not isinstance(raw_config, Mapping):
+        raise SpecError("InvalidConfig", "spec.config must be a mapping of Kafka topic config names to values")
+    try:
+        parsed = TopicConfig.from_mapping(raw_config)
+    except InvalidConfigError as exc:
+        raise SpecError("InvalidConfig", f"spec.config.{exc.key}: {exc}") from None
+    config = {key: CONFIG_KEYS_BY_NAME[key].to_string(parsed.value_of(key)) for key in raw_config}
+    return DesiredTopic(namespace, name, str(meta.get("uid") or ""), topic_name, partitions, config)
+
+
+def render(topic: DesiredTopic, assignment: list[int], nodes: Mapping[int, str]) -> dict[str, Any]:
+    """The manifest for the storage pods; SpecError("InvalidSpec") if their parser would refuse it."""
+    manifest = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": topic.name, "namespace": topic.namespace, "uid": topic.uid},
+        "spec": {
+            "topicName": topic.topic_name,
+            "partitions": topic.partitions,
+            "config": dict(topic.config),
+            "assignment": {"partitions": list(assignment), "nodes": {str(n): nodes[n] for n in sorted(nodes)}},
+        },
+    }
+    try:
+        parse_topic(manifest, origin=f"Topic {topic.ref}")
+    except ManifestError as exc:
+        raise SpecError("InvalidSpec", str(exc)) from None
+    return manifest
+
+
+def to_yaml(manifest: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(manifest), sort_keys=False, default_flow_style=False)
+
+
+def parse_applied(key: str, text: str) -> AppliedTopic | None:
+    """The manifest under a ConfigMap key, or None if it is not one of ours (not YAML, not a Topic)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND or not isinstance(doc.get("spec"), dict):
+        return None
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    spec = doc["spec"]
+    assignment = (spec.get("assignment") or {}).get("partitions") if isinstance(spec.get("assignment"), dict) else None
+    partitions = spec.get("partitions", 1)
+    return AppliedTopic(
+        key=key, namespace=meta.get("namespace"), name=meta.get("name"), uid=meta.get("uid"),
+        topic_name=spec.get("topicName") or meta.get("name"),
+        partitions=partitions if isinstance(partitions, int) else 0,
+        assignment=tuple(assignment) if isinstance(assignment, list) and all(isinstance(n, int) for n in assignment)
+        else None,
+        manifest=doc)

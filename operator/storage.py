@@ -1,0 +1,88 @@
+"""The storage StatefulSet as the operator sees it: how many pods, their names, addresses and ports.
+
+Node ids are the pods' ordinals (`shale serve --node-id` is set from the pod name in the chart), so
+node N is pod `<statefulset>-N` and is reached through the headless Service. Addresses and status URLs
+come from templates (settings.py) filled with the pod's name, ordinal, Service, namespace, IP and
+named container ports: the Kafka address must be stable (a DNS name) because clients are sent to it,
+while in tests the same templates point at loopback ports of real `shale serve` processes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import kubernetes
+
+from shale.operator.settings import Settings
+
+
+class StorageError(RuntimeError):
+    """The storage StatefulSet or one of its pods cannot be found or addressed; the message names it."""
+
+
+@dataclass(frozen=True)
+class StoragePod:
+    name: str
+    ordinal: int
+    ip: str | None
+    ports: dict[str, int] = field(default_factory=dict)  # named container ports
+
+
+@dataclass(frozen=True)
+class Storage:
+    namespace: str
+    statefulset: str
+    service: str
+    replicas: int
+    pods: dict[int, StoragePod]
+
+    @property
+    def nodes(self) -> list[int]:
+        """The node ids new partitions may be placed on: the StatefulSet's ordinals."""
+        return list(range(self.replicas))
+
+    def pod_name(self, ordinal: int) -> str:
+        return f"{self.statefulset}-{ordinal}"
+
+    def render(self, template: str, ordinal: int) -> str:
+        """Fill a template for node `ordinal`; StorageError if it needs a pod field the pod does not have."""
+        pod = self.pods.get(ordinal)
+        fields: dict[str, Any] = {"pod": self.pod_name(ordinal), "ordinal": ordinal, "service": self.service,
+                                  "namespace": self.namespace}
+        if pod is not None:
+            if pod.ip:
+                fields["pod_ip"] = pod.ip
+            fields.update({f"port_{name}": port for name, port in pod.ports.items()})
+        try:
+            return template.format(**fields)
+        except (KeyError, IndexError) as exc:
+            state = "does not exist" if pod is None else "has no such field yet"
+            raise StorageError(f"pod {self.namespace}/{self.pod_name(ordinal)} {state}: template {template!r} "
+                               f"needs {exc}") from None
+
+
+def read_storage(api: kubernetes.client.ApiClient, settings: Settings) -> Storage:
+    """Read the StatefulSet and its pods (blocking)."""
+    ns, name = settings.storage_namespace, settings.statefulset
+    try:
+        sts = kubernetes.client.AppsV1Api(api).read_namespaced_stateful_set(name, ns)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            raise StorageError(f"storage StatefulSet {ns}/{name} not found") from None
+        raise
+    service = settings.service or sts.spec.service_name
+    if not service:
+        raise StorageError(f"StatefulSet {ns}/{name} has no spec.serviceName and no headless Service is set")
+    selector = ",".join(f"{k}={v}" for k, v in sorted((sts.spec.selector.match_labels or {}).items()))
+    pods: dict[int, StoragePod] = {}
+    own_name = re.compile(re.escape(name) + r"-(0|[1-9][0-9]*)")
+    for pod in kubernetes.client.CoreV1Api(api).list_namespaced_pod(ns, label_selector=selector).items:
+        match = own_name.fullmatch(pod.metadata.name or "")
+        if match is None:  # a selector may match more than this StatefulSet's pods
+            continue
+        ports = {p.name: p.container_port for c in pod.spec.containers or () for p in c.ports or () if p.name}
+        ordinal = int(match.group(1))
+        pods[ordinal] = StoragePod(pod.metadata.name, ordinal, pod.status.pod_ip if pod.status else None, ports)
+    return Storage(ns, name, service, sts.spec.replicas if sts.spec.replicas is not None else 1, pods)

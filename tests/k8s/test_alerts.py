@@ -1,0 +1,124 @@
+"""The chart's alerts, run by Prometheus' own rule engine: `promtool check rules` and `promtool test rules`.
+
+The rules are the `spec` of the PrometheusRule the chart renders (so the Helm escaping of Prometheus'
+templates is part of what is tested); each alert has a unit-test file in tests/k8s/alerts/ with cases
+where it fires (labels and rendered annotations checked) and where it must not.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from chart_util import FULL_VALUES, ROOT, objects, one, promtool, render
+from prometheus_client import generate_latest
+
+from shale.operator.metrics import OperatorMetrics
+
+ALERT_TESTS = Path(__file__).resolve().parent / "alerts"
+OPERATOR_METRICS = {"shale_topic_ready"}  # exported by the operator (docs/kubernetes.md), not by the nodes
+
+
+def rules_of(values: dict) -> dict:
+    return one(objects(render(values)), "PrometheusRule")["spec"]
+
+
+def alerts_of(spec: dict) -> list[dict]:
+    return [rule for group in spec["groups"] for rule in group["rules"]]
+
+
+def write_rules(directory: Path, values: dict) -> Path:
+    path = directory / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules_of(values), sort_keys=False))
+    return path
+
+
+def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def unit_test(directory: Path, alert: str) -> subprocess.CompletedProcess:
+    shutil.copy(ALERT_TESTS / f"{alert}.yaml", directory)
+    return run_promtool("test", "rules", f"{alert}.yaml", cwd=directory)
+
+
+RULES = alerts_of(rules_of(FULL_VALUES))
+ALERTS = [rule["alert"] for rule in RULES]
+
+
+def test_the_alerts():
+    assert ALERTS == ["ShaleCleaningPausedTooLong", "ShalePartitionUncleanable", "ShaleCleanerThreadDead",
+                      "ShaleCompactionBehind", "ShaleDiskFullPredicted", "ShaleDiskAlmostFull", "ShaleTopicNotReady",
+                      "ShaleStorageNodeNotReady", "ShaleStorageNodeDown", "ShaleOperatorDown"]
+    for rule in RULES:
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert set(rule["annotations"]) == {"summary", "description"}
+
+
+def test_promtool_check_rules(tmp_path):
+    write_rules(tmp_path, FULL_VALUES)
+    result = run_promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
+
+
+@pytest.mark.parametrize("alert", ALERTS)
+def test_promtool_unit_tests(alert, tmp_path):
+    write_rules(tmp_path, FULL_VALUES)
+    result = unit_test(tmp_path, alert)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize("alert", ALERTS)
+def test_each_alert_has_firing_and_quiet_cases(alert):
+    cases = [case for test in yaml.safe_load((ALERT_TESTS / f"{alert}.yaml").read_text())["tests"]
+             for case in test["alert_rule_test"]]
+    assert {case["alertname"] for case in cases} == {alert}
+    assert any(case.get("exp_alerts") for case in cases), f"{alert}: no case where it fires"
+    assert any(not case.get("exp_alerts") for case in cases), f"{alert}: no case where it stays quiet"
+
+
+def test_unit_tests_fail_when_a_threshold_changes(tmp_path):
+    """The cases are tight: with the pause threshold doubled, the firing case fails."""
+    write_rules(tmp_path, {**FULL_VALUES, "metrics": {**FULL_VALUES["metrics"], "prometheusRule": {
+        "enabled": True, "thresholds": {"cleaningPausedSeconds": 3600}}}})
+    assert "shale_cleaning_state_seconds > 3600" in (tmp_path / "rules.yaml").read_text()
+    result = unit_test(tmp_path, "ShaleCleaningPausedTooLong")
+    assert result.returncode == 1 and "FAILED" in result.stdout + result.stderr
+
+
+def test_thresholds_and_disabled_alerts_come_from_values():
+    rule_values = {"enabled": True, "disabledAlerts": ["ShaleDiskFullPredicted", "ShaleOperatorDown"],
+                   "thresholds": {"compactionBehindSeconds": 7200, "diskFreeRatio": 0.05, "topicNotReadyFor": "1h"}}
+    rules = {r["alert"]: r for r in alerts_of(rules_of({"metrics": {"prometheusRule": rule_values}}))}
+    assert set(ALERTS) - set(rules) == {"ShaleDiskFullPredicted", "ShaleOperatorDown"}
+    assert rules["ShaleCompactionBehind"]["for"] == "7200s" and "< 7200" in rules["ShaleCompactionBehind"]["expr"]
+    assert rules["ShaleDiskAlmostFull"]["expr"].endswith("< 0.05")
+    assert rules["ShaleTopicNotReady"]["for"] == "1h"
+    no_operator = {r["alert"] for r in alerts_of(rules_of({**FULL_VALUES, "operator": {"enabled": False}}))}
+    assert "ShaleOperatorDown" not in no_operator and "ShaleTopicNotReady" in no_operator
+
+
+def test_every_metric_in_the_rules_is_documented():
+    documented = set(re.findall(r"^\| `(shale_\w+)` \|", (ROOT / "docs" / "metrics.md").read_text(), re.M))
+    used = {name for rule in RULES for name in re.findall(r"\b(shale_\w+)\b", rule["expr"])}
+    assert used - OPERATOR_METRICS <= documented, used - OPERATOR_METRICS - documented
+    assert len(used) >= 10
+    for name in OPERATOR_METRICS:
+        assert f"`{name}" in (ROOT / "docs" / "kubernetes.md").read_text()
+
+
+def test_the_operator_exports_the_metric_the_topic_alert_reads():
+    metrics = OperatorMetrics()
+    metrics.set_ready("team-a", "prices", False)
+    metrics.set_ready("team-a", "orders", True)
+    text = generate_latest(metrics.registry).decode()
+    assert 'shale_topic_ready{namespace="team-a",topic="prices"} 0.0' in text
+    assert 'shale_topic_ready{namespace="team-a",topic="orders"} 1.0' in text
+    [rule] = [r for r in RULES if r["alert"] == "ShaleTopicNotReady"]
+    assert rule["expr"] == "max by (namespace, topic) (shale_topic_ready) == 0"

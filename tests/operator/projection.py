@@ -1,0 +1,55 @@
+"""The kubelet's part in the tests: a ConfigMap's keys projected as files into a directory.
+
+In a cluster every storage pod mounts the topics ConfigMap at /etc/shale/topics and the kubelet keeps
+the files in step with the ConfigMap. Here a thread polls the ConfigMap through the API every 0.1 s
+and mirrors its keys into the directory the real `shale serve` processes watch: changed keys are
+replaced atomically (write, then rename — what the pods see of the kubelet's `..data` swap), removed
+keys are deleted. It stands in for the projection only; the sidecars and the operator are real.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import kubernetes
+
+
+class ConfigMapProjection:
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, name: str, directory: Path) -> None:
+        self.core = kubernetes.client.CoreV1Api(api)
+        self.namespace, self.name, self.directory = namespace, name, directory
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="configmap-projection", daemon=True)
+
+    def start(self) -> "ConfigMapProjection":
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.sync()  # the directory starts as the ConfigMap is now (empty if it does not exist)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.sync()
+
+    def sync(self) -> None:
+        try:
+            data = self.core.read_namespaced_config_map(self.name, self.namespace).data or {}
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            data = {}
+        present = {p.name for p in self.directory.iterdir() if not p.name.startswith(".")}
+        for key, text in data.items():
+            path = self.directory / key
+            if key not in present or path.read_text() != text:
+                tmp = self.directory / f".{key}.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, path)
+        for stale in present - set(data):
+            (self.directory / stale).unlink()

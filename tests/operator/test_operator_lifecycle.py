@@ -1,0 +1,216 @@
+"""The operator end to end: Topic resources in kmock's API server → ConfigMap → real `shale serve` pods → status."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from conftest import STORAGE_NS, Cluster
+from node_util import wait_for
+from shale.operator.manifests import configmap_key
+
+
+def produce(bootstrap: str, topic: str, count_per_partition: dict[int, int]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    errors = []
+    for partition, count in count_per_partition.items():
+        for i in range(count):
+            producer.produce(topic, key=b"k%d" % i, value=b"v" * 100, partition=partition,
+                             on_delivery=lambda err, msg: errors.append(err) if err else None)
+    assert producer.flush(30) == 0
+    assert errors == []
+
+
+def describe(bootstrap: str, topic: str) -> dict[str, str]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    future = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+    [(_, result)] = future.items()
+    return {name: entry.value for name, entry in result.result(20).items()}
+
+
+def test_a_topic_is_created_on_the_pods_served_and_reported_ready(cluster: Cluster):
+    created = cluster.create_topic("orders", 3, {"cleanup.policy": "compact", "segment.ms": 600000})
+    uid = created["metadata"]["uid"]
+
+    manifest = wait_for(lambda: cluster.manifest("orders"), what="the Topic's ConfigMap key")
+    nodes = cluster.storage.nodes
+    assert manifest["metadata"] == {"name": "orders", "namespace": "default", "uid": uid}
+    assert manifest["spec"]["topicName"] == "orders"
+    assert manifest["spec"]["config"] == {"cleanup.policy": "compact", "segment.ms": "600000"}
+    assert manifest["spec"]["assignment"] == {
+        "partitions": [0, 1, 0],  # new partitions to the least loaded pod, ties to the lowest ordinal
+        "nodes": {"0": f"127.0.0.1:{nodes[0].port}", "1": f"127.0.0.1:{nodes[1].port}"}}
+    assert list(cluster.configmap_data()) == [configmap_key("default", "orders")]
+
+    cluster.wait_condition("orders", "Ready", "True", "PartitionsServed")
+    produce(nodes[1].bootstrap, "orders", {0: 5, 1: 7, 2: 3})  # Metadata sends the client to each pod
+
+    def reported() -> dict | None:
+        status = cluster.topic("orders")["status"]
+        ends = [p.get("logEndOffset") for p in status["partitions"]]
+        return status if ends == [5, 7, 3] else None
+
+    status = wait_for(reported, 20, what="the produced offsets in the Topic's status")
+    assert status["observedGeneration"] == cluster.topic("orders")["metadata"]["generation"]
+    assert status["topicName"] == "orders"
+    assert [(p["partition"], p["pod"]) for p in status["partitions"]] == [(0, "shale-0"), (1, "shale-1"),
+                                                                           (2, "shale-0")]
+    for p in status["partitions"]:
+        assert p["logStartOffset"] == 0 and p["sizeBytes"] > 100 * 3
+        assert p["cleaningState"] in ("idle", "in-progress") and "cleaningSince" in p
+        assert 0 <= p["dirtyRatio"] <= 1  # a compacted topic reports its dirty ratio
+    assert status["diskUsageBytes"] == sum(p["sizeBytes"] for p in status["partitions"])
+    # What the status says is what the pods hold: the topic id is the Topic's uid.
+    pod0 = cluster.node_status(0)["topics"]["orders"]["partitions"]
+    assert [(e["partition"], e["log_end_offset"]) for e in pod0] == [(0, 5), (2, 3)]
+    assert cluster.condition("orders", "CleaningStuck")["status"] == "False"
+
+    assert 'shale_topic_ready{namespace="default",topic="orders"} 1.0' in cluster.metrics()
+    with urllib.request.urlopen(cluster.operator.settings.liveness_endpoint, timeout=5) as response:
+        assert response.status == 200
+
+
+def test_a_config_change_reaches_the_pods_live(cluster: Cluster):
+    cluster.create_topic("prices", 2, {"retention.ms": "600000"})
+    cluster.wait_condition("prices", "Ready", "True")
+    bootstrap = cluster.storage.nodes[0].bootstrap
+    assert wait_for(lambda: describe(bootstrap, "prices")["retention.ms"] == "600000", what="retention.ms")
+    generation = cluster.topic("prices")["metadata"]["generation"]
+
+    cluster.patch_topic("prices", {"spec": {"config": {"retention.ms": 1234567, "max.message.bytes": "2000000"}}})
+    wait_for(lambda: cluster.manifest("prices")["spec"]["config"] == {"retention.ms": "1234567",
+                                                                     "max.message.bytes": "2000000"},
+             what="the new config in the manifest")
+    for node in cluster.storage.nodes:  # every pod applied it, without a restart
+        wait_for(lambda: describe(node.bootstrap, "prices")["retention.ms"] == "1234567", what="live retention.ms")
+        assert describe(node.bootstrap, "prices")["max.message.bytes"] == "2000000"
+    wait_for(lambda: cluster.topic("prices")["status"]["observedGeneration"] == generation + 1,
+             what="observedGeneration to follow the spec")
+    assert cluster.condition("prices", "Ready")["status"] == "True"
+
+
+def test_more_partitions_are_added_without_moving_the_existing_ones(cluster: Cluster):
+    cluster.create_topic("wide", 3)  # nodes [0, 1, 0]: pod 0 holds 2 partitions, pod 1 one
+    cluster.create_topic("narrow", 1)
+    cluster.wait_condition("narrow", "Ready", "True")
+    assert cluster.manifest("narrow")["spec"]["assignment"]["partitions"] == [1]  # the least loaded pod
+    cluster.wait_condition("wide", "Ready", "True")
+    produce(cluster.storage.nodes[0].bootstrap, "wide", {0: 4, 1: 4, 2: 4})
+
+    cluster.patch_topic("wide", {"spec": {"partitions": 6}})
+    # Load before: pod 0 has 2, pod 1 has 2 (wide's one + narrow's). New ones balance them.
+    wait_for(lambda: cluster.manifest("wide")["spec"]["assignment"]["partitions"] == [0, 1, 0, 0, 1, 0],
+             what="the new partitions' assignment")
+    cluster.wait_condition("wide", "Ready", "True", timeout=20)
+    status = wait_for(lambda: (s := cluster.topic("wide")["status"]) and len(s["partitions"]) == 6 and s, 20,
+                      what="six partitions in the status")
+    assert [p["pod"] for p in status["partitions"]] == ["shale-0", "shale-1", "shale-0", "shale-0", "shale-1",
+                                                        "shale-0"]
+    # The old partitions kept their data (nothing moved); the new ones start empty.
+    assert [p["logEndOffset"] for p in status["partitions"]] == [4, 4, 4, 0, 0, 0]
+
+
+def test_invalid_config_is_reported_by_key_and_nothing_is_written(cluster: Cluster):
+    cluster.create_topic("bad", 1, {"cleanup.policy": "compact", "retention.ms": "soon"})
+    cond = cluster.wait_condition("bad", "Ready", "False", "InvalidConfig")
+    assert "spec.config.retention.ms" in cond["message"] and "soon" in cond["message"]
+    cluster.create_topic("unknown", 1, {"retention.msec": "1000"})
+    cond = cluster.wait_condition("unknown", "Ready", "False", "InvalidConfig")
+    assert "retention.msec" in cond["message"]
+    assert cluster.configmap_data() == {}
+    assert 'shale_topic_ready{namespace="default",topic="bad"} 0.0' in cluster.metrics()
+
+    # A valid Topic that turns invalid keeps its last good manifest on the pods.
+    cluster.create_topic("good", 1, {"retention.ms": "60000"})
+    cluster.wait_condition("good", "Ready", "True")
+    before = cluster.configmap_data()
+    cluster.patch_topic("good", {"spec": {"config": {"min.cleanable.dirty.ratio": "2.5"}}})
+    cond = cluster.wait_condition("good", "Ready", "False", "InvalidConfig")
+    assert "min.cleanable.dirty.ratio" in cond["message"]
+    time.sleep(2 * 0.5)  # a few status refreshes
+    assert cluster.configmap_data() == before
+
+    # Fixing the spec applies it.
+    cluster.patch_topic("good", {"spec": {"config": {"min.cleanable.dirty.ratio": "0.3"}}})
+    cluster.wait_condition("good", "Ready", "True")
+    assert cluster.manifest("good")["spec"]["config"] == {"retention.ms": "60000", "min.cleanable.dirty.ratio": "0.3"}
+
+
+def test_decreasing_partitions_is_not_supported(cluster: Cluster):
+    cluster.create_topic("shrink", 3)
+    cluster.wait_condition("shrink", "Ready", "True")
+    before = cluster.configmap_data()
+    cluster.patch_topic("shrink", {"spec": {"partitions": 2}})
+    cond = cluster.wait_condition("shrink", "Ready", "False", "NotSupported")
+    assert "cannot be decreased from 3 to 2" in cond["message"]
+    assert cond["observedGeneration"] == cluster.topic("shrink")["metadata"]["generation"]
+    time.sleep(2 * 0.5)
+    assert cluster.configmap_data() == before
+    assert len(cluster.node_status(0)["topics"]["shrink"]["partitions"]) == 2  # partitions 0 and 2 still there
+
+
+def test_deleting_a_topic_removes_its_key_and_the_topic_on_the_pods(cluster: Cluster):
+    cluster.create_topic("doomed", 2)
+    cluster.create_topic("kept", 1)
+    cluster.wait_condition("doomed", "Ready", "True")
+    cluster.wait_condition("kept", "Ready", "True")
+    assert cluster.topic("doomed")["metadata"]["finalizers"] == ["shale.dev/topic-operator"]
+
+    cluster.delete_topic("doomed")
+    wait_for(lambda: cluster.topic("doomed") is None, what="the Topic to be gone (finalizer removed)")
+    assert set(cluster.configmap_data()) == {configmap_key("default", "kept")}
+    for n in (0, 1):  # the pods delete the topic Kafka's way
+        wait_for(lambda: "doomed" not in cluster.node_status(n)["topics"], what=f"topic deleted on pod {n}")
+    assert "doomed" not in cluster.metrics()
+
+    # With the ConfigMap gone too, deleting a Topic still completes.
+    cluster.core.delete_namespaced_config_map("shale-topics", STORAGE_NS)
+    cluster.delete_topic("kept")
+    wait_for(lambda: cluster.topic("kept") is None, what="the Topic to be gone without its ConfigMap")
+
+
+def test_paused_and_unmanaged_topics_are_left_alone(cluster: Cluster):
+    cluster.create_topic("frozen", 1, {"retention.ms": "60000"})
+    cluster.wait_condition("frozen", "Ready", "True")
+    cluster.patch_topic("frozen", {"metadata": {"annotations": {"shale.dev/paused-reconciliation": "true"}}})
+    cluster.wait_condition("frozen", "ReconciliationPaused", "True")
+    before = cluster.configmap_data()
+    cluster.patch_topic("frozen", {"spec": {"partitions": 2, "config": {"retention.ms": "120000"}}})
+    time.sleep(3 * 0.5)
+    assert cluster.configmap_data() == before  # nothing applied while paused
+
+    cluster.patch_topic("frozen", {"metadata": {"annotations": {"shale.dev/paused-reconciliation": None}}})
+    wait_for(lambda: cluster.manifest("frozen")["spec"]["partitions"] == 2, what="the change applied on resume")
+    assert cluster.manifest("frozen")["spec"]["config"] == {"retention.ms": "120000"}
+    wait_for(lambda: cluster.condition("frozen", "ReconciliationPaused") == {}, what="the paused condition dropped")
+
+    # Unmanaged: deleting the Topic keeps the topic and its data on the pods.
+    cluster.patch_topic("frozen", {"metadata": {"annotations": {"shale.dev/managed": "false"}}})
+    cluster.wait_condition("frozen", "Unmanaged", "True")
+    cluster.delete_topic("frozen")
+    wait_for(lambda: cluster.topic("frozen") is None, what="the unmanaged Topic to be gone")
+    assert cluster.manifest("frozen")["spec"]["partitions"] == 2
+    assert "frozen" in cluster.node_status(0)["topics"]
+
+
+def test_a_partition_paused_too_long_sets_cleaning_stuck(cluster: Cluster):
+    cluster.create_topic("latest", 2, {"cleanup.policy": "compact"})
+    cluster.wait_condition("latest", "Ready", "True")
+    owner = cluster.manifest("latest")["spec"]["assignment"]["partitions"][1]
+    produce(cluster.storage.nodes[owner].bootstrap, "latest", {1: 10})
+
+    paused = cluster.node_post(owner, "/partitions/latest/1/pause")
+    assert paused["state"] == "paused"
+    try:
+        cond = cluster.wait_condition("latest", "CleaningStuck", "True", "CleaningPaused", timeout=30)
+        assert f"partition 1 on pod shale-{owner}: cleaning paused" in cond["message"]
+        assert "pause count 1" in cond["message"]
+        partition = cluster.topic("latest")["status"]["partitions"][1]
+        assert partition["cleaningState"] == "paused"
+        assert cluster.condition("latest", "Ready")["status"] == "True"  # still served
+    finally:
+        cluster.node_post(owner, "/partitions/latest/1/resume")
+    cluster.wait_condition("latest", "CleaningStuck", "False", "CleaningProgressing")

@@ -1,0 +1,155 @@
+"""A Topic CR → the manifest the pods read: validation, rendering, and the rules of a ConfigMap key's content."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import yaml
+
+from shale.operator.manifests import DesiredTopic, SpecError, configmap_key, desired_topic, parse_applied, render
+from shale.operator.planning import plan
+from shale.operator.storage import Storage, StorageError, StoragePod
+from shale.sidecar.server.manifests import parse_topic
+from shale.sidecar.server.topics import topic_uuid
+
+UID = "0f7c3a52-9d8e-4b1a-8c55-1e2f3a4b5c6d"
+DNS = "{pod}.{service}.{namespace}.svc:9092"
+
+
+def body(name="prices", partitions=2, config=None, namespace="team-a", uid=UID, **spec):
+    return {"metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "spec": {"partitions": partitions, "config": config or {}, **spec}}
+
+
+def storage(replicas=2, pods=None) -> Storage:
+    return Storage("data", "shale", "shale-headless", replicas, pods or {})
+
+
+def test_config_is_checked_with_the_topic_config_table_and_written_as_kafka_strings():
+    topic = desired_topic(body(config={"cleanup.policy": "compact, delete", "segment.ms": 100,
+                                       "min.cleanable.dirty.ratio": 0.25, "preallocate": True}))
+    assert topic.config == {"cleanup.policy": "compact,delete", "segment.ms": "100",
+                            "min.cleanable.dirty.ratio": "0.25", "preallocate": "true"}
+    assert (topic.topic_name, topic.partitions, topic.key) == ("prices", 2, "team-a_prices.yaml")
+
+
+@pytest.mark.parametrize("config, key, words", [
+    ({"retention.ms": "soon"}, "retention.ms", "Not a number"),
+    ({"retention.msec": 1}, "retention.msec", "Unknown topic config name"),
+    ({"cleanup.policy": "compress"}, "cleanup.policy", "compress"),
+    ({"min.compaction.lag.ms": 10, "max.compaction.lag.ms": 5}, "min.compaction.lag.ms", "max.compaction.lag.ms"),
+])
+def test_an_invalid_config_names_its_key(config, key, words):
+    with pytest.raises(SpecError) as info:
+        desired_topic(body(config=config))
+    assert info.value.reason == "InvalidConfig"
+    assert str(info.value).startswith(f"spec.config.{key}: ") and words in str(info.value)
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"partitions": 0}, "spec.partitions"),
+    ({"partitions": "3"}, "spec.partitions"),
+    ({"topicName": "x" * 250}, "longer than 249"),
+])
+def test_an_invalid_spec_is_refused(spec, words):
+    with pytest.raises(SpecError, match=words) as info:
+        desired_topic(body(**spec))
+    assert info.value.reason == "InvalidSpec"
+
+
+def test_the_rendered_manifest_is_what_the_sidecar_parses():
+    topic = desired_topic(body(config={"retention.ms": 1000}, topicName="Prices_V2"))
+    manifest = render(topic, [0, 1], {0: "a:9092", 1: "b:9092"})
+    spec = parse_topic(manifest, origin="test")
+    assert (spec.name, spec.partitions, spec.assignment) == ("Prices_V2", 2, (0, 1))
+    assert spec.nodes == {0: ("a", 9092), 1: ("b", 9092)}
+    assert spec.config.retention_ms == 1000
+    assert topic_uuid(spec.topic_id) == uuid.UUID(UID)  # the Topic's uid is the Kafka topic id
+    applied = parse_applied(topic.key, yaml.safe_dump(manifest))
+    assert (applied.namespace, applied.name, applied.uid, applied.topic_name) == ("team-a", "prices", UID,
+                                                                                  "Prices_V2")
+    assert (applied.partitions, applied.assignment) == (2, (0, 1))
+
+
+def test_what_the_sidecar_would_refuse_is_not_rendered():
+    with pytest.raises(SpecError, match="reserved") as info:
+        render(desired_topic(body(topicName="__consumer_offsets")), [0, 0], {0: "a:1"})
+    assert info.value.reason == "InvalidSpec"
+    with pytest.raises(SpecError, match="not a UUID"):
+        render(desired_topic(body(uid="not-a-uid")), [0, 0], {0: "a:1"})
+
+
+def test_configmap_keys_never_collide_and_stay_legal():
+    assert configmap_key("a-b", "c") != configmap_key("a", "b-c")
+    assert configmap_key("a.b", "c") != configmap_key("a", "b.c")
+    long = configmap_key("n" * 63, "x" * 253)
+    assert len(long) <= 253 and long.endswith(".yaml") and long != configmap_key("n" * 63, "x" * 252 + "y")
+    assert parse_applied("k", "not: [yaml") is None
+    assert parse_applied("k", "kind: ConfigMap\nspec: {}") is None
+
+
+def test_a_new_topic_is_placed_on_the_least_loaded_nodes():
+    other = render(desired_topic(body("other", 3, uid=str(uuid.uuid4()))), [0, 1, 0], {0: "x:1", 1: "y:1"})
+    data = {"team-a_other.yaml": yaml.safe_dump(other), "README": "not a manifest"}
+    text, owners = plan(desired_topic(body(partitions=3)), data, storage(), DNS, {})
+    assert owners == [1, 0, 1]
+    manifest = yaml.safe_load(text)
+    assert manifest["spec"]["assignment"] == {"partitions": [1, 0, 1], "nodes": {
+        "0": "shale-0.shale-headless.data.svc:9092", "1": "shale-1.shale-headless.data.svc:9092"}}
+    assert manifest["metadata"] == {"name": "prices", "namespace": "team-a", "uid": UID}
+
+
+def test_an_unchanged_spec_gives_the_same_text_and_a_change_keeps_the_placement():
+    topic = desired_topic(body(partitions=2))
+    text, owners = plan(topic, {}, storage(), DNS, {})
+    data = {topic.key: text}
+    assert plan(topic, data, storage(), DNS, {}) == (text, owners)
+    grown = desired_topic(body(partitions=4, config={"retention.ms": 5}))
+    text2, owners2 = plan(grown, data, storage(replicas=3), DNS, {})
+    assert owners2[:2] == owners and owners2[2] == 2  # node 2 is new and empty
+    assert yaml.safe_load(text2)["spec"]["config"] == {"retention.ms": "5"}
+
+
+def test_placements_found_on_the_pods_are_kept_when_the_key_is_lost():
+    topic = desired_topic(body(partitions=3))
+    _, owners = plan(topic, {}, storage(), DNS, {0: 1, 1: 1})
+    assert owners == [1, 1, 0]
+
+
+def test_decreasing_partitions_is_not_supported():
+    topic = desired_topic(body(partitions=3))
+    text, _ = plan(topic, {}, storage(), DNS, {})
+    with pytest.raises(SpecError, match="cannot be decreased from 3 to 2") as info:
+        plan(desired_topic(body(partitions=2)), {topic.key: text}, storage(), DNS, {})
+    assert info.value.reason == "NotSupported"
+    with pytest.raises(SpecError, match="from 5 to 2"):  # the pods hold partition 4: the topic had 5
+        plan(desired_topic(body(partitions=2)), {}, storage(), DNS, {4: 0})
+
+
+def test_changing_the_topic_name_is_not_supported():
+    text, _ = plan(desired_topic(body()), {}, storage(), DNS, {})
+    with pytest.raises(SpecError, match="topicName") as info:
+        plan(desired_topic(body(topicName="renamed")), {"team-a_prices.yaml": text}, storage(), DNS, {})
+    assert info.value.reason == "NotSupported"
+
+
+def test_two_topics_for_one_kafka_topic_conflict():
+    first = desired_topic(body("a", topicName="shared", namespace="x"))
+    text, _ = plan(first, {}, storage(), DNS, {})
+    with pytest.raises(SpecError, match="managed by Topic x/a") as info:
+        plan(desired_topic(body("b", topicName="shared", namespace="y")), {first.key: text}, storage(), DNS, {})
+    assert info.value.reason == "ResourceConflict"
+
+
+def test_addresses_from_pod_fields_need_the_pod():
+    pods = {0: StoragePod("shale-0", 0, "10.0.0.7", {"kafka": 9092})}
+    text, _ = plan(desired_topic(body(partitions=1)), {}, storage(replicas=1, pods=pods), "{pod_ip}:{port_kafka}", {})
+    assert yaml.safe_load(text)["spec"]["assignment"]["nodes"] == {"0": "10.0.0.7:9092"}
+    with pytest.raises(StorageError, match="pod data/shale-1 does not exist"):
+        plan(desired_topic(body(partitions=1)), {}, storage(replicas=2, pods=pods), "{pod_ip}:{port_kafka}", {})
+
+
+def test_no_pod_for_new_partitions_is_a_storage_problem():
+    with pytest.raises(StorageError, match="StatefulSet data/shale: no storage node"):
+        plan(desired_topic(body(partitions=1)), {}, storage(replicas=0), DNS, {})

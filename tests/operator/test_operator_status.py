@@ -1,0 +1,140 @@
+"""The pods' /status → a Topic's status and conditions (pure), checked against a real node's document too."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from node_util import NodeThread, topic_manifest, wait_for, write_manifests
+from shale.operator.conditions import Condition, merge, rfc3339
+from shale.operator.status import NodeReport, observe, placements
+from shale.operator.storage import Storage
+
+STORAGE = Storage("data", "shale", "shale-headless", 2, {})
+
+
+def partition(p, state="idle", seconds=1.0, served=True, **extra):
+    return {"partition": p, "served": served, "log_start_offset": 0, "log_end_offset": 10 + p, "size_bytes": 100 * (p + 1),
+            "cleaning": {"state": state, "since_ms": 1_700_000_000_000, "seconds_in_state": seconds,
+                         "pause_count": 1 if state == "paused" else 0,
+                         "uncleanable_reason": "CorruptRecordException at offset 7" if state == "uncleanable" else None},
+            "dirty_ratio": None, "last_clean_ms": None, **extra}
+
+
+def report(ordinal, *entries, topic="t", errors=None):
+    doc = {"version": 1, "topics": {topic: {"partitions": list(entries)}} if entries else {},
+           "errors": errors or {"manifests": {}, "topics": {}}}
+    return NodeReport(ordinal, f"shale-{ordinal}", document=doc)
+
+
+def test_all_partitions_served_is_ready_with_their_offsets_and_sizes():
+    reports = {0: report(0, partition(0), partition(2, dirty_ratio=0.4, last_clean_ms=1_700_000_100_000)),
+               1: report(1, partition(1))}
+    obs = observe("t", "ns_t.yaml", [0, 1, 0], STORAGE, reports, 60)
+    assert obs.ready == Condition("Ready", True, "PartitionsServed", "3 partition(s) served by shale-0, shale-1")
+    assert obs.partitions[2] == {"partition": 2, "pod": "shale-0", "logStartOffset": 0, "logEndOffset": 12,
+                                 "sizeBytes": 300, "cleaningState": "idle", "cleaningSince": "2023-11-14T22:13:20Z",
+                                 "dirtyRatio": 0.4, "lastCleaned": "2023-11-14T22:15:00Z"}
+    assert obs.disk_usage_bytes == 100 + 200 + 300
+    assert obs.cleaning_stuck.status is False and obs.cleaning_stuck.reason == "CleaningProgressing"
+
+
+def test_partitions_not_served_yet_are_named_with_the_reason():
+    reports = {0: report(0, partition(0), partition(2, served=False)),
+               1: NodeReport(1, "shale-1", error="GET http://x/status: Connection refused")}
+    obs = observe("t", "ns_t.yaml", [0, 1, 0, 5], STORAGE, reports, 60)
+    assert obs.ready.status is False and obs.ready.reason == "PartitionsNotServed"
+    assert obs.ready.message == ("partitions not served: 1 (GET http://x/status: Connection refused); "
+                                 "2 (pod shale-0 does not serve it yet); "
+                                 "3 (pod shale-5 is beyond the StatefulSet's 2 replicas)")
+    assert obs.partitions[1] == {"partition": 1, "pod": "shale-1"}
+    assert obs.disk_usage_bytes == 100
+
+
+def test_a_refused_manifest_or_change_makes_the_topic_not_ready():
+    errors = {"manifests": {"/etc/shale/topics/ns_t.yaml: t": "bad thing"}, "topics": {}}
+    obs = observe("t", "ns_t.yaml", [0], STORAGE, {0: report(0, partition(0), errors=errors)}, 60)
+    assert obs.ready == Condition("Ready", False, "StorageRefused", "pod shale-0: bad thing")
+    errors = {"manifests": {"/etc/shale/topics/other.yaml": "x"}, "topics": {"t": "fewer partitions: 1 < 2"}}
+    obs = observe("t", "ns_t.yaml", [0], STORAGE, {0: report(0, partition(0), errors=errors)}, 60)
+    assert obs.ready.message == "pod shale-0: fewer partitions: 1 < 2"
+
+
+def test_cleaning_is_stuck_once_paused_or_uncleanable_for_the_threshold():
+    below = observe("t", "k", [0], STORAGE, {0: report(0, partition(0, "paused", 59.9))}, 60)
+    assert below.cleaning_stuck.status is False
+    at = observe("t", "k", [0, 1], STORAGE, {0: report(0, partition(0, "paused", 60.0)),
+                                             1: report(1, partition(1, "in-progress", 9999))}, 60)
+    assert at.cleaning_stuck == Condition(
+        "CleaningStuck", True, "CleaningPaused",
+        "partition 0 on pod shale-0: cleaning paused for 60 s (longer than 60 s; pause count 1)")
+    both = observe("t", "k", [0, 1], STORAGE, {0: report(0, partition(0, "paused", 61)),
+                                               1: report(1, partition(1, "uncleanable", 3600))}, 60)
+    assert both.cleaning_stuck.reason == "CleaningStuck"  # more than one kind
+    assert "partition 1 on pod shale-1: cleaning uncleanable for 3600 s" in both.cleaning_stuck.message
+    assert "CorruptRecordException at offset 7" in both.cleaning_stuck.message
+    assert both.ready.status is True  # stuck cleaning does not stop serving
+
+
+def test_placements_come_from_logs_on_exactly_one_pod():
+    reports = {0: report(0, partition(0), partition(1, served=False)), 1: report(1, partition(1), partition(2))}
+    assert placements("t", reports) == {0: 0, 2: 1}
+    assert placements("other", reports) == {}
+
+
+def test_conditions_keep_their_transition_time_until_the_status_flips():
+    ready = Condition("Ready", True, "PartitionsServed", "ok")
+    first = merge(None, [ready], generation=1, now="T1")
+    assert first == [{"type": "Ready", "status": "True", "reason": "PartitionsServed", "message": "ok",
+                      "lastTransitionTime": "T1", "observedGeneration": 1}]
+    same = merge(first, [Condition("Ready", True, "PartitionsServed", "still ok")], generation=2, now="T2")
+    assert same[0]["lastTransitionTime"] == "T1" and same[0]["message"] == "still ok"
+    flipped = merge(same + [{"type": "ReconciliationPaused", "status": "True"}],
+                    [Condition("Ready", False, "InvalidConfig", "x")], generation=3, now="T3",
+                    drop=("ReconciliationPaused",))
+    assert [(c["type"], c["status"], c["lastTransitionTime"]) for c in flipped] == [("Ready", "False", "T3")]
+    assert rfc3339(0) == "1970-01-01T00:00:00Z"
+
+
+def test_a_real_nodes_status_document_reads_as_expected(tmp_path):
+    """The /status shape the operator reads is the one `shale serve` writes (docs/metrics.md)."""
+    write_manifests(tmp_path / "topics" / "t.yaml", topic_manifest("t", 2, {"cleanup.policy": "compact"}))
+    with NodeThread(tmp_path / "data", tmp_path / "topics") as node:
+        url = f"http://127.0.0.1:{node.node.http.port}/status"
+
+        def document():
+            with urllib.request.urlopen(url, timeout=5) as r:
+                doc = json.load(r)
+            return doc if len(doc["topics"].get("t", {}).get("partitions", [])) == 2 else None
+
+        doc = wait_for(document, what="both partitions in /status")
+    obs = observe("t", "t.yaml", [0, 0], Storage("d", "shale", "h", 1, {}),
+                  {0: NodeReport(0, "shale-0", document=doc)}, 3600)
+    assert obs.ready.status is True
+    assert [set(p) for p in obs.partitions] == [{"partition", "pod", "logStartOffset", "logEndOffset", "sizeBytes",
+                                                 "cleaningState", "cleaningSince", "dirtyRatio"}] * 2
+    assert placements("t", {0: NodeReport(0, "shale-0", document=doc)}) == {0: 0, 1: 0}
+
+
+def test_refreshes_share_one_fetch_per_pod_while_it_is_recent():
+    import asyncio
+
+    from shale.operator.status import ReportCache
+
+    fetches = []
+
+    async def fetch():
+        fetches.append(1)
+        await asyncio.sleep(0.01)  # concurrent callers wait for this one fetch
+        return NodeReport(0, "shale-0", document={"n": len(fetches)})
+
+    async def scenario():
+        shared = ReportCache(max_age=3600)
+        first = await asyncio.gather(*(shared.get("http://a/status", fetch) for _ in range(5)))
+        fresh = ReportCache(max_age=0)
+        second = [await fresh.get("http://a/status", fetch) for _ in range(2)]
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert [r.document for r in first] == [{"n": 1}] * 5
+    assert [r.document for r in second] == [{"n": 2}, {"n": 3}]  # max_age 0: always asked again
