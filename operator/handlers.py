@@ -29,8 +29,8 @@ import kubernetes
 
 from shale.operator.conditions import PAUSED, READY, UNMANAGED, Condition, find, merge, rfc3339
 from shale.operator.configmap import ConflictError, Snapshot, TopicsConfigMap
-from shale.operator.kube import connection_info
 from shale.operator.crd import GROUP, MANAGED_ANNOTATION, PAUSE_ANNOTATION, PLURAL, VERSION
+from shale.operator.kube import connection_info
 from shale.operator.manifests import DesiredTopic, SpecError, configmap_key, desired_topic, parse_applied
 from shale.operator.metrics import OperatorMetrics
 from shale.operator.planning import plan

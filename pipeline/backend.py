@@ -23,7 +23,7 @@ TP = tuple[str, int]
 class Catalog(Protocol):
     """What planning needs: topics, offsets, and offsets by time."""
 
-    def topics(self) -> dict[str, list[int]]: ...
+    def topics(self, names: list[str] | None = None) -> dict[str, list[int]]: ...
 
     def watermarks(self, tps: list[TP]) -> dict[TP, tuple[int, int]]: ...
 
@@ -38,10 +38,11 @@ class FileCatalog:
     def __init__(self, path: str) -> None:
         self.dir = DataDirectory(path)
 
-    def topics(self) -> dict[str, list[int]]:
+    def topics(self, names: list[str] | None = None) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for tp in self.dir.topic_partitions():
-            out.setdefault(tp.topic, []).append(tp.partition)
+            if names is None or tp.topic in names:
+                out.setdefault(tp.topic, []).append(tp.partition)
         return out
 
     def watermarks(self, tps: list[TP]) -> dict[TP, tuple[int, int]]:

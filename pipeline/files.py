@@ -174,15 +174,26 @@ class PartitionFiles:
         return sorted(suffixes), suffixes
 
     def open_segments(self, choose: Callable[[list[int]], list[int]]) -> list[ReadOnlySegment]:
-        """Open the segments `choose` picks from the base offsets, from one consistent listing."""
+        """Open the segments `choose` picks from the base offsets, from one consistent listing.
+
+        The listing is taken again if, while the segments were opened, a chosen segment's file or
+        any `.swap` file came or went (a compaction swapping in, retention deleting); a roll only
+        adds a segment after the chosen ones and does not count.
+        """
         for attempt in range(_LISTING_ATTEMPTS):
             names = self._names()
             opened: list[ReadOnlySegment] = []
             try:
                 bases, suffixes = self._layout(names)
-                for base in choose(bases):
+                chosen = choose(bases)
+                for base in chosen:
                     opened.append(ReadOnlySegment(self.dir, base, suffixes[base], self.where))
-                if self._names() == names:
+                watched = {filename_prefix(b) for b in chosen}
+
+                def relevant(listing: frozenset[str]) -> frozenset[str]:
+                    return frozenset(n for n in listing if n[:20] in watched or not n.endswith(LOG_SUFFIX))
+
+                if relevant(self._names()) == relevant(names):
                     return opened
             except FileNotFoundError:
                 pass  # renamed between listing and opening

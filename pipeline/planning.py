@@ -24,7 +24,7 @@ class DataLossError(RuntimeError):
 
 def subscribed_partitions(catalog: Catalog, sub: Subscription, *, require_topics: bool) -> list[TP]:
     """The topic partitions the subscription names that exist now, sorted."""
-    topics = catalog.topics()
+    topics = catalog.topics(None if sub.kind == "subscribePattern" else list(sub.topics))
     if sub.kind == "assign":
         missing = [f"{t}-{p}" for t, p in sub.assigned if p not in topics.get(t, ())]
         if missing:

@@ -58,14 +58,13 @@ class WireCluster:
         self.bootstrap = bootstrap
         self._consumer = Consumer(consumer_config(bootstrap, kafka_conf))
 
-    def topics(self) -> dict[str, list[int]]:
-        md = self._consumer.list_topics(timeout=TIMEOUT_S)
-        out = {}
-        for name, topic in md.topics.items():
-            if topic.error is not None:
-                continue
-            out[name] = sorted(topic.partitions)
-        return out
+    def topics(self, names: list[str] | None = None) -> dict[str, list[int]]:
+        """Partitions of the named topics that exist (of all topics when `names` is None)."""
+        if names is None:
+            listed = self._consumer.list_topics(timeout=TIMEOUT_S).topics.values()
+        else:  # one topic per request: the smallest Metadata request every broker answers
+            listed = [self._consumer.list_topics(n, timeout=TIMEOUT_S).topics.get(n) for n in names]
+        return {t.topic: sorted(t.partitions) for t in listed if t is not None and t.error is None}
 
     def watermarks(self, tps: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         """(log start offset, high watermark) of each partition."""

@@ -10,38 +10,18 @@ operator, but through our own entry point and settings.
 
 from __future__ import annotations
 
-import json
-import sys
-import threading
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import kubernetes
 import pytest
-import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from node_util import ServeProcess, free_port, wait_for  # noqa: E402
-
-from k8s_util import ApiServerThread  # noqa: E402
-from projection import ConfigMapProjection  # noqa: E402
-from shale.operator.main import run as run_operator  # noqa: E402
-from shale.operator.manifests import configmap_key  # noqa: E402
-from shale.operator.settings import Settings  # noqa: E402
-
-STORAGE_NS = "storage"
-CONFIGMAP = "shale-topics"
-GROUP, VERSION, PLURAL = "shale.dev", "v1alpha1", "topics"
-STUCK_AFTER_SECONDS = 3.0
-REFRESH_SECONDS = 0.5
-
-
-@dataclass
-class StorageNodes:
-    topics_dir: Path
-    nodes: list[ServeProcess]
+from cluster_util import (CONFIGMAP, REFRESH_SECONDS, STORAGE_NS, STUCK_AFTER_SECONDS, Cluster, OperatorThread,
+                          StorageNodes, storage_objects)
+from k8s_util import ApiServerThread
+from node_util import ServeProcess, free_port
+from projection import ConfigMapProjection
+from shale.operator.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -56,132 +36,6 @@ def storage_nodes(tmp_path_factory) -> Iterator[StorageNodes]:
     yield StorageNodes(topics_dir, nodes)
     for node in nodes:
         assert node.terminate() == 0, node.log()
-
-
-class OperatorThread:
-    """`shale.operator.main.run` in a background thread, stopped through kopf's stop flag."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.stop_flag, self.ready_flag = threading.Event(), threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="shale-operator", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            run_operator(self.settings, stop_flag=self.stop_flag, ready_flag=self.ready_flag)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
-            self.error = exc
-
-    def start(self) -> "OperatorThread":
-        self.thread.start()
-        wait_for(lambda: self.ready_flag.is_set() or self.error is not None, 30, what="the operator to start")
-        if self.error:
-            raise self.error
-        return self
-
-    def stop(self) -> None:
-        self.stop_flag.set()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "the operator did not stop"
-        if self.error:
-            raise self.error
-
-
-@dataclass
-class Cluster:
-    """What a test uses: the API (as kubectl would), the storage processes, the operator's endpoints."""
-
-    api: kubernetes.client.ApiClient
-    storage: StorageNodes
-    operator: OperatorThread
-    namespace: str = "default"
-    objects: kubernetes.client.CustomObjectsApi = field(init=False)
-    core: kubernetes.client.CoreV1Api = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.objects = kubernetes.client.CustomObjectsApi(self.api)
-        self.core = kubernetes.client.CoreV1Api(self.api)
-
-    # Topics, as `kubectl apply/patch/delete/get` would do them.
-    def create_topic(self, name: str, partitions: int = 1, config: dict | None = None,
-                     annotations: dict | None = None, **spec: Any) -> dict:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Topic",
-                "metadata": {"name": name, "namespace": self.namespace, "annotations": annotations or {}},
-                "spec": {"partitions": partitions, "config": config or {}, **spec}}
-        return self.objects.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
-
-    def patch_topic(self, name: str, patch: dict) -> dict:
-        return self.objects.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name, patch,
-                                                           _content_type="application/merge-patch+json")
-
-    def delete_topic(self, name: str) -> None:
-        self.objects.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-
-    def topic(self, name: str) -> dict | None:
-        try:
-            return self.objects.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def condition(self, name: str, kind: str) -> dict:
-        topic = self.topic(name) or {}
-        return next((c for c in (topic.get("status") or {}).get("conditions") or () if c["type"] == kind), {})
-
-    def wait_condition(self, name: str, kind: str, status: str, reason: str | None = None,
-                       timeout: float = 20) -> dict:
-        def check() -> dict | None:
-            cond = self.condition(name, kind)
-            ok = cond.get("status") == status and (reason is None or cond.get("reason") == reason)
-            return cond if ok else None
-        return wait_for(check, timeout, interval=0.1,
-                        what=f"{kind}={status} ({reason}) on Topic {name}, last: {self.condition(name, kind)}")
-
-    # The ConfigMap and the storage pods.
-    def configmap_data(self) -> dict[str, str]:
-        try:
-            return dict(self.core.read_namespaced_config_map(CONFIGMAP, STORAGE_NS).data or {})
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-
-    def manifest(self, name: str) -> dict | None:
-        text = self.configmap_data().get(configmap_key(self.namespace, name))
-        return yaml.safe_load(text) if text is not None else None
-
-    def node_status(self, node: int) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.storage.nodes[node].http_port}/status", timeout=5) as r:
-            return json.load(r)
-
-    def node_post(self, node: int, path: str) -> dict:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.storage.nodes[node].http_port}{path}",
-                                         method="POST", data=b"")
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return json.load(r)
-
-    def metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.operator.settings.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.read().decode()
-
-
-def storage_objects(nodes: list[ServeProcess]) -> tuple[dict, list[dict]]:
-    """The StatefulSet and its pods as the API holds them; the pods' named ports are the processes' ports."""
-    labels = {"app.kubernetes.io/name": "shale", "app.kubernetes.io/component": "storage"}
-    container = {"name": "shale", "image": "shale:test"}
-    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "shale", "namespace": STORAGE_NS},
-           "spec": {"replicas": len(nodes), "serviceName": "shale-headless", "selector": {"matchLabels": labels},
-                    "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}}}
-    pods = [{"apiVersion": "v1", "kind": "Pod",
-             "metadata": {"name": f"shale-{n}", "namespace": STORAGE_NS, "labels": labels},
-             "spec": {"containers": [{**container, "ports": [
-                 {"name": "kafka", "containerPort": node.port}, {"name": "http", "containerPort": node.http_port}]}]},
-             "status": {"phase": "Running", "podIP": "127.0.0.1"}}
-            for n, node in enumerate(nodes)]
-    return sts, pods
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import urllib.request
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from conftest import STORAGE_NS, Cluster
+from cluster_util import REFRESH_SECONDS, STORAGE_NS, Cluster
 from node_util import wait_for
 from shale.operator.manifests import configmap_key
 
@@ -94,6 +94,7 @@ def test_a_config_change_reaches_the_pods_live(cluster: Cluster):
 
 def test_more_partitions_are_added_without_moving_the_existing_ones(cluster: Cluster):
     cluster.create_topic("wide", 3)  # nodes [0, 1, 0]: pod 0 holds 2 partitions, pod 1 one
+    wait_for(lambda: cluster.manifest("wide"), what="wide's manifest")
     cluster.create_topic("narrow", 1)
     cluster.wait_condition("narrow", "Ready", "True")
     assert cluster.manifest("narrow")["spec"]["assignment"]["partitions"] == [1]  # the least loaded pod
@@ -130,7 +131,7 @@ def test_invalid_config_is_reported_by_key_and_nothing_is_written(cluster: Clust
     cluster.patch_topic("good", {"spec": {"config": {"min.cleanable.dirty.ratio": "2.5"}}})
     cond = cluster.wait_condition("good", "Ready", "False", "InvalidConfig")
     assert "min.cleanable.dirty.ratio" in cond["message"]
-    time.sleep(2 * 0.5)  # a few status refreshes
+    time.sleep(3 * REFRESH_SECONDS)  # a few status refreshes
     assert cluster.configmap_data() == before
 
     # Fixing the spec applies it.
@@ -147,7 +148,7 @@ def test_decreasing_partitions_is_not_supported(cluster: Cluster):
     cond = cluster.wait_condition("shrink", "Ready", "False", "NotSupported")
     assert "cannot be decreased from 3 to 2" in cond["message"]
     assert cond["observedGeneration"] == cluster.topic("shrink")["metadata"]["generation"]
-    time.sleep(2 * 0.5)
+    time.sleep(3 * REFRESH_SECONDS)
     assert cluster.configmap_data() == before
     assert len(cluster.node_status(0)["topics"]["shrink"]["partitions"]) == 2  # partitions 0 and 2 still there
 
@@ -179,7 +180,7 @@ def test_paused_and_unmanaged_topics_are_left_alone(cluster: Cluster):
     cluster.wait_condition("frozen", "ReconciliationPaused", "True")
     before = cluster.configmap_data()
     cluster.patch_topic("frozen", {"spec": {"partitions": 2, "config": {"retention.ms": "120000"}}})
-    time.sleep(3 * 0.5)
+    time.sleep(3 * REFRESH_SECONDS)
     assert cluster.configmap_data() == before  # nothing applied while paused
 
     cluster.patch_topic("frozen", {"metadata": {"annotations": {"shale.dev/paused-reconciliation": None}}})

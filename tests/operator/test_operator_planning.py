@@ -7,7 +7,7 @@ import uuid
 import pytest
 import yaml
 
-from shale.operator.manifests import DesiredTopic, SpecError, configmap_key, desired_topic, parse_applied, render
+from shale.operator.manifests import SpecError, configmap_key, desired_topic, parse_applied, render
 from shale.operator.planning import plan
 from shale.operator.storage import Storage, StorageError, StoragePod
 from shale.sidecar.server.manifests import parse_topic

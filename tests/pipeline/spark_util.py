@@ -11,7 +11,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 from kafka import KafkaConsumer, TopicPartition
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from node_util import ServeProcess, wait_for, write_manifests
 
 
 @dataclass(frozen=True, order=True)
@@ -31,8 +31,12 @@ class Rec:
 def start_serve(workdir: Path, topics: list[dict], *extra: str) -> ServeProcess:
     manifests = write_manifests(workdir / "topics.yaml", *topics)
     node = ServeProcess(workdir / "data", manifests, *extra).start()
-    wait_for(lambda: all(_partitions(node, t["metadata"]["name"]) == t["spec"]["partitions"] for t in topics),
-             30, what="the topics to exist")
+    try:
+        wait_for(lambda: all(_partitions(node, t["metadata"]["name"]) == t["spec"]["partitions"] for t in topics),
+                 30, what="the topics to exist")
+    except BaseException:
+        node.terminate()
+        raise
     return node
 
 
@@ -105,6 +109,15 @@ def scan_reports(directory: Path) -> list[dict]:
     if not directory.exists():
         return []
     return [json.loads((directory / n).read_text()) for n in sorted(os.listdir(directory)) if n.endswith(".json")]
+
+
+def set_cleaning(node: ServeProcess, topic: str, partitions: int, action: str) -> None:
+    """POST pause or resume for every partition of `topic` (Kafka's abortAndPauseCleaning / resumeCleaning)."""
+    for p in range(partitions):
+        req = urllib.request.Request(f"http://127.0.0.1:{node.http_port}/partitions/{topic}/{p}/{action}",
+                                     method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200, f"{action} {topic}-{p}: HTTP {r.status}"
 
 
 def wait_for_clean(node: ServeProcess, topic: str, after_ms: int, timeout: float = 60) -> None:

@@ -144,7 +144,7 @@ def test_min_partitions_split_covers_each_range_exactly(spans, min_partitions):
         assert [o for p in mine for o in range(p.start, p.end)] == list(range(r.start, r.end))
         assert all(p.size > 0 for p in mine)
     nonempty = [r for r in ranges if r.size]
-    if min_partitions and min_partitions > len(nonempty):
+    if nonempty and min_partitions and min_partitions > len(nonempty):
         # Spark's rule: each range gets round(share * minPartitions) pieces, at least one
         assert len(pieces) >= min(min_partitions, sum(r.size for r in nonempty)) - len(nonempty)
         biggest = max(nonempty, key=lambda r: r.size)

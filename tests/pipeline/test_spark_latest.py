@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import random
 import time
-import urllib.request
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spark_util import produce, start_serve, status, wait_for_clean
+from spark_util import produce, set_cleaning, start_serve, status, wait_for_clean
 from node_util import topic_manifest, wait_for
 
 from shale.pipeline import latest_view, read
@@ -30,12 +29,6 @@ def node(tmp_path_factory):
     node = start_serve(work, [topic_manifest(TOPIC, PARTITIONS, config)], "--override", "log.cleaner.backoff.ms=100")
     yield node
     node.terminate()
-
-
-def post(node, path: str) -> None:
-    req = urllib.request.Request(f"http://127.0.0.1:{node.http_port}{path}", method="POST", data=b"")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 200
 
 
 def records_in_log(node) -> int:
@@ -68,8 +61,7 @@ def test_latest_view_is_the_model_before_and_after_cleaning(spark, node):
     rng = random.Random(7)
     model: dict[bytes, bytes | None] = {}
     writes = 0
-    for p in range(PARTITIONS):
-        post(node, f"/partitions/{TOPIC}/{p}/pause")
+    set_cleaning(node, TOPIC, PARTITIONS, "pause")
     for _round in range(5):  # rounds further apart than segment.ms: each rolls a segment
         batch = []
         for _ in range(400):
@@ -91,8 +83,7 @@ def test_latest_view_is_the_model_before_and_after_cleaning(spark, node):
         assert view == expected, f"before cleaning, {name}"
 
     resumed_ms = int(time.time() * 1000)
-    for p in range(PARTITIONS):
-        post(node, f"/partitions/{TOPIC}/{p}/resume")
+    set_cleaning(node, TOPIC, PARTITIONS, "resume")
     wait_for_clean(node, TOPIC, resumed_ms)
     wait_for(lambda: records_in_log(node) < writes / 2, 30, what="compaction to remove superseded records")
     assert all(p["last_clean_ms"] for p in status(node)["topics"][TOPIC]["partitions"])

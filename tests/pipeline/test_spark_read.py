@@ -12,7 +12,9 @@ import time
 import pytest
 from pyspark.sql import functions as F
 from spark_util import consume_all, produce, rows, scan_reports, start_serve
-from node_util import topic_manifest
+from node_util import topic_manifest, wait_for
+
+from shale.pipeline.wire import WireCluster
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 T0 = (int(time.time()) - 86400) * 1000  # CreateTime timestamps a day back, one second apart
@@ -25,20 +27,26 @@ def node(tmp_path_factory):
         topic_manifest("mixed", 3, {"segment.bytes": 4096, "index.interval.bytes": 256}),
         topic_manifest("appendtime", 1, {"message.timestamp.type": "LogAppendTime"}),
         topic_manifest("timed", 2, {"segment.bytes": 2048, "index.interval.bytes": 128}),
+        topic_manifest("expiring", 1, {"segment.bytes": 1024, "retention.ms": 60000}),
     ]
-    node = start_serve(work, topics)
-    for i, codec in enumerate(CODECS):
-        produce(node.bootstrap, "mixed", [
-            {"key": None if n % 17 == 0 else b"key-%d" % (n % 40),
-             "value": None if n % 13 == 0 else b"%s-value-%d" % (codec.encode(), n),
-             "headers": [("n", b"%d" % n), ("empty", None)] if n % 4 == 0 else None,
-             "partition": 2 if n % 50 == 0 else None}
-            for n in range(i * 300, (i + 1) * 300)], **{"compression.type": codec, "batch.size": 2000})
-    produce(node.bootstrap, "appendtime", [{"key": b"a%d" % n, "value": b"v"} for n in range(50)])
-    produce(node.bootstrap, "timed", [{"key": b"t%d" % n, "value": b"x" * 20, "timestamp": T0 + n * 1000,
-                                       "partition": n % 2} for n in range(600)], **{"batch.size": 1000})
-    yield node
-    node.terminate()
+    node = start_serve(work, topics, "--override", "log.retention.check.interval.ms=200")
+    try:
+        for i, codec in enumerate(CODECS):
+            produce(node.bootstrap, "mixed", [
+                {"key": None if n % 17 == 0 else b"key-%d" % (n % 40),
+                 "value": None if n % 13 == 0 else b"%s-value-%d" % (codec.encode(), n),
+                 "headers": [("n", b"%d" % n), ("empty", None)] if n % 4 == 0 else None,
+                 "partition": 2 if n % 50 == 0 else None}
+                for n in range(i * 300, (i + 1) * 300)], **{"compression.type": codec, "batch.size": 2000})
+        produce(node.bootstrap, "appendtime", [{"key": b"a%d" % n, "value": b"v"} for n in range(50)])
+        now = int(time.time() * 1000)
+        produce(node.bootstrap, "expiring", [{"key": b"e%d" % n, "value": b"y" * 50, "timestamp": T0 + n if n < 80 else now}
+                                             for n in range(100)], **{"batch.size": 500})
+        produce(node.bootstrap, "timed", [{"key": b"t%d" % n, "value": b"x" * 20, "timestamp": T0 + n * 1000,
+                                           "partition": n % 2} for n in range(600)], **{"batch.size": 1000})
+        yield node
+    finally:
+        node.terminate()
 
 
 def read(spark, node, **options):
@@ -91,6 +99,11 @@ def test_offset_options_follow_spark(spark, node):
     assert rows(from_files(spark, node, subscribe="timed", startingTimestamp=str(start_ts))) == since
     with pytest.raises(Exception, match="no record at or after timestamp"):
         read(spark, node, subscribe="timed", startingTimestamp=str(T0 + 10**9)).collect()
+    until = rows(read(spark, node, subscribe="timed", endingTimestamp=str(start_ts)))
+    assert until == [r for r in timed if r.timestamp < start_ts]
+    by_partition = rows(read(spark, node, subscribe="timed",
+                             startingOffsetsByTimestamp=json.dumps({"timed": {"0": start_ts}})))
+    assert by_partition == [r for r in timed if r.partition == 1 or r.timestamp >= start_ts]
     late = read(spark, node, subscribe="timed", startingTimestamp=str(T0 + 10**9),
                 startingOffsetsByTimestampStrategy="latest")
     assert late.count() == 0
@@ -131,3 +144,21 @@ def test_timestamp_filter_skips_segments_by_the_time_index(spark, node, tmp_path
     assert rows(over_wire) == rows(df)
     assert {r["fetch_start"] for r in scan_reports(tmp_path / "wire")} == {250}  # ListOffsets by time
 
+
+def test_offsets_deleted_by_retention_are_data_loss(spark, node):
+    """80 records a day old, then 20 new, in a topic keeping a minute: retention deletes the old segments."""
+    cluster = WireCluster(node.bootstrap, {})
+    try:
+        low = wait_for(lambda: cluster.watermarks([("expiring", 0)])[("expiring", 0)][0], 30,
+                       what="retention to move the log start offset")
+    finally:
+        cluster.close()
+    from_zero = json.dumps({"expiring": {"0": 0}})
+    for df in (read(spark, node, subscribe="expiring", startingOffsets=from_zero),
+               from_files(spark, node, subscribe="expiring", startingOffsets=from_zero)):
+        with pytest.raises(Exception, match=f"starting offset 0 is below the log start offset {low}"):
+            df.collect()
+    kept = rows(read(spark, node, subscribe="expiring", startingOffsets=from_zero, failOnDataLoss="false"))
+    assert 0 < low <= 80
+    assert kept == consume_all(node.bootstrap, "expiring") and kept[0].offset == low and len(kept) == 100 - low
+    assert rows(from_files(spark, node, subscribe="expiring", startingOffsets=from_zero, failOnDataLoss="false")) == kept

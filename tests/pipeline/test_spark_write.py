@@ -35,7 +35,8 @@ def read_topic(spark, node, topic):
 
 
 def test_batch_write_round_trips(spark, node):
-    data = [(f"k{i}" if i % 9 else None, (b"v%d" % i) if i % 10 else None,
+    # keys and values are unique where present, and never both null: (key, value) names a row
+    data = [(f"k{i}" if i % 9 else None, None if i % 10 == 5 and i % 9 else b"v%d" % i,
              [(f"h{i}", b"x")] if i % 3 == 0 else [], i % PARTITIONS if i % 4 == 0 else None)
             for i in range(300)]
     df = spark.createDataFrame(data, "key string, value binary, headers array<struct<key:string,value:binary>>, "
@@ -88,7 +89,10 @@ def test_streaming_write_copies_a_topic(spark, node, tmp_path):
               .load().select("key", "value", F.col("partition")))
     query = (stream.writeStream.format("shale").option("bootstrap.servers", node.bootstrap).option("topic", "copy")
              .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
-    query.awaitTermination(120)
+    try:
+        assert query.awaitTermination(180), "the AvailableNow query did not finish in 180 s"
+    finally:
+        query.stop()
     assert query.exception() is None
     source, copy = rows(read_topic(spark, node, "source")), rows(read_topic(spark, node, "copy"))
     assert sorted((r.partition, r.key, r.value) for r in copy) == sorted((r.partition, r.key, r.value) for r in source)
