@@ -53,6 +53,7 @@ class Context:
     configmap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     topic_locks: dict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     reports: ReportCache = field(default_factory=lambda: ReportCache(0.0))
+    deleted: set[str] = field(default_factory=set)  # uids whose key was removed: never written again
 
     @classmethod
     def create(cls, settings: Settings, api: kubernetes.client.ApiClient) -> "Context":
@@ -82,6 +83,8 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: lo
     generation = meta.get("generation")
     now = rfc3339(time.time())
     async with ctx.topic_locks[meta["uid"]]:
+        if meta["uid"] in ctx.deleted or meta.get("deletionTimestamp"):
+            return  # a refresh that waited for the delete handler must not write the key back
         if annotations.get(PAUSE_ANNOTATION) == "true":
             cond = Condition(PAUSED, True, "ReconciliationPaused",
                              f'{PAUSE_ANNOTATION} is "true": changes to this Topic are not applied')
@@ -163,8 +166,15 @@ async def remove(ctx: Context, body: kopf.Body, logger: Any) -> None:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
     annotations = meta.get("annotations") or {}
-    ctx.metrics.forget(namespace, name)
+    async with ctx.topic_locks[uid]:  # waits for a refresh in flight, which then sees `deleted`
+        ctx.deleted.add(uid)
+        await _remove_key(ctx, namespace, name, uid, annotations, logger)
     ctx.topic_locks.pop(uid, None)
+    ctx.metrics.forget(namespace, name)
+
+
+async def _remove_key(ctx: Context, namespace: str, name: str, uid: str | None, annotations: Mapping[str, str],
+                      logger: Any) -> None:
     if annotations.get(MANAGED_ANNOTATION) == "false" or annotations.get(PAUSE_ANNOTATION) == "true":
         logger.info("Topic %s/%s is unmanaged or paused: its topic and data are kept", namespace, name)
         return
