@@ -46,7 +46,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/compaction.py
 	$(BIN)/python bench/broker.py
 	$(BIN)/python bench/spark_read.py
-	$(BIN)/python bench/state_backup.py
+	$(BIN)/python bench/state_backup.py --profile --also-dirty-ratio 0.9
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .hypothesis build sidecar/log/_cleaner_kernel.*.so

@@ -346,10 +346,18 @@ after a warm-up query. The latest view is timed over the first M records (`endin
 
 Interpretation: a plain consumer only hands records to Python; through Spark each record also becomes Arrow
 columns in a Python worker and rows in the JVM, and the two read tasks share the 2 cores with `shale serve`
-and the JVM. The file reader decodes batches with the engine's pure-Python record decoder, without a server
-in the way; over the wire librdkafka decodes in C. The client-choice rows are why the wire reader uses
-confluent-kafka.
+and the JVM. The file read has no server in the way but is bound by the engine's pure-Python record decoder
+(`records.decode_records`, a varint decode per field), while over the wire librdkafka decodes in C. The
+latest view costs a read plus a shuffle of every record (Spark) or an Arrow group-by per partition (the
+source's option). The client-choice rows are why the wire reader uses confluent-kafka.{_load_note(res)}
 """
+
+
+def _load_note(res: Results) -> str:
+    if max(res.load) < 1.0:
+        return ""
+    return (f" The one-minute load average reached {max(res.load):.1f} on 2 cores: other processes shared the "
+            "machine, so all figures, the baseline's included, are lower than on an idle one.")
 
 
 def main(argv: list[str] | None = None) -> int:

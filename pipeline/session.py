@@ -8,11 +8,37 @@ set `spark.sql.python.filterPushdown.enabled=true` there too, or filters are not
 from __future__ import annotations
 
 import os
+import select
 import sys
 
 from . import register
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+class _PollSelect:
+    """`select.select` for py4j's callback server, done with poll(2).
+
+    py4j's CallbackServer waits for the JVM's connections with `select.select`, which refuses file
+    descriptors above 1023: in a driver process that already has that many files open (a long-lived
+    service, a test process), the accept thread dies and every call from the JVM into Python — the
+    function of `foreachBatch` — waits forever. poll(2) has no such limit.
+    """
+
+    @staticmethod
+    def select(rlist, wlist, xlist, timeout=None):
+        poller = select.poll()
+        for s in rlist:
+            poller.register(s, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
+        return [s for s in rlist if s.fileno() in ready], [], []
+
+
+def patch_py4j_callback_server() -> None:
+    """Make py4j's callback server accept with poll(2) (see `_PollSelect`); `local_session` calls it."""
+    import py4j.java_gateway
+
+    py4j.java_gateway.select = _PollSelect  # the module's only select() call is the callback server's accept loop
 
 
 def local_session(app: str = "shale", *, cores: int = 2, shuffle_partitions: int = 4, conf: dict | None = None):
@@ -21,6 +47,7 @@ def local_session(app: str = "shale", *, cores: int = 2, shuffle_partitions: int
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # never bind another interface
     from pyspark.sql import SparkSession
 
+    patch_py4j_callback_server()
     builder = (SparkSession.builder.appName(app).master(f"local[{cores}]")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")

@@ -2,10 +2,10 @@
 
 confluent-kafka rather than kafka-python for bulk reads: librdkafka fetches and decodes record
 batches in C on its own threads, so the Python side only moves finished messages into Arrow columns
-and fetching overlaps with that work. Measured against `shale serve` on 2 cores (500,000
-100-byte records, one partition): confluent-kafka used ~1.2 µs of CPU per record and read
-~490,000 records/s with the prefetch settings below; kafka-python, which decodes in Python, read
-~150,000 records/s. Both clients are pinned already (the protocol tests use them).
+and fetching overlaps with that work. kafka-python decodes in Python. Against `shale serve` on 2
+cores (`bench/spark_read.py`, docs/performance.md), one partition of 100-byte records: 559,000
+records/s with confluent-kafka and the prefetch settings below, 151,000 with kafka-python. Both
+clients are pinned already (the protocol tests use them).
 
 The consumer only ever `assign`s partitions: no group membership, no offset commits — a Spark
 query's position lives in its checkpoint, as with Spark's own Kafka source.

@@ -4,6 +4,8 @@ layout and the Arrow latest view, checked against models (hypothesis where the s
 from __future__ import annotations
 
 import datetime as dt
+import os
+import select
 
 import pyarrow as pa
 import pytest
@@ -213,3 +215,31 @@ def test_arrow_latest_view_equals_the_model(writes, rows):
 def test_arrow_latest_view_of_nothing_is_nothing():
     assert list(reduce_latest([], arrow_schema(False))) == []
     assert pa.Table.from_batches([], schema=arrow_schema(False)).num_rows == 0
+
+
+# -- the py4j callback server in a process with many open files --------------------------------------
+
+def test_callback_server_accepts_on_descriptors_above_1023(spark):
+    """py4j's accept loop uses select(), which refuses fds > 1023 and silently kills the thread that
+    runs foreachBatch callbacks; the session uses poll() instead (a test process easily holds that many)."""
+    import socket
+
+    import py4j.java_gateway
+
+    from shale.pipeline.session import _PollSelect
+
+    assert py4j.java_gateway.select is _PollSelect
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        server = socket.create_server(("127.0.0.1", 0))
+        assert server.fileno() > 1023
+        with pytest.raises(ValueError, match="filedescriptor out of range"):
+            select.select([server], [], [], 0)
+        assert _PollSelect.select([server], [], [], 0.05) == ([], [], [])
+        client = socket.create_connection(server.getsockname())
+        assert _PollSelect.select([server], [], [], 5) == ([server], [], [])
+        client.close()
+        server.close()
+    finally:
+        for fd in held:
+            os.close(fd)
