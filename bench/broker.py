@@ -387,6 +387,16 @@ def _frame_name(frame: str) -> str:
     return f"{m.group('func')} ({short})"
 
 
+def stop_py_spy(spy: subprocess.Popen, timeout_s: float) -> None:
+    """SIGINT makes py-spy write its samples; kill it if it does not finish in time."""
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait(10)
+
+
 def summarize_profile(raw: str, top: int = 10) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
     """py-spy's collapsed stacks of the main thread (`--threads`) -> (busy samples, [(function, own samples)],
     [(function, samples under it)]). Samples waiting in the event loop's epoll are idle and left out."""
@@ -429,12 +439,7 @@ def profile_phase(server: ServerProcess, phase: Callable[[], Phase], out_dir: st
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # py-spy attaches
     result = phase()
-    spy.send_signal(signal.SIGINT)
-    try:
-        spy.wait(30)
-    except subprocess.TimeoutExpired:
-        spy.kill()
-        spy.wait(10)
+    stop_py_spy(spy, 30)
     if not os.path.exists(raw):
         return "py-spy wrote nothing: " + (spy.stderr.read().decode(errors="replace")[-500:] if spy.stderr else "")
     with open(raw) as f:

@@ -987,12 +987,7 @@ def _thread_own_time(raw: str, thread: str, top: int = 8) -> tuple[int, list[tup
 def finish_profile(spy: subprocess.Popen, raw: str) -> str:
     import broker
 
-    spy.send_signal(signal.SIGINT)
-    try:
-        spy.wait(60)
-    except subprocess.TimeoutExpired:
-        spy.kill()
-        spy.wait(10)
+    broker.stop_py_spy(spy, 60)
     if not os.path.exists(raw):
         return "py-spy wrote nothing"
     with open(raw) as f:
