@@ -629,7 +629,7 @@ def interpretation(res: Results) -> str:
         "- **Where a Produce's time goes now** (profile below): the CRC and the page-cache write, the small "
         "response's `send` (on loopback the kernel delivers it and wakes the client inside that call). "
         "Kafka's LogValidator rule that the records must exactly fill their batch is checked by a C walk of "
-        "the records' length prefixes (`records_fill` in the engine's kernel); in Python it took a quarter "
+        "every record (`records_check` in the engine's kernel); in Python it took a quarter "
         "of the produce time.",
         f"- **Latency: p50 {lat50:.1f}× Tansu's**. One record at a time measures the fixed cost of a request: "
         "Shale spends ~140 µs of CPU on each (kernel send and wakeup of the client included), of which the "

@@ -33,8 +33,7 @@ from typing import Any, Sequence
 
 import yaml
 
-# _DOUBLE is the table's grammar of a Java double string: reused, not copied, so the CRD and the parser agree.
-from shale.sidecar.topic_config import _DOUBLE, CONFIG_KEYS, json_schema_for_config
+from shale.sidecar.topic_config import CONFIG_KEYS, JAVA_DOUBLE, json_schema_for_config
 
 GROUP = "shale.dev"
 VERSION = "v1alpha1"
@@ -79,7 +78,7 @@ def config_schema() -> dict[str, Any]:
     for key in CONFIG_KEYS:
         prop = properties[key.name]
         if key.type.name == "double":
-            _or_string(prop, f"^(?:{_DOUBLE.pattern})$")
+            _or_string(prop, f"^(?:{JAVA_DOUBLE.pattern})$")  # the parser's own grammar
         elif key.type.name == "boolean":
             _or_string(prop, _BOOLEAN_STRING)
     schema["description"] = (

@@ -3,12 +3,13 @@
 Reconciling is level-based and idempotent, so every entry point runs the same `reconcile`: validate
 the spec (a bad one only sets Ready=False with the reason, nothing is written), read the StatefulSet
 and the pods' /status, plan the ConfigMap key (planning.py) and write it with optimistic concurrency,
-then report what the pods serve. Change handlers wait up to `ready_wait_seconds` for the pods to pick
-the change up so Ready turns True promptly; the timer repeats everything every
-`status_interval_seconds`, which refreshes offsets and cleaning and repairs a ConfigMap edited or
-recreated behind the operator's back. One lock per Topic keeps a timer from racing a change handler,
-one lock per process serialises this operator's own ConfigMap writes (other writers are caught by the
-resourceVersion precondition).
+then report what the pods serve — Ready only once every pod's /status shows the digest of the
+manifest just written, i.e. the pods loaded this spec and not an older one. Change handlers wait up
+to `ready_wait_seconds` for the pods to pick the change up so Ready turns True promptly; the timer
+repeats everything every `status_interval_seconds`, which refreshes offsets and cleaning and repairs
+a ConfigMap edited or recreated behind the operator's back. One lock per Topic keeps a timer from
+racing a change handler, one lock per process serialises this operator's own ConfigMap writes (other
+writers are caught by the resourceVersion precondition).
 
 Annotations (Strimzi's semantics): `shale.dev/paused-reconciliation: "true"` applies nothing and sets
 ReconciliationPaused=True; `shale.dev/managed: "false"` hands the topic back (Unmanaged=True), and
@@ -31,7 +32,8 @@ from shale.operator.conditions import PAUSED, READY, UNMANAGED, Condition, find,
 from shale.operator.configmap import ConflictError, Snapshot, TopicsConfigMap
 from shale.operator.crd import GROUP, MANAGED_ANNOTATION, PAUSE_ANNOTATION, PLURAL, VERSION
 from shale.operator.kube import connection_info
-from shale.operator.manifests import DesiredTopic, SpecError, configmap_key, desired_topic, parse_applied
+from shale.operator.manifests import (DesiredTopic, SpecError, configmap_key, desired_topic, loaded_digest,
+                                      parse_applied)
 from shale.operator.metrics import OperatorMetrics
 from shale.operator.planning import plan
 from shale.operator.settings import Settings
@@ -138,24 +140,25 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool) -> tupl
 
     def compute(snapshot: Snapshot) -> dict[str, str]:
         text, owners = plan(topic, snapshot.data, storage, settings.node_address_template, found)
-        planned["owners"], planned["changed"] = owners, snapshot.data.get(topic.key) != text
+        planned["owners"], planned["text"], planned["changed"] = owners, text, snapshot.data.get(topic.key) != text
         return {topic.key: text}
 
     async with ctx.configmap_lock:
         await asyncio.to_thread(ctx.configmap.update, compute)
     owners = planned["owners"]
+    digest = loaded_digest(planned["text"])  # what the pods report once they have loaded this manifest
     if planned["changed"]:
-        logger.info("Topic %s: wrote %s to %s (topic %s, %d partitions on nodes %s)", topic.ref, topic.key,
-                    ctx.configmap.ref, topic.topic_name, topic.partitions, owners)
+        logger.info("Topic %s: wrote %s to %s (topic %s, %d partitions on nodes %s, spec %s)", topic.ref,
+                    topic.key, ctx.configmap.ref, topic.topic_name, topic.partitions, owners, digest)
     if not wait:  # a refresh: what the pods said above is recent enough
         return topic, observe(topic.topic_name, topic.key, owners, storage, reports,
-                              settings.cleaning_stuck_after_seconds)
+                              settings.cleaning_stuck_after_seconds, digest)
     deadline = time.monotonic() + settings.ready_wait_seconds
     while True:
-        reports = await fetch_reports(storage, settings.status_url_template, set(owners),
+        reports = await fetch_reports(storage, settings.status_url_template, every_node,
                                       settings.http_timeout_seconds)
         observation = observe(topic.topic_name, topic.key, owners, storage, reports,
-                              settings.cleaning_stuck_after_seconds)
+                              settings.cleaning_stuck_after_seconds, digest)
         if observation.ready.status or time.monotonic() >= deadline:
             return topic, observation
         await asyncio.sleep(_POLL_SECONDS)

@@ -128,6 +128,15 @@ def to_yaml(manifest: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(manifest), sort_keys=False, default_flow_style=False)
 
 
+def loaded_digest(text: str) -> str:
+    """The `spec_digest` a pod's /status shows once it has loaded this manifest text.
+
+    The pods' own parser and `TopicSpec.digest` run on the very text they will read, so the operator
+    and the pods agree on the value without sharing anything but the code.
+    """
+    return parse_topic(yaml.safe_load(text), origin="operator").digest
+
+
 def parse_applied(key: str, text: str) -> AppliedTopic | None:
     """The manifest under a ConfigMap key, or None if it is not one of ours (not YAML, not a Topic)."""
     try:

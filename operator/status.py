@@ -2,9 +2,10 @@
 
 `fetch_reports` reads every pod's `/status` (docs/metrics.md, shape version 1) concurrently; `observe`
 is pure. A partition counts as served when the pod it is assigned to lists it with `served: true`;
-Ready needs all of them and no refusal of the topic's manifest by any pod. Durations come from the
-pods' own `seconds_in_state`, so clock skew between the operator and the pods cannot fake a stuck
-partition.
+Ready needs all of them, no refusal of the topic's manifest by any pod, and every pod reporting the
+`spec_digest` of the manifest last written — served partitions alone could still run an older config.
+Durations come from the pods' own `seconds_in_state`, so clock skew between the operator and the pods
+cannot fake a stuck partition.
 """
 
 from __future__ import annotations
@@ -134,9 +135,32 @@ def _refusals(topic: str, key: str, reports: Mapping[int, NodeReport]) -> list[s
     return out
 
 
+def _not_loaded(topic: str, digest: str, owners: set[int], reports: Mapping[int, NodeReport]) -> list[str]:
+    """Pods whose /status shows another spec of the topic than `digest` (the manifest last written).
+
+    Every pod that answers and is ready counts, owner of a partition or not: each one answers Metadata
+    for the topic, so a stale one would send clients to old partitions. Pods that do not answer are
+    left out here (their partitions are reported as not served), as are pods still loading their logs
+    that hold none of the topic's partitions (the Service sends no clients to them yet).
+    """
+    out = []
+    for ordinal, report in sorted(reports.items()):
+        doc = report.document
+        if doc is None or (ordinal not in owners and doc.get("ready") is False):
+            continue
+        loaded = ((doc.get("topics") or {}).get(topic) or {}).get("spec_digest")
+        if loaded != digest:
+            out.append(f"pod {report.pod} " + (f"has spec {loaded}" if loaded else "does not declare the topic yet"))
+    return out
+
+
 def observe(topic: str, key: str, assignment: list[int], storage: Storage, reports: Mapping[int, NodeReport],
-            stuck_after_seconds: float) -> Observation:
-    """The Topic's status from what the pods report about its partitions."""
+            stuck_after_seconds: float, spec_digest: str | None = None) -> Observation:
+    """The Topic's status from what the pods report about its partitions.
+
+    spec_digest: the digest of the manifest last written (`loaded_digest`); Ready then also needs every
+    pod to report it. None: only whether the partitions are served.
+    """
     partitions: list[dict[str, Any]] = []
     missing: list[str] = []
     stuck: list[tuple[str, str]] = []
@@ -159,14 +183,19 @@ def observe(topic: str, key: str, assignment: list[int], storage: Storage, repor
             stuck.append((STUCK_STATES[state], f"partition {p} on pod {pod}: cleaning {state} for {seconds:.0f} s "
                                                f"(longer than {stuck_after_seconds:g} s; {detail})"))
     refusals = _refusals(topic, key, reports)
+    stale = _not_loaded(topic, spec_digest, set(assignment), reports) if spec_digest else []
     if refusals:
         ready = Condition(READY, False, "StorageRefused", "; ".join(refusals))
     elif missing:
         ready = Condition(READY, False, "PartitionsNotServed", "partitions not served: " + "; ".join(missing))
+    elif stale:
+        ready = Condition(READY, False, "SpecNotLoaded",
+                          f"the current spec ({spec_digest}) is not loaded yet: " + "; ".join(stale))
     else:
         pods = sorted({storage.pod_name(n) for n in assignment})
+        loaded = f"; spec {spec_digest} loaded by every pod" if spec_digest else ""
         ready = Condition(READY, True, "PartitionsServed",
-                          f"{len(assignment)} partition(s) served by {', '.join(pods)}")
+                          f"{len(assignment)} partition(s) served by {', '.join(pods)}{loaded}")
     if stuck:
         reasons = sorted({reason for reason, _ in stuck})
         cleaning_stuck = Condition(CLEANING_STUCK, True, reasons[0] if len(reasons) == 1 else "CleaningStuck",

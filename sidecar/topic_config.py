@@ -30,7 +30,10 @@ _JAVA_TRIMMED = "".join(map(chr, range(0x21)))  # String.trim() drops every char
 # Java's \s spelled out, so that CRD patterns (ECMA-262, RE2) mean the same as the parser.
 _LIST_SEPARATOR = re.compile(r"[ \t\n\x0b\f\r]*,[ \t\n\x0b\f\r]*")
 _INTEGER = re.compile(r"([+-]?)0*([0-9]+)")
-_DOUBLE = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?)")
+# The string form of a double as Java's Double.valueOf (and so ConfigDef) reads it, after trimming.
+# Public because the Topic CRD's pattern for double values is built from it (operator/crd.py): one
+# grammar, so the API server and this parser accept the same strings. RE2- and ECMA-262-compatible.
+JAVA_DOUBLE = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?)")
 
 
 class InvalidConfigError(ValueError):
@@ -144,7 +147,7 @@ def _integer_type(name: str, bits: int) -> ConfigType:
 def _parse_double(key: str, raw: object) -> float:
     if isinstance(raw, str):
         text = _trim(raw)
-        value = float(text.rstrip("fFdD")) if _DOUBLE.fullmatch(text) else math.nan
+        value = float(text.rstrip("fFdD")) if JAVA_DOUBLE.fullmatch(text) else math.nan
     elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
         try:
             value = float(raw)

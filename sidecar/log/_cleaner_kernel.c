@@ -749,20 +749,42 @@ done:
  * Produce validation (records.py: check_record_framing): the same varint walk, no map.
  */
 
-/* records_fill(data, count) -> True if exactly `count` length-prefixed records fill `data`. */
-static PyObject *records_fill(PyObject *self, PyObject *args) {
+/* records_check(data, count, require_key, base_ts, ts_lo, ts_hi) -> True if exactly `count` well-formed
+ * records fill `data`, each with a key if `require_key`, each timestamp (base_ts + delta) in [ts_lo, ts_hi].
+ * Produce validation (Kafka's LogValidator) without building a Record per record: False only means
+ * "let Python decode and name the fault" (records.py: check_records), never a verdict of its own. */
+static PyObject *records_check(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "y*n", &buf, &count))
+    int require_key;
+    long long base_ts, ts_lo, ts_hi;
+    if (!PyArg_ParseTuple(args, "y*npLLL", &buf, &count, &require_key, &base_ts, &ts_lo, &ts_hi))
         return NULL;
     const uint8_t *p = buf.buf, *end = p + buf.len;
     int ok = count >= 0;
     for (Py_ssize_t i = 0; ok && i < count; i++) {
-        int64_t n;
-        if (read_varint(&p, end, 5, &n) != 0 || n <= 0 || n > end - p)
-            ok = 0;
-        else
-            p += n;
+        int64_t length, ts_delta, offset_delta, n, ts;
+        const uint8_t *field;
+        ok = 0;
+        if (read_varint(&p, end, 5, &length) || length <= 0 || length > end - p)
+            break;
+        const uint8_t *rend = p + length;
+        p++; /* attributes, unused */
+        if (read_varint(&p, rend, 10, &ts_delta) || read_varint(&p, rend, 5, &offset_delta))
+            break;
+        if (__builtin_add_overflow((int64_t)base_ts, ts_delta, &ts) || ts < ts_lo || ts > ts_hi)
+            break;
+        if (read_nullable(&p, rend, &field, &n) || (require_key && n < 0))
+            break;
+        if (read_nullable(&p, rend, &field, &n) || read_varint(&p, rend, 5, &n) || n < 0)
+            break;
+        int64_t h = 0;
+        for (; h < n; h++) {
+            int64_t hk, hv;
+            if (read_nullable(&p, rend, &field, &hk) || hk < 0 || read_nullable(&p, rend, &field, &hv))
+                break;
+        }
+        ok = h == n && p == rend;
     }
     ok = ok && p == end;
     PyBuffer_Release(&buf);
@@ -778,8 +800,8 @@ static PyMethodDef methods[] = {
      "hash27(key) -> 27 bytes: XXH64 of the key with seeds 0-3, big-endian, truncated (the map hash of the C path)."},
     {"map_batch", map_batch, METH_VARARGS, "Pass 1 over the records of one batch (see cleaner_kernel.py)."},
     {"retain_batch", retain_batch, METH_VARARGS, "Pass 2 over the records of one batch (see cleaner_kernel.py)."},
-    {"records_fill", records_fill, METH_VARARGS,
-     "records_fill(data, count) -> True if exactly count length-prefixed records fill data (produce validation)."},
+    {"records_check", records_check, METH_VARARGS,
+     "records_check(data, count, require_key, base_ts, ts_lo, ts_hi) -> True if the records pass produce validation."},
     {NULL, NULL, 0, NULL},
 };
 

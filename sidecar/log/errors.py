@@ -13,6 +13,10 @@ class InvalidRecordError(LogError):
     """A well-formed batch that the log refuses (no key on a compacted topic, too large, bad offsets)."""
 
 
+class InvalidTimestampError(InvalidRecordError):
+    """A record timestamp outside the topic's allowed window, or a producer-set LogAppendTime."""
+
+
 class RecordTooLargeError(LogError):
     """A batch larger than `max.message.bytes` or `segment.bytes` allows."""
 

@@ -19,7 +19,13 @@ from typing import Callable
 
 from .atomic_file import fsync_dir
 from .checkpoint import TopicPartition
-from .errors import CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError, RecordTooLargeError
+from .errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    InvalidTimestampError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
 from .loader import load
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, BatchMetadata, ProducerBatch, ProducerStateManager
 from .records import (
@@ -29,9 +35,8 @@ from .records import (
     BatchHeader,
     TimestampType,
     check_batch,
-    check_record_framing,
+    check_records,
     compute_crc,
-    decode_records,
     set_base_offset,
 )
 from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX, LogSegment, LogSlice
@@ -41,10 +46,6 @@ logger = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
-
-
-class InvalidTimestampError(InvalidRecordError):
-    """A record timestamp outside the topic's allowed window, or a producer-set LogAppendTime."""
 
 
 def now_ms() -> int:
@@ -283,6 +284,9 @@ class Log:
         check_ts = cfg.message_timestamp_type == "CreateTime" and (
             cfg.message_timestamp_before_max_ms < 2**63 - 1 or cfg.message_timestamp_after_max_ms < 2**63 - 1
         )
+        ts_range = (
+            (now - cfg.message_timestamp_before_max_ms, now + cfg.message_timestamp_after_max_ms) if check_ts else None
+        )
         view = memoryview(data)
         for pos, h in parsed.headers:
             at = f"{self.name} offset {self.log_end_offset}"
@@ -294,30 +298,17 @@ class Log:
                 raise RecordTooLargeError(
                     f"the batch of {h.size} bytes for {at} is larger than max.message.bytes ({cfg.max_message_bytes})"
                 )
-            if assign_offsets:
-                if h.records_count != h.last_offset_delta + 1:
-                    raise InvalidRecordError(
-                        f"batch for {at} has {h.records_count} records but an offset range of {h.last_offset_delta + 1}"
-                    )
-                if h.timestamp_type is TimestampType.LOG_APPEND_TIME:
-                    raise InvalidTimestampError(f"a producer may not send a LogAppendTime batch ({at})")
-            body = view[pos + BATCH_OVERHEAD : pos + h.size]
-            if h.is_control or not (cfg.compact or check_ts):
-                check_record_framing(h, body, at)
-                continue
-            try:
-                records = decode_records(h, body, at)
-            except CorruptRecordError as e:  # the CRC matched: the producer wrote a malformed batch
-                raise InvalidRecordError(str(e)) from None
-            for r in records:
-                if cfg.compact and r.key is None:
-                    raise InvalidRecordError(f"compacted topic cannot accept message without key in {at}")
-                if check_ts and not (now - cfg.message_timestamp_before_max_ms <= r.timestamp
-                                     <= now + cfg.message_timestamp_after_max_ms):
-                    raise InvalidTimestampError(
-                        f"timestamp {r.timestamp} of record at {at} is out of range "
-                        f"[now - message.timestamp.before.max.ms, now + message.timestamp.after.max.ms]"
-                    )
+            if h.records_count != h.last_offset_delta + 1:
+                raise InvalidRecordError(
+                    f"batch for {at} has {h.records_count} records but an offset range of {h.last_offset_delta + 1}"
+                )
+            if h.timestamp_type is TimestampType.LOG_APPEND_TIME:
+                raise InvalidTimestampError(f"a producer may not send a LogAppendTime batch ({at})")
+            check_records(
+                h, view[pos + BATCH_OVERHEAD : pos + h.size], at,
+                require_key=cfg.compact and not h.is_control,
+                timestamp_range=ts_range if not h.is_control else None,
+            )
 
     def _maybe_roll(self, size: int, max_ts: int, first_offset: int, last_offset: int, now: int) -> None:
         seg = self.active_segment

@@ -15,15 +15,16 @@ from typing import Iterable, Sequence
 import crc32c
 
 from .compression import Compression, compress, decompress
-from .errors import CorruptRecordError, InvalidRecordError
+from .errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError
 from .varint import decode_varint, decode_varlong, encode_varint
 
-try:  # the C walk of check_record_framing, built with the cleaner's kernel; pure Python otherwise
-    from ._cleaner_kernel import records_fill as _records_fill
+try:  # the C walk of check_records, built with the cleaner's kernel; pure Python otherwise
+    from ._cleaner_kernel import records_check as _records_check
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
-    _records_fill = None
+    _records_check = None
 
 MAGIC = 2
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 LOG_OVERHEAD = 12  # baseOffset int64 + batchLength int32
 BATCH_OVERHEAD = 61  # the whole v2 header, through recordsCount
 HEADER_SIZE_UP_TO_MAGIC = 17  # a reader needs this many bytes to see the magic
@@ -276,21 +277,49 @@ def decode_records(header: BatchHeader, body: bytes | memoryview, where: str = "
     return records
 
 
-def check_record_framing(header: BatchHeader, body: bytes | memoryview, where: str = "") -> None:
-    """Check that exactly `recordsCount` records fill the batch (decompressed if need be), without decoding them.
+def check_records(
+    header: BatchHeader,
+    body: bytes | memoryview,
+    where: str = "",
+    *,
+    require_key: bool = False,
+    timestamp_range: tuple[int, int] | None = None,
+) -> None:
+    """Validate a produced batch's records as Kafka's LogValidator does, raising InvalidRecordError or
+    InvalidTimestampError naming the offset.
 
-    Kafka's LogValidator iterates every record of a produced batch, so a batch whose count or size
-    disagrees with its records is refused (InvalidRecordException) instead of being stored for
-    consumers to trip over. Only the records' length prefixes are read here.
+    Exactly `recordsCount` records must fill the batch (decompressed if need be) — a batch whose count
+    or size disagrees with its records is refused instead of stored for consumers to trip over. On a
+    compacted topic every record needs a key; with `timestamp_range` (lo, hi) every CreateTime
+    timestamp must lie in it. The C walk (`records_check`) decides the common case — a valid batch —
+    without building a Record per record; only when it declines does Python decode and name the fault.
     """
     at = f" ({where})" if where else ""
     try:
         data = decompress(header.compression, body) if header.compression else body
     except CorruptRecordError as e:
         raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}{at}") from None
-    if _records_fill is not None and _records_fill(data, header.records_count):
-        return  # the C walk agrees; otherwise the walk below finds the fault and names it
-    try:
+    lo, hi = timestamp_range if timestamp_range is not None else (_INT64_MIN, _INT64_MAX)
+    lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX)  # the C walk takes int64; Python's ints do not overflow
+    if _records_check is not None and _records_check(
+        data, header.records_count, require_key, header.base_timestamp, lo, hi
+    ):
+        return
+    if require_key or timestamp_range is not None:
+        try:
+            records = decode_records(header, data, where)
+        except CorruptRecordError as e:  # the CRC matched: the producer wrote a malformed batch
+            raise InvalidRecordError(str(e)) from None
+        for r in records:
+            if require_key and r.key is None:
+                raise InvalidRecordError(f"compacted topic cannot accept message without key in {where}")
+            if not lo <= r.timestamp <= hi:
+                raise InvalidTimestampError(
+                    f"timestamp {r.timestamp} of record at {where} is out of range "
+                    f"[now - message.timestamp.before.max.ms, now + message.timestamp.after.max.ms]"
+                )
+        return
+    try:  # only the length prefixes: Kafka's record framing
         pos, end = 0, len(data)
         for _ in range(header.records_count):
             length, pos = decode_varint(data, pos)

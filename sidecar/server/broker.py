@@ -32,7 +32,7 @@ from shale.sidecar.log.errors import (
     OffsetOutOfRangeError,
     RecordTooLargeError,
 )
-from shale.sidecar.log.log import InvalidTimestampError
+from shale.sidecar.log.errors import InvalidTimestampError
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid

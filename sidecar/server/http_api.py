@@ -26,6 +26,7 @@ import logging
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Mapping
 from urllib.parse import unquote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -39,11 +40,17 @@ logger = logging.getLogger(__name__)
 STATUS_VERSION = 1
 
 
-def status_document(f: NodeFigures) -> dict:
-    """The /status JSON. Fields are only ever added within a version; a change of meaning bumps `version`."""
-    topics: dict[str, dict] = {}
+def status_document(f: NodeFigures, spec_digests: Mapping[str, str] | None = None) -> dict:
+    """The /status JSON. Fields are only ever added within a version; a change of meaning bumps `version`.
+
+    spec_digests: topic → `TopicSpec.digest` of every topic the node declares, listed even where it holds
+    none of the topic's partitions (every node answers Metadata for every topic).
+    """
+    topics: dict[str, dict] = {name: {"spec_digest": digest, "partitions": []}
+                               for name, digest in sorted((spec_digests or {}).items())}
     for p in f.partitions:
-        topics.setdefault(p.topic, {"partitions": []})["partitions"].append(_partition_document(p, f.now_ms))
+        topics.setdefault(p.topic, {"spec_digest": None, "partitions": []})["partitions"].append(
+            _partition_document(p, f.now_ms))
     c = f.cleaner
     return {
         "version": STATUS_VERSION,
@@ -133,7 +140,10 @@ class HttpApi:
         return 200, CONTENT_TYPE_LATEST, self.node.metrics.exposition()
 
     def status(self) -> tuple[int, str, bytes]:
-        return _json(200, status_document(gather(self.node)))
+        figures = gather(self.node)
+        registry = getattr(self.node, "registry", None)
+        specs = dict(registry.topics) if registry is not None else {}  # a copy: the event loop changes it
+        return _json(200, status_document(figures, {name: spec.digest for name, spec in specs.items()}))
 
     def healthz(self) -> tuple[int, str, bytes]:
         maintenance = getattr(self.node, "maintenance", None)

@@ -15,6 +15,8 @@ sends clients to the right node.
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -60,6 +62,18 @@ class TopicSpec:
 
     def node_of(self, partition: int, default: int) -> int:
         return default if self.assignment is None else self.assignment[partition]
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """A hash of what the spec declares, not where it came from (`origin`): shown per topic in /status.
+
+        The operator computes it from the manifest it writes, with this same code, and counts a Topic as
+        Ready only once every pod reports it: proof that the pods loaded that manifest, not an older one.
+        """
+        declared = {"name": self.name, "partitions": self.partitions, "config": self.config.as_kafka_strings(),
+                    "topic_id": self.topic_id, "assignment": self.assignment,
+                    "nodes": sorted([node, host, port] for node, (host, port) in self.nodes.items())}
+        return hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def topic_id_for(name: str) -> str:

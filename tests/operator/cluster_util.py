@@ -15,9 +15,12 @@ from typing import Any
 
 import kubernetes
 import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from node_util import ServeProcess, wait_for  # noqa: E402
+from projection import ConfigMapProjection  # noqa: E402
 
 from shale.operator.main import run as run_operator  # noqa: E402
 from shale.operator.manifests import configmap_key  # noqa: E402
@@ -73,6 +76,8 @@ class Cluster:
     api: kubernetes.client.ApiClient
     storage: StorageNodes
     operator: OperatorThread
+    projection: ConfigMapProjection  # the kubelet's part: ConfigMap → the pods' topics directory
+    kubeconfig: Path  # for clients that log in as a user would (the operator does too)
     namespace: str = "default"
     objects: kubernetes.client.CustomObjectsApi = field(init=False)
     core: kubernetes.client.CoreV1Api = field(init=False)
@@ -162,3 +167,21 @@ def storage_objects(nodes: list[ServeProcess]) -> tuple[dict, list[dict]]:
     return sts, pods
 
 
+# Kafka clients (librdkafka), as applications reach the pods.
+def produce(bootstrap: str, topic: str, count_per_partition: dict[int, int]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    errors = []
+    for partition, count in count_per_partition.items():
+        for i in range(count):
+            producer.produce(topic, key=b"k%d" % i, value=b"v" * 100, partition=partition,
+                             on_delivery=lambda err, msg: errors.append(err) if err else None)
+    assert producer.flush(30) == 0
+    assert errors == []
+
+
+def describe(bootstrap: str, topic: str) -> dict[str, str]:
+    """The topic's configs as DescribeConfigs answers them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    future = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+    [(_, result)] = future.items()
+    return {name: entry.value for name, entry in result.result(20).items()}

@@ -46,7 +46,8 @@ def cluster(storage_nodes: StorageNodes, tmp_path: Path, monkeypatch) -> Iterato
     kubernetes.client.AppsV1Api(api).create_namespaced_stateful_set(STORAGE_NS, sts)
     for pod in pods:
         kubernetes.client.CoreV1Api(api).create_namespaced_pod(STORAGE_NS, pod)
-    monkeypatch.setenv("KUBECONFIG", str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     projection = ConfigMapProjection(api, STORAGE_NS, CONFIGMAP, storage_nodes.topics_dir).start()
     settings = Settings(storage_namespace=STORAGE_NS, configmap=CONFIGMAP, statefulset="shale",
                         status_url_template="http://{pod_ip}:{port_http}/status",
@@ -56,7 +57,7 @@ def cluster(storage_nodes: StorageNodes, tmp_path: Path, monkeypatch) -> Iterato
                         metrics_host="127.0.0.1", metrics_port=free_port())
     operator = OperatorThread(settings).start()
     try:
-        yield Cluster(api, storage_nodes, operator)
+        yield Cluster(api, storage_nodes, operator, projection, kubeconfig)
     finally:
         operator.stop()
         projection.stop()

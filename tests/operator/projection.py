@@ -9,9 +9,11 @@ keys are deleted. It stands in for the projection only; the sidecars and the ope
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import kubernetes
 
@@ -21,6 +23,7 @@ class ConfigMapProjection:
         self.core = kubernetes.client.CoreV1Api(api)
         self.namespace, self.name, self.directory = namespace, name, directory
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # held by `held()`: no sync runs meanwhile
         self._thread = threading.Thread(target=self._run, name="configmap-projection", daemon=True)
 
     def start(self) -> "ConfigMapProjection":
@@ -33,9 +36,17 @@ class ConfigMapProjection:
         self._stop.set()
         self._thread.join(5)
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """No projection inside the block: a kubelet that has not synced the volume yet (it may take a minute)."""
+        with self._lock:
+            yield
+        self.sync()
+
     def _run(self) -> None:
         while not self._stop.wait(0.1):
-            self.sync()
+            with self._lock:
+                self.sync()
 
     def sync(self) -> None:
         try:

@@ -5,30 +5,9 @@ from __future__ import annotations
 import time
 import urllib.request
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, ConfigResource
-
-from cluster_util import REFRESH_SECONDS, STORAGE_NS, Cluster
+from cluster_util import REFRESH_SECONDS, STORAGE_NS, Cluster, describe, produce
 from node_util import wait_for
-from shale.operator.manifests import configmap_key
-
-
-def produce(bootstrap: str, topic: str, count_per_partition: dict[int, int]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-    errors = []
-    for partition, count in count_per_partition.items():
-        for i in range(count):
-            producer.produce(topic, key=b"k%d" % i, value=b"v" * 100, partition=partition,
-                             on_delivery=lambda err, msg: errors.append(err) if err else None)
-    assert producer.flush(30) == 0
-    assert errors == []
-
-
-def describe(bootstrap: str, topic: str) -> dict[str, str]:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    future = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
-    [(_, result)] = future.items()
-    return {name: entry.value for name, entry in result.result(20).items()}
+from shale.operator.manifests import configmap_key, loaded_digest
 
 
 def test_a_topic_is_created_on_the_pods_served_and_reported_ready(cluster: Cluster):
@@ -90,6 +69,35 @@ def test_a_config_change_reaches_the_pods_live(cluster: Cluster):
     wait_for(lambda: cluster.topic("prices")["status"]["observedGeneration"] == generation + 1,
              what="observedGeneration to follow the spec")
     assert cluster.condition("prices", "Ready")["status"] == "True"
+
+
+def test_ready_waits_until_every_pod_has_loaded_the_new_spec(cluster: Cluster):
+    """Served partitions are not enough: Ready turns True only once the pods report the manifest just written."""
+    cluster.create_topic("rates", 1, {"retention.ms": "600000"})  # one partition: one pod owns it, one does not
+    cluster.wait_condition("rates", "Ready", "True")
+    old = loaded_digest(cluster.configmap_data()[configmap_key("default", "rates")])
+    assert [cluster.node_status(n)["topics"]["rates"]["spec_digest"] for n in (0, 1)] == [old, old]
+    assert f"spec {old} loaded by every pod" in cluster.condition("rates", "Ready")["message"]
+
+    with cluster.projection.held():  # the kubelet has not synced the pods' volume yet
+        cluster.patch_topic("rates", {"spec": {"config": {"retention.ms": "1234567"}}})
+        generation = cluster.topic("rates")["metadata"]["generation"]
+        new = wait_for(lambda: (d := loaded_digest(cluster.configmap_data()[configmap_key("default", "rates")]))
+                       != old and d, what="the new manifest in the ConfigMap")
+        cond = cluster.wait_condition("rates", "Ready", "False", "SpecNotLoaded")
+        assert cond["observedGeneration"] == generation
+        assert cond["message"] == (f"the current spec ({new}) is not loaded yet: pod shale-0 has spec {old}; "
+                                   f"pod shale-1 has spec {old}")
+        time.sleep(3 * REFRESH_SECONDS)  # refreshes do not make it Ready while the pods run the old spec
+        assert cluster.condition("rates", "Ready")["reason"] == "SpecNotLoaded"
+        assert describe(cluster.storage.nodes[0].bootstrap, "rates")["retention.ms"] == "600000"
+        assert 'shale_topic_ready{namespace="default",topic="rates"} 0.0' in cluster.metrics()
+
+    cond = cluster.wait_condition("rates", "Ready", "True", "PartitionsServed")
+    assert f"spec {new} loaded by every pod" in cond["message"]
+    assert [cluster.node_status(n)["topics"]["rates"]["spec_digest"] for n in (0, 1)] == [new, new]
+    for node in cluster.storage.nodes:
+        assert describe(node.bootstrap, "rates")["retention.ms"] == "1234567"
 
 
 def test_more_partitions_are_added_without_moving_the_existing_ones(cluster: Cluster):

@@ -7,7 +7,8 @@ import uuid
 import pytest
 import yaml
 
-from shale.operator.manifests import SpecError, configmap_key, desired_topic, parse_applied, render
+from shale.operator.manifests import (SpecError, configmap_key, desired_topic, loaded_digest, parse_applied, render,
+                                      to_yaml)
 from shale.operator.planning import plan
 from shale.operator.storage import Storage, StorageError, StoragePod
 from shale.sidecar.server.manifests import parse_topic
@@ -70,6 +71,27 @@ def test_the_rendered_manifest_is_what_the_sidecar_parses():
     assert (applied.namespace, applied.name, applied.uid, applied.topic_name) == ("team-a", "prices", UID,
                                                                                   "Prices_V2")
     assert (applied.partitions, applied.assignment) == (2, (0, 1))
+
+
+def test_the_spec_digest_changes_with_what_the_pods_apply_and_only_with_that():
+    """`loaded_digest` of the text written = the `spec_digest` a pod reports once it parsed that text."""
+    def digest(assignment=(0, 1), nodes=None, **overrides) -> str:
+        manifest = render(desired_topic(body(**overrides)), list(assignment), nodes or {0: "a:9092", 1: "b:9092"})
+        return loaded_digest(to_yaml(manifest))  # the text the operator writes
+
+    base = digest(config={"retention.ms": 1000})
+    path = "/etc/shale/topics/team-a_prices.yaml"
+    manifest = render(desired_topic(body(config={"retention.ms": 1000})), [0, 1], {0: "a:9092", 1: "b:9092"})
+    assert parse_topic(manifest, origin="manifest:" + path).digest == base  # where it was read from: no matter
+    assert digest(config={"retention.ms": "1000"}) == base  # the same value, written another way
+    other_layout = yaml.safe_dump(manifest, sort_keys=True, default_flow_style=True)
+    assert other_layout != to_yaml(manifest) and loaded_digest(other_layout) == base  # the same document
+    changed = [digest(config={"retention.ms": 2000}), digest(config={"retention.ms": 1000, "segment.ms": 100}),
+               digest(config={"retention.ms": 1000}, partitions=3, assignment=(0, 1, 1)),
+               digest(config={"retention.ms": 1000}, assignment=(1, 0)),
+               digest(config={"retention.ms": 1000}, nodes={0: "a:9092", 1: "c:9092"}),
+               digest(config={"retention.ms": 1000}, uid=str(uuid.uuid4()))]
+    assert len({base, *changed}) == 1 + len(changed)
 
 
 def test_what_the_sidecar_would_refuse_is_not_rendered():

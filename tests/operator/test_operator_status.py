@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
+from pathlib import Path
 
 from node_util import NodeThread, topic_manifest, wait_for, write_manifests
+from shale.operator.manifests import loaded_digest
 from shale.operator.conditions import Condition, merge, rfc3339
 from shale.operator.status import NodeReport, observe, placements
 from shale.operator.storage import Storage
 
 STORAGE = Storage("data", "shale", "shale-headless", 2, {})
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def partition(p, state="idle", seconds=1.0, served=True, **extra):
@@ -60,6 +64,40 @@ def test_a_refused_manifest_or_change_makes_the_topic_not_ready():
     assert obs.ready.message == "pod shale-0: fewer partitions: 1 < 2"
 
 
+def with_digest(report_: NodeReport, digest, ready=True, topic="t"):
+    doc = dict(report_.document, ready=ready)
+    doc["topics"] = {name: dict(entry, spec_digest=digest) for name, entry in doc["topics"].items()}
+    if digest is not None and topic not in doc["topics"]:
+        doc["topics"][topic] = {"spec_digest": digest, "partitions": []}  # a pod holding none of its partitions
+    return NodeReport(report_.ordinal, report_.pod, document=doc)
+
+
+def test_ready_needs_every_answering_pod_to_report_the_spec_just_written():
+    three = Storage("data", "shale", "shale-headless", 3, {})
+    owner = with_digest(report(0, partition(0)), "new")
+    reports = {0: owner, 1: with_digest(report(1), "new"), 2: NodeReport(2, "shale-2", error="refused")}
+    ready = observe("t", "k", [0], three, reports, 60, spec_digest="new").ready
+    assert ready == Condition("Ready", True, "PartitionsServed",
+                              "1 partition(s) served by shale-0; spec new loaded by every pod")
+
+    stale_owner = with_digest(report(0, partition(0)), "old")
+    ready = observe("t", "k", [0], three, {**reports, 0: stale_owner}, 60, spec_digest="new").ready
+    assert ready == Condition("Ready", False, "SpecNotLoaded",
+                              "the current spec (new) is not loaded yet: pod shale-0 has spec old")
+    # A pod without a partition of the topic still answers Metadata for it: it must have loaded the spec too.
+    for other, said in ((with_digest(report(1), "old"), "has spec old"),
+                        (with_digest(report(1), None), "does not declare the topic yet")):
+        ready = observe("t", "k", [0], three, {**reports, 1: other}, 60, spec_digest="new").ready
+        assert (ready.reason, ready.message) == ("SpecNotLoaded",
+                                                 f"the current spec (new) is not loaded yet: pod shale-1 {said}")
+    # ...unless it is still loading its logs (no clients are sent to it yet).
+    loading = with_digest(report(1), None, ready=False)
+    assert observe("t", "k", [0], three, {**reports, 1: loading}, 60, spec_digest="new").ready.status is True
+    # An owner that is not ready is never skipped: its partitions are not served.
+    assert observe("t", "k", [0], three, {**reports, 0: with_digest(report(0), None, ready=False)}, 60,
+                   spec_digest="new").ready.reason == "PartitionsNotServed"
+
+
 def test_cleaning_is_stuck_once_paused_or_uncleanable_for_the_threshold():
     below = observe("t", "k", [0], STORAGE, {0: report(0, partition(0, "paused", 59.9))}, 60)
     assert below.cleaning_stuck.status is False
@@ -98,7 +136,7 @@ def test_conditions_keep_their_transition_time_until_the_status_flips():
 
 def test_a_real_nodes_status_document_reads_as_expected(tmp_path):
     """The /status shape the operator reads is the one `shale serve` writes (docs/metrics.md)."""
-    write_manifests(tmp_path / "topics" / "t.yaml", topic_manifest("t", 2, {"cleanup.policy": "compact"}))
+    manifest = write_manifests(tmp_path / "topics" / "t.yaml", topic_manifest("t", 2, {"cleanup.policy": "compact"}))
     with NodeThread(tmp_path / "data", tmp_path / "topics") as node:
         url = f"http://127.0.0.1:{node.node.http.port}/status"
 
@@ -108,9 +146,16 @@ def test_a_real_nodes_status_document_reads_as_expected(tmp_path):
             return doc if len(doc["topics"].get("t", {}).get("partitions", [])) == 2 else None
 
         doc = wait_for(document, what="both partitions in /status")
-    obs = observe("t", "t.yaml", [0, 0], Storage("d", "shale", "h", 1, {}),
-                  {0: NodeReport(0, "shale-0", document=doc)}, 3600)
+    digest = loaded_digest(manifest.read_text())  # what the operator computes from the text it wrote
+    assert doc["topics"]["t"]["spec_digest"] == digest
+    one_pod, reports = Storage("d", "shale", "h", 1, {}), {0: NodeReport(0, "shale-0", document=doc)}
+    obs = observe("t", "t.yaml", [0, 0], one_pod, reports, 3600, spec_digest=digest)
     assert obs.ready.status is True
+    other = loaded_digest(manifest.read_text().replace("compact", "delete"))
+    assert observe("t", "t.yaml", [0, 0], one_pod, reports, 3600, spec_digest=other).ready.reason == "SpecNotLoaded"
+    # Every field of a topic's entry is documented with the /status shape.
+    rows = set(re.findall(r"^\| `topics\.<name>\.(\w+)", DOCS.read_text(), re.M))
+    assert set(doc["topics"]["t"]) == rows == {"spec_digest", "partitions"}
     assert [set(p) for p in obs.partitions] == [{"partition", "pod", "logStartOffset", "logEndOffset", "sizeBytes",
                                                  "cleaningState", "cleaningSince", "dirtyRatio"}] * 2
     assert placements("t", {0: NodeReport(0, "shale-0", document=doc)}) == {0: 0, 1: 0}
