@@ -18,10 +18,10 @@ from .compression import Compression, compress, decompress
 from .errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError
 from .varint import decode_varint, decode_varlong, encode_varint
 
-try:  # the C walk of check_records, built with the cleaner's kernel; pure Python otherwise
-    from ._cleaner_kernel import records_check as _records_check
+try:  # the C walks of check_records and decode_columns, built with the cleaner's kernel; pure Python otherwise
+    from ._cleaner_kernel import records_check as _records_check, records_columns as _records_columns
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
-    _records_check = None
+    _records_check = _records_columns = None
 
 MAGIC = 2
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -277,6 +277,32 @@ def decode_records(header: BatchHeader, body: bytes | memoryview, where: str = "
     return records
 
 
+@dataclass(frozen=True, slots=True)
+class RecordColumns:
+    """A batch's records as parallel lists, for readers that build columns (Arrow) and need no `Record`."""
+
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[tuple[str, bytes | None]] | None]  # None for a record without headers
+
+
+def decode_columns(header: BatchHeader, body: bytes | memoryview, where: str = "") -> RecordColumns:
+    """`decode_records` as columns: one C pass when the kernel is built, the same values either way."""
+    data = decompress(header.compression, body) if header.compression else body
+    if _records_columns is not None:
+        cols = _records_columns(data, header.records_count, header.base_offset, header.base_timestamp,
+                                header.timestamp_type is TimestampType.LOG_APPEND_TIME, header.max_timestamp)
+        if cols is not None:
+            return RecordColumns(*cols)
+    records = decode_records(header, body, where)  # raises the decoder's exact error, or agrees
+    return RecordColumns(
+        [r.offset for r in records], [r.timestamp for r in records], [r.key for r in records],
+        [r.value for r in records], [[(h.key, h.value) for h in r.headers] or None for r in records],
+    )
+
+
 def check_records(
     header: BatchHeader,
     body: bytes | memoryview,
@@ -307,7 +333,7 @@ def check_records(
         return
     if require_key or timestamp_range is not None:
         try:
-            records = decode_records(header, data, where)
+            records = decode_records(header, body, where)
         except CorruptRecordError as e:  # the CRC matched: the producer wrote a malformed batch
             raise InvalidRecordError(str(e)) from None
         for r in records:

@@ -61,18 +61,31 @@ records_strategy = st.lists(
 )
 
 
+def c_accepts_compressed(header, body: bytes, require_key: bool, ts_range: tuple[int, int] | None) -> bool:
+    data = records.decompress(header.compression, body) if header.compression else body
+    return c_accepts(header, data, require_key, ts_range)
+
+
 @settings(max_examples=400, deadline=None)
-@given(records_strategy, st.booleans(), ts_ranges, st.integers(0, 12))
-def test_c_and_python_agree_on_well_formed_batches_and_on_their_mutations(recs, require_key, ts_range, cut):
+@given(records_strategy, st.booleans(), ts_ranges, st.sampled_from(list(Compression)))
+def test_c_and_python_agree_on_well_formed_batches(recs, require_key, ts_range, codec):
     batch = encode_batch([
         Record(i, ts, key, value, tuple(Header(k, v) for k, v in hdrs)) for i, (ts, key, value, hdrs) in enumerate(recs)
-    ])
+    ], compression=codec)
     header = check_batch(batch)
     body = bytes(batch[BATCH_OVERHEAD:])
-    assert c_accepts(header, body, require_key, ts_range) == python_accepts(header, body, require_key, ts_range)
-    truncated = body[: max(0, len(body) - cut)] if cut else body + b"\x00"
-    if c_accepts(header, truncated, require_key, ts_range):
-        assert python_accepts(header, truncated, require_key, ts_range)
+    assert c_accepts_compressed(header, body, require_key, ts_range) == python_accepts(header, body, require_key, ts_range)
+
+
+@settings(max_examples=400, deadline=None)
+@given(records_strategy, st.booleans(), ts_ranges, st.integers(0, 12))
+def test_c_never_accepts_a_truncated_or_padded_batch_that_python_refuses(recs, require_key, ts_range, cut):
+    batch = encode_batch([Record(i, ts, key, value) for i, (ts, key, value, _) in enumerate(recs)])
+    header = check_batch(batch)
+    body = bytes(batch[BATCH_OVERHEAD:])
+    mutated = body[: max(0, len(body) - cut)] if cut else body + b"\x00"
+    if c_accepts(header, mutated, require_key, ts_range):
+        assert python_accepts(header, mutated, require_key, ts_range)
 
 
 @pytest.mark.parametrize("codec", list(Compression))
