@@ -4,7 +4,8 @@
 #
 #   KUBECONFIG=~/.kube/config IMAGE=registry.example.com/shale:0.1.0 e2e/journey.sh
 #
-# Needs kubectl, helm (3.14+ or 4) and an image the cluster can pull (see e2e/README.md).
+# Needs kubectl, helm (3.14+ or 4), an image the cluster can pull, and Shale's venv (`make test` or
+# `make demo` creates .venv) for the Topic checker (see e2e/README.md).
 # KEEP=1 leaves everything installed (also after a failure) for a look around.
 set -euo pipefail
 
@@ -15,10 +16,13 @@ TOPIC=${TOPIC:-e2e-prices}
 KEEP=${KEEP:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 
 step() { printf '\n== %s\n' "$*"; }
 fail() { printf 'FAILED: %s\n' "$*" >&2; exit 1; }
 k() { kubectl -n "$NAMESPACE" "$@"; }
+# Waits until the Topic is Ready for its current generation and prints its status (pykube-ng, from KUBECONFIG).
+check() { "$PYTHON" -m shale.operator.topic_check -n "$NAMESPACE" --interval 2 "$@"; }
 
 diagnose() {
     step "diagnostics"
@@ -46,6 +50,7 @@ trap cleanup EXIT
 
 command -v kubectl >/dev/null || fail "kubectl not found"
 command -v helm >/dev/null || fail "helm not found"
+"$PYTHON" -c "import shale.operator.topic_check" || fail "no Shale venv at $PYTHON: run make test (or set PYTHON)"
 kubectl version >/dev/null || fail "no cluster: set KUBECONFIG"
 
 step "helm install $RELEASE ($IMAGE) into namespace $NAMESPACE"
@@ -68,7 +73,7 @@ spec:
   partitions: 3
   config: {cleanup.policy: compact, segment.ms: "100", min.cleanable.dirty.ratio: "0.01"}
 YAML
-k wait --for condition=Ready "topic/$TOPIC" --timeout=180s
+check "$TOPIC" --timeout 180
 k get topics
 
 step "the API server refuses a partition decrease and an unknown config key"
@@ -94,16 +99,8 @@ k run e2e-client --image="$IMAGE" --restart=Never --rm -i --quiet \
     --env BOOTSTRAP="$bootstrap" --env TOPIC="$TOPIC" --command -- python -c "$(cat "$HERE/client.py")"
 
 step "status: 100 records over 3 partitions, cleaning reported"
-for _ in $(seq 60); do
-    ends=$(k get topic "$TOPIC" -o jsonpath='{.status.partitions[*].logEndOffset}')
-    total=0
-    for e in $ends; do total=$((total + e)); done
-    [ "$total" -ge 100 ] && break
-    sleep 5
-done
-[ "$total" -ge 100 ] || fail "status.partitions logEndOffsets sum to $total, want 100"
+check "$TOPIC" --min-end-offsets 100 --timeout 300
 k get topics -o wide
-k get topic "$TOPIC" -o jsonpath='{range .status.partitions[*]}{.partition}{"\t"}{.pod}{"\t"}{.logEndOffset}{"\t"}{.cleaningState}{"\n"}{end}'
 [ "$(k get topic "$TOPIC" -o jsonpath='{.status.conditions[?(@.type=="CleaningStuck")].status}')" = False ] \
     || fail "CleaningStuck is not False"
 

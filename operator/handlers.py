@@ -107,9 +107,13 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: lo
         except (SpecError, StorageError) as exc:
             reason = exc.reason if isinstance(exc, SpecError) else "StorageNotReady"
             cond = Condition(READY, False, reason, str(exc))
-            # Warn (which also posts an Event) when this becomes the Topic's state, not on every refresh.
-            log = logger.debug if _same(find(status.get("conditions"), READY), cond) else logger.warning
-            log("Topic %s/%s not applied (%s): %s", namespace, name, reason, exc)
+            # Warn, and post a Warning Event (reason = the condition's) that `kubectl describe topic` shows,
+            # when this becomes the Topic's state, not on every refresh.
+            if _same(find(status.get("conditions"), READY), cond):
+                logger.debug("Topic %s/%s not applied (%s): %s", namespace, name, reason, exc)
+            else:
+                logger.warning("Topic %s/%s not applied (%s): %s", namespace, name, reason, exc)
+                kopf.warn(body, reason=reason, message=str(exc))
             ctx.metrics.set_ready(namespace, name, False)
             conditions = merge(status.get("conditions"), [cond], generation=generation, now=now, drop=drop)
             _status_patch(patch, status, {"observedGeneration": generation, "conditions": conditions})
@@ -258,6 +262,8 @@ def kopf_settings() -> kopf.OperatorSettings:
     s.persistence.finalizer = FINALIZER
     s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
-    s.posting.level = logging.WARNING  # Events for problems only, not for every successful handler
+    # Events for problems only: the Warnings reconcile posts and kopf's own for failed handlers (log lines
+    # are not posted: kopf's default, `posting.loggers` False).
+    s.posting.level = logging.WARNING
     s.scanning.disabled = True  # the CRD comes with the chart; no cluster-wide CRD/namespace watching needed
     return s

@@ -4,7 +4,8 @@ One client, the official `kubernetes` package, for every call the operator makes
 StatefulSet, pods). It was chosen over pykube-ng, the lighter one: its in-cluster loader re-reads the
 service-account token that the kubelet rotates (pykube-ng 23.6 reads it once at start, so a
 long-running operator would start getting 401s when a bound token expires), and its ApiException
-carries the HTTP status the ConfigMap's optimistic concurrency needs (409). kopf talks to the API with
+carries the HTTP status the ConfigMap's optimistic concurrency needs (409). pykube-ng serves where its
+limits do not matter: the one-shot Topic reader, operator/topic_check.py. kopf talks to the API with
 its own aiohttp client; `login` hands it this same configuration (server, CA, token, client cert), so
 kopf and the operator's calls always reach the same server as the same user — a second client library
 would bring a second configuration loader that could disagree.

@@ -59,6 +59,29 @@ def test_the_alerts():
         assert set(rule["annotations"]) == {"summary", "description"}
 
 
+# Verbs that open an instruction: every description tells the person paged what to do, not only what broke.
+_INSTRUCTION = re.compile(r"\b(resume|restart|fix|raise|expand|lower|delete|run|read|look|free|check)\b", re.I)
+
+
+def test_each_alert_says_what_to_do_and_has_a_runbook():
+    docs = (ROOT / "docs" / "kubernetes.md").read_text().split("## Alerts and runbooks")[1]
+    runbooks = re.findall(r"^### (.+)$", docs, re.M)
+    for rule in RULES:
+        description = rule["annotations"]["description"]
+        assert _INSTRUCTION.search(description), f"{rule['alert']}: the description gives no instruction"
+        assert [h for h in runbooks if rule["alert"] in h.split()], f"{rule['alert']}: no runbook in docs/kubernetes.md"
+    # The six, by what they catch.
+    catches = {"ShaleCleaningPausedTooLong": 'shale_cleaning_state{state="paused"}',
+               "ShalePartitionUncleanable": "shale_log_uncleanable",
+               "ShaleCleanerThreadDead": "shale_cleaner_threads_dead",
+               "ShaleCompactionBehind": "shale_log_last_clean_timestamp_seconds",
+               "ShaleDiskFullPredicted": "predict_linear(shale_data_dir_bytes_free",
+               "ShaleTopicNotReady": "shale_topic_ready"}
+    exprs = {rule["alert"]: rule["expr"] for rule in RULES}
+    for alert, expression in catches.items():
+        assert expression in exprs[alert], (alert, exprs[alert])
+
+
 def test_promtool_check_rules(tmp_path):
     write_rules(tmp_path, FULL_VALUES)
     result = run_promtool("check", "rules", "rules.yaml", cwd=tmp_path)

@@ -188,12 +188,11 @@ def test_rbac_is_least_privilege(default_objects):
                     assert "*" not in rule["verbs"] and resource != "*" and group != "*"
                     granted[(group, resource)] = (sorted(rule["verbs"]), rule.get("resourceNames"))
     assert granted == {
-        ("shale.dev", "topics"): (["get", "list", "patch", "watch"], None),
-        ("shale.dev", "topics/status"): (["get", "patch"], None),
-        ("shale.dev", "topics/finalizers"): (["update"], None),
+        ("shale.dev", "topics"): (["list", "patch", "watch"], None),
+        ("shale.dev", "topics/status"): (["patch"], None),
         ("", "events"): (["create"], None),
         ("", "configmaps"): (["get", "patch"], [CONFIGMAP]),
-        ("", "pods"): (["get", "list"], None),
+        ("", "pods"): (["list"], None),
         ("apps", "statefulsets"): (["get"], [STS]),
     }
     sa = one(default_objects, "ServiceAccount")["metadata"]["name"]
@@ -233,6 +232,23 @@ def test_pods_run_as_non_root_with_a_read_only_root(default_objects):
         assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"] == {"drop": ["ALL"]}
         assert "/tmp" in {m["mountPath"] for m in container(workload)["volumeMounts"]}
+
+
+def test_the_dockerfile_builds_the_image_the_chart_runs(default_objects):
+    """No Docker engine here: the Dockerfile is checked against what the chart expects of the image."""
+    dockerfile = (CHART.parents[1] / "Dockerfile").read_text()
+    uid, gid = map(int, re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M).groups())
+    assert re.search(rf"useradd --uid {uid} --user-group ", dockerfile)
+    assert re.search(r'^ENTRYPOINT \["shale"\]$', dockerfile, re.M)  # the operator's args are shale's
+    assert "PYTHONDONTWRITEBYTECODE=1" in dockerfile  # the root filesystem is read-only
+    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)  # pyproject: requires-python 3.11
+    exposed = {int(port) for port in re.search(r"^EXPOSE (.+)$", dockerfile, re.M)[1].split()}
+    for workload in by_kind(default_objects, "Deployment") + by_kind(default_objects, "StatefulSet"):
+        pod = workload["spec"]["template"]["spec"]
+        assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (uid, gid)
+        assert {p["containerPort"] for p in container(workload)["ports"]} <= exposed
+    assert container(one(default_objects, "Deployment"))["args"][-1] == "operator"
+    assert container(one(default_objects, "StatefulSet"))["args"][0].startswith("exec shale serve ")
 
 
 def test_services_select_the_storage_pods(default_objects):

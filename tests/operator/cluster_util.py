@@ -13,15 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
+from chart_util import as_json_schema, topic_schema, unknown_fields  # noqa: E402,F401 - the CRD's offline checks
+from k8s_util import ApiServerThread  # noqa: E402
 from node_util import ServeProcess, wait_for  # noqa: E402
 from projection import ConfigMapProjection  # noqa: E402
 
+from shale.operator.crd import crd  # noqa: E402
 from shale.operator.main import run as run_operator  # noqa: E402
 from shale.operator.manifests import configmap_key  # noqa: E402
 from shale.operator.settings import Settings  # noqa: E402
@@ -31,6 +36,13 @@ CONFIGMAP = "shale-topics"
 GROUP, VERSION, PLURAL = "shale.dev", "v1alpha1", "topics"
 STUCK_AFTER_SECONDS = 3.0
 REFRESH_SECONDS = 0.5
+CRD_SCHEMA = topic_schema(crd())
+_CRD_VALIDATOR = jsonschema.Draft4Validator(as_json_schema(CRD_SCHEMA))
+
+
+def crd_errors(obj: dict) -> list[str]:
+    """What the API server's OpenAPI validation of the Topic CRD would refuse in `obj` (tests/k8s/test_crd.py)."""
+    return sorted(e.message for e in _CRD_VALIDATOR.iter_errors(obj))
 
 
 @dataclass
@@ -77,6 +89,7 @@ class Cluster:
     storage: StorageNodes
     operator: OperatorThread
     projection: ConfigMapProjection  # the kubelet's part: ConfigMap → the pods' topics directory
+    apiserver: ApiServerThread
     kubeconfig: Path  # for clients that log in as a user would (the operator does too)
     namespace: str = "default"
     objects: kubernetes.client.CustomObjectsApi = field(init=False)
@@ -121,6 +134,13 @@ class Cluster:
             return cond if ok else None
         return wait_for(check, timeout, interval=0.1,
                         what=f"{kind}={status} ({reason}) on Topic {name}, last: {self.condition(name, kind)}")
+
+    def events(self, name: str) -> list[tuple[str, str, str]]:
+        """(type, reason, message) of the Events about Topic `name`, as `kubectl describe topic` lists them."""
+        items = self.core.list_namespaced_event(self.namespace, _preload_content=False)
+        return [(e.get("type"), e.get("reason"), e.get("message")) for e in json.loads(items.data)["items"]
+                if (e.get("involvedObject") or {}).get("name") == name
+                and (e.get("involvedObject") or {}).get("kind") == "Topic"]
 
     # The ConfigMap and the storage pods.
     def configmap_data(self) -> dict[str, str]:

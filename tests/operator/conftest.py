@@ -57,7 +57,7 @@ def cluster(storage_nodes: StorageNodes, tmp_path: Path, monkeypatch) -> Iterato
                         metrics_host="127.0.0.1", metrics_port=free_port())
     operator = OperatorThread(settings).start()
     try:
-        yield Cluster(api, storage_nodes, operator, projection, kubeconfig)
+        yield Cluster(api, storage_nodes, operator, projection, server, kubeconfig)
     finally:
         operator.stop()
         projection.stop()

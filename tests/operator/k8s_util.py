@@ -2,12 +2,14 @@
 
 kmock's `KubernetesEmulator` stores objects, serves list/watch/get/create/patch/delete and honours
 finalizers, but leaves the bookkeeping a real API server does to the client (docs: "merge the dicts,
-overwrite the keys"). `ApiServer` adds the three parts the operator and kopf rely on: every write
-gets a new `metadata.resourceVersion` (and a create a uid, generation 1 and creationTimestamp), a
-change of `spec` bumps `metadata.generation`, a create is answered 201, and a merge patch that names a resourceVersion other
-than the stored one is refused with 409 Conflict — the precondition the operator's ConfigMap writes
-use — while a JSON patch whose `test` op fails (kopf guards its finalizer patches so) gets 422, both
-as kube-apiserver answers them. Everything else is kmock's.
+overwrite the keys"). `ApiServer` adds the parts the operator and kopf rely on: every write gets a
+new `metadata.resourceVersion` (and a create a uid, generation 1, creationTimestamp, and a name from
+`generateName`), a change of `spec` bumps `metadata.generation`, a create is answered 201, and a
+merge patch that names a resourceVersion other than the stored one is refused with 409 Conflict —
+the precondition the operator's ConfigMap writes use — while a JSON patch whose `test` op fails
+(kopf guards its finalizer patches so) gets 422, both as kube-apiserver answers them. Tests can also
+make it refuse an action on a resource (`refuse`, as RBAC would) and read every request it served
+(`requests`). Everything else is kmock's.
 
 The server runs on its own event loop in a background thread, so tests stay synchronous and talk to
 it over HTTP with the `kubernetes` client, as a user with kubectl would.
@@ -32,6 +34,7 @@ import yaml
 from kmock._internal import dicts, enums  # the emulator's own merge-patch code and action names
 
 _WRITES = (enums.action.CREATE, enums.action.UPDATE)
+TEST_USER_AGENT = "shale-tests"
 
 
 @attrs.define(kw_only=True)
@@ -40,8 +43,16 @@ class ApiServer(kmock.KubernetesEmulator):
 
     _stamp_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    # (action, plural) → HTTP status to answer instead, e.g. ("UPDATE", "configmaps"): 403, as RBAC would.
+    refusals: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False)
 
     async def _handle(self, request: kmock.Request) -> Any:
+        known = request.resource is not None and request.action is not None
+        refused = self.refusals.get((request.action.value, request.resource.plural)) if known else None
+        if refused is not None:
+            return await self._render_error(kmock.KubernetesError(
+                status=refused, reason="Forbidden", message=f"{request.action.value} {request.resource.plural} is "
+                                                            "refused by the test"))
         if request.resource is None or request.action not in _WRITES:
             return await super()._handle(request)
         async with self._stamp_lock:  # the check and the write happen as one step
@@ -58,6 +69,8 @@ class ApiServer(kmock.KubernetesEmulator):
         version = str(next(self._versions))
         if request.action == enums.action.CREATE:
             meta = request.data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):  # kopf's Events: a unique name per Event
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("generation", 1)
             meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -101,7 +114,7 @@ def declare_resources(server: ApiServer) -> None:
     server.resources["shale.dev/v1alpha1/topics"] = info(kind="Topic", namespaced=True, verbs=every,
                                                          subresources={"status"})
     server.resources["v1/namespaces"] = info(kind="Namespace", namespaced=False, verbs={"list", "watch"})
-    server.resources["v1/events"] = info(kind="Event", namespaced=True, verbs={"create"})
+    server.resources["v1/events"] = info(kind="Event", namespaced=True, verbs={"create", "list"})
     server.resources["v1/configmaps"] = info(kind="ConfigMap", namespaced=True, verbs=every)
     server.resources["v1/pods"] = info(kind="Pod", namespaced=True, verbs=every)
     server.resources["apps/v1/statefulsets"] = info(kind="StatefulSet", namespaced=True, verbs=every)
@@ -112,6 +125,7 @@ class ApiServerThread:
 
     def __init__(self) -> None:
         self.url = ""
+        self.server: ApiServer | None = None
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -123,6 +137,7 @@ class ApiServerThread:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             async with ApiServer() as server, kmock.Server(server):
                 declare_resources(server)
+                self.server = server
                 self.url = str(server.url).rstrip("/")
                 self._ready.set()
                 await self._stop.wait()
@@ -144,6 +159,11 @@ class ApiServerThread:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(15)
 
+    def refuse(self, action: str, plural: str, status: int = 403) -> None:
+        """Answer every `action` (LIST, FETCH, CREATE, UPDATE, DELETE) on `plural` with `status` from now on."""
+        assert self.server is not None
+        self.server.refusals[(action, plural)] = status  # one dict store: safe from the test thread
+
     def write_kubeconfig(self, path: Path) -> Path:
         """A kubeconfig for this server, as `kubectl config` would write it."""
         path.write_text(yaml.safe_dump({
@@ -155,6 +175,14 @@ class ApiServerThread:
         return path
 
     def client(self) -> kubernetes.client.ApiClient:
+        """The tests' own client; its User-Agent tells its calls apart from the operator's (`requests`)."""
         configuration = kubernetes.client.Configuration()
         configuration.host = self.url
-        return kubernetes.client.ApiClient(configuration)
+        api = kubernetes.client.ApiClient(configuration)
+        api.user_agent = TEST_USER_AGENT
+        return api
+
+    def requests(self) -> list[kmock.Request]:
+        """Every request served so far, in order (kmock keeps them for assertions)."""
+        assert self.server is not None
+        return list(self.server._requests)

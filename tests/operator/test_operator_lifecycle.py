@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 
-from cluster_util import REFRESH_SECONDS, STORAGE_NS, Cluster, describe, produce
+import kubernetes
+
+from cluster_util import (CRD_SCHEMA, REFRESH_SECONDS, STORAGE_NS, Cluster, crd_errors, describe, produce,
+                          unknown_fields)
 from node_util import wait_for
 from shale.operator.manifests import configmap_key, loaded_digest
 
@@ -84,7 +88,8 @@ def test_ready_waits_until_every_pod_has_loaded_the_new_spec(cluster: Cluster):
         generation = cluster.topic("rates")["metadata"]["generation"]
         new = wait_for(lambda: (d := loaded_digest(cluster.configmap_data()[configmap_key("default", "rates")]))
                        != old and d, what="the new manifest in the ConfigMap")
-        cond = cluster.wait_condition("rates", "Ready", "False", "SpecNotLoaded")
+        # The change handler gives up waiting after ready_wait_seconds (10 s) and reports what it saw.
+        cond = cluster.wait_condition("rates", "Ready", "False", "SpecNotLoaded", timeout=40)
         assert cond["observedGeneration"] == generation
         assert cond["message"] == (f"the current spec ({new}) is not loaded yet: pod shale-0 has spec {old}; "
                                    f"pod shale-1 has spec {old}")
@@ -130,6 +135,10 @@ def test_invalid_config_is_reported_by_key_and_nothing_is_written(cluster: Clust
     cond = cluster.wait_condition("unknown", "Ready", "False", "InvalidConfig")
     assert "retention.msec" in cond["message"]
     assert cluster.configmap_data() == {}
+    # `kubectl describe topic unknown` shows it as a Warning Event too, once (not on every refresh).
+    events = wait_for(lambda: cluster.events("unknown"), what="a Warning Event on the Topic")
+    time.sleep(3 * REFRESH_SECONDS)
+    assert cluster.events("unknown") == events == [("Warning", "InvalidConfig", cond["message"])]
     assert 'shale_topic_ready{namespace="default",topic="bad"} 0.0' in cluster.metrics()
 
     # A valid Topic that turns invalid keeps its last good manifest on the pods.
@@ -175,10 +184,16 @@ def test_deleting_a_topic_removes_its_key_and_the_topic_on_the_pods(cluster: Clu
         wait_for(lambda: "doomed" not in cluster.node_status(n)["topics"], what=f"topic deleted on pod {n}")
     assert "doomed" not in cluster.metrics()
 
-    # With the ConfigMap gone too, deleting a Topic still completes.
+    # With the storage gone (StatefulSet, pods, ConfigMap: an uninstall that ran first), deleting a Topic still
+    # completes: its finalizer is removed instead of leaving it (and its namespace) Terminating forever.
+    kubernetes.client.AppsV1Api(cluster.api).delete_namespaced_stateful_set("shale", STORAGE_NS)
+    for pod in ("shale-0", "shale-1"):
+        cluster.core.delete_namespaced_pod(pod, STORAGE_NS)
     cluster.core.delete_namespaced_config_map("shale-topics", STORAGE_NS)
+    cluster.wait_condition("kept", "Ready", "False", "StorageNotReady")  # the refresh sees it gone
     cluster.delete_topic("kept")
-    wait_for(lambda: cluster.topic("kept") is None, what="the Topic to be gone without its ConfigMap")
+    wait_for(lambda: cluster.topic("kept") is None, what="the Topic to be gone without its storage")
+    assert cluster.configmap_data() == {}  # and nothing was written back
 
 
 def test_paused_and_unmanaged_topics_are_left_alone(cluster: Cluster):
@@ -190,6 +205,16 @@ def test_paused_and_unmanaged_topics_are_left_alone(cluster: Cluster):
     cluster.patch_topic("frozen", {"spec": {"partitions": 2, "config": {"retention.ms": "120000"}}})
     time.sleep(3 * REFRESH_SECONDS)
     assert cluster.configmap_data() == before  # nothing applied while paused
+
+    # Deleting a paused Topic applies nothing either: its key, and so the topic on the pods, stays.
+    cluster.create_topic("iced", 1)
+    cluster.wait_condition("iced", "Ready", "True")
+    cluster.patch_topic("iced", {"metadata": {"annotations": {"shale.dev/paused-reconciliation": "true"}}})
+    cluster.wait_condition("iced", "ReconciliationPaused", "True")
+    cluster.delete_topic("iced")
+    wait_for(lambda: cluster.topic("iced") is None, what="the paused Topic to be gone")
+    assert cluster.manifest("iced")["metadata"]["name"] == "iced"
+    assert "iced" in cluster.node_status(0)["topics"]
 
     cluster.patch_topic("frozen", {"metadata": {"annotations": {"shale.dev/paused-reconciliation": None}}})
     wait_for(lambda: cluster.manifest("frozen")["spec"]["partitions"] == 2, what="the change applied on resume")
@@ -223,3 +248,25 @@ def test_a_partition_paused_too_long_sets_cleaning_stuck(cluster: Cluster):
     finally:
         cluster.node_post(owner, "/partitions/latest/1/resume")
     cluster.wait_condition("latest", "CleaningStuck", "False", "CleaningProgressing")
+
+
+def test_kopf_keeps_its_state_in_annotations_so_the_strict_status_schema_prunes_nothing(cluster: Cluster):
+    """The Topic as the operator and kopf leave it passes the CRD's schema with nothing to prune, also mid-retry."""
+    cluster.create_topic("orders", 2, {"cleanup.policy": "compact"})
+    cluster.wait_condition("orders", "Ready", "True")
+    produce(cluster.storage.nodes[0].bootstrap, "orders", {0: 3, 1: 3})
+    served = wait_for(lambda: (t := cluster.topic("orders")) and len(t["status"].get("partitions", [])) == 2
+                      and all("logEndOffset" in p for p in t["status"]["partitions"]) and t, what="the full status")
+    assert crd_errors(served) == [] and unknown_fields(served, CRD_SCHEMA) == []
+    assert set(served["status"]) == {"observedGeneration", "topicName", "conditions", "partitions", "diskUsageBytes"}
+
+    # A handler that fails (RBAC refuses the ConfigMap write) leaves kopf's retry state on the Topic.
+    cluster.apiserver.refuse("UPDATE", "configmaps")
+    cluster.create_topic("refused", 1)
+    retrying = wait_for(lambda: (t := cluster.topic("refused")) and "shale.dev/apply-create" in
+                        (t["metadata"].get("annotations") or {}) and t, what="kopf's retry state in an annotation")
+    progress = json.loads(retrying["metadata"]["annotations"]["shale.dev/apply-create"])
+    assert progress["retries"] == 1 and progress["success"] is False and progress["delayed"]
+    assert "kopf" not in (retrying.get("status") or {})  # kopf's default would keep it in status.kopf.progress
+    assert crd_errors(retrying) == [] and unknown_fields(retrying, CRD_SCHEMA) == []
+    assert cluster.manifest("refused") is None

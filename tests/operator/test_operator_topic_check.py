@@ -91,7 +91,7 @@ def test_it_waits_for_what_the_operator_reports_from_real_pods(cluster: Cluster,
     cluster.create_topic("orders", 2, {"cleanup.policy": "compact"})
     assert main(["orders", "-n", "default", "--timeout", "30", "--interval", "0.2"]) == 0  # $KUBECONFIG: kmock
     out = capsys.readouterr().out
-    assert out.startswith("Topic default/orders (generation 1, observed 1, Kafka topic orders, ")
+    assert out.startswith("Topic default/orders (generation 1, observed 1): Kafka topic orders, ")
     assert "Ready=True (PartitionsServed): 2 partition(s) served by shale-0, shale-1" in out
 
     produce(cluster.storage.nodes[0].bootstrap, "orders", {0: 4, 1: 6})
@@ -105,4 +105,4 @@ def test_it_waits_for_what_the_operator_reports_from_real_pods(cluster: Cluster,
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("Topic default/broken cannot become Ready until its spec changes: "
                              "Ready=False (InvalidConfig): spec.config.segment.bytes: ")
-    assert err[1] == "Topic default/broken (generation 1, observed 1, Kafka topic None, 0 bytes)"
+    assert err[1] == "Topic default/broken (generation 1, observed 1)"  # then its conditions

@@ -79,20 +79,17 @@ app.kubernetes.io/part-of: shale
 
 {{/* The operator's rules on Topics, in each namespace it reconciles (templates/rbac.yaml). */}}
 {{- define "shale.topicRules" }}
-  # Watch Topics, and patch them: kopf's finalizer and its annotations (last handled spec, progress).
+  # Watch Topics (kopf lists and watches; it never reads one by name), and patch them: kopf's finalizer
+  # and its annotations (last handled spec, progress). No topics/finalizers: that subresource guards
+  # ownerReferences (OwnerReferencesPermissionEnforcement), which the operator never sets.
   - apiGroups: ["shale.dev"]
     resources: ["topics"]
-    verbs: ["get", "list", "watch", "patch"]
+    verbs: ["list", "watch", "patch"]
   # Write status (observedGeneration, conditions, partitions, diskUsageBytes) through the subresource.
   - apiGroups: ["shale.dev"]
     resources: ["topics/status"]
-    verbs: ["get", "patch"]
-  # The finalizers subresource, for clusters whose admission (OwnerReferencesPermissionEnforcement,
-  # OpenShift) asks for it; the operator sets its finalizer shale.dev/topic-operator by a patch.
-  - apiGroups: ["shale.dev"]
-    resources: ["topics/finalizers"]
-    verbs: ["update"]
-  # Post Events about a Topic when a handler fails (kubectl describe topic).
+    verbs: ["patch"]
+  # Post Events about a Topic: a spec it cannot apply (InvalidConfig, ...), a handler that failed.
   - apiGroups: [""]
     resources: ["events"]
     verbs: ["create"]

@@ -1,0 +1,66 @@
+"""The chart's RBAC against what the operator really does: every API call it makes is granted, and no more.
+
+The operator runs a Topic's whole life against kmock (create, grow, a refused spec with its Event,
+delete) and every request it sent — kopf's and its own, told apart from the tests' by User-Agent — is
+checked against the rules of the Roles the chart renders (helm/shale/templates/rbac.yaml).
+"""
+
+from __future__ import annotations
+
+from chart_util import by_kind, objects, one, render
+from cluster_util import CONFIGMAP, STORAGE_NS, Cluster
+from k8s_util import TEST_USER_AGENT
+from node_util import wait_for
+
+# kmock's actions as RBAC verbs (a PATCH is `patch`, a PUT `update`).
+_VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "DELETE": "delete"}
+
+
+def chart_rules() -> tuple[list[dict], dict[str, str]]:
+    """The rules of the chart's Roles, and the chart's names of the objects the test cluster names otherwise."""
+    rendered = objects(render())
+    names = {CONFIGMAP: one(rendered, "ConfigMap")["metadata"]["name"],
+             "shale": one(rendered, "StatefulSet")["metadata"]["name"]}
+    return [rule for role in by_kind(rendered, "Role") for rule in role["rules"]], names
+
+
+def allowed(rules: list[dict], group: str, resource: str, verb: str, name: str | None) -> bool:
+    """RBAC's rule matching; a rule with resourceNames grants only requests that name one of them."""
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+               and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
+
+
+def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: Cluster):
+    cluster.core.create_namespaced_config_map(STORAGE_NS, {"metadata": {"name": CONFIGMAP}})  # as the chart does
+    cluster.create_topic("orders", 1, {"cleanup.policy": "compact"})
+    cluster.wait_condition("orders", "Ready", "True")
+    cluster.patch_topic("orders", {"spec": {"partitions": 2}})
+    wait_for(lambda: cluster.condition("orders", "Ready").get("observedGeneration") == 2, what="the second generation")
+    cluster.create_topic("bad", 1, {"segment.bytes": "1"})
+    wait_for(lambda: cluster.events("bad"), what="the InvalidConfig Event")
+    cluster.delete_topic("orders")
+    wait_for(lambda: cluster.topic("orders") is None, what="the finalizer removed")
+
+    rules, names = chart_rules()
+    calls = set()
+    for request in cluster.apiserver.requests():
+        if request.headers.get("User-Agent") == TEST_USER_AGENT or request.resource is None \
+                or request.resource.plural is None:
+            continue  # the tests' own calls; discovery (/api, /apis/<group>: granted to every user)
+        verb = {"PATCH": "patch", "PUT": "update"}[request.method.value] if request.action.value == "UPDATE" \
+            else _VERBS[request.action.value]
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        calls.add((request.resource.group, resource, verb, names.get(request.name, request.name)))
+    denied = sorted(c for c in calls if not allowed(rules, *c))
+    assert denied == [], f"calls the chart's RBAC would refuse: {denied}"
+    # ...and nothing is granted that it does not use: least privilege, from both sides.
+    granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    used = {(g, r, v) for g, r, v, _ in calls}
+    assert granted == used == {
+        ("shale.dev", "topics", "list"), ("shale.dev", "topics", "watch"),  # kopf's watch
+        ("shale.dev", "topics", "patch"),  # finalizer, kopf's annotations
+        ("shale.dev", "topics/status", "patch"),  # the status
+        ("", "events", "create"),  # the InvalidConfig Warning
+        ("", "configmaps", "get"), ("", "configmaps", "patch"),  # the manifests
+        ("apps", "statefulsets", "get"), ("", "pods", "list"),  # the storage pods
+    }
