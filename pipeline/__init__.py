@@ -4,10 +4,22 @@ from __future__ import annotations
 
 
 def register(spark) -> None:
-    """Make `format("shale")` available in this SparkSession."""
-    from .source import ShaleDataSource
+    """Make `format("shale")` available in this SparkSession, unless PySpark already registered it.
 
-    spark.dataSource.register(ShaleDataSource)
+    An installed Shale is registered by PySpark itself (the top-level package `pyspark_shale`);
+    registering over that works but makes Spark warn that a statically registered source was replaced.
+    """
+    from .source import NAME, ShaleDataSource
+
+    if not _registered(spark, NAME):
+        spark.dataSource.register(ShaleDataSource)
+
+
+def _registered(spark, name: str) -> bool:
+    try:  # the JVM's DataSourceManager (a Spark Connect session has no JVM here: register then)
+        return bool(spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists(name))
+    except Exception:
+        return False
 
 
 def __getattr__(name: str):

@@ -61,7 +61,7 @@ class FileCatalog:
 
 def open_catalog(opts: SourceOptions) -> Catalog:
     if opts.bootstrap_servers:
-        return WireCluster(opts.bootstrap_servers, opts.kafka_conf)
+        return WireCluster(opts)
     return FileCatalog(opts.path)
 
 
@@ -74,8 +74,7 @@ def read_batches(opts: SourceOptions, r: OffsetRange, rows_per_batch: int = 6553
     builder = BatchBuilder(r.topic, r.partition, opts.include_headers, rows=rows_per_batch)
     if opts.bootstrap_servers:
         info: dict = {}
-        yield from read_wire_range(opts.bootstrap_servers, opts.kafka_conf, r, builder, info,
-                                   fail_on_data_loss=opts.fail_on_data_loss)
+        yield from read_wire_range(opts, r, builder, info)
         details = {"source": "wire", **info}
     else:
         stats = ScanStats()

@@ -44,6 +44,7 @@ class ScanStats:
     segments_listed: int = 0
     segments_read: list[int] = field(default_factory=list)  # base offsets whose .log was scanned for records
     segments_skipped_by_time: list[int] = field(default_factory=list)
+    batch_headers_read: int = 0  # headers walked: the offset and time indexes keep this below a scan from the start
     batches_decoded: int = 0
     batches_skipped_by_time: int = 0
     records: int = 0
@@ -270,6 +271,7 @@ class PartitionFiles:
                 if min_timestamp is not None:
                     position = max(position, seg.position_for_timestamp(min_timestamp))
                 for b in seg.batches(position):
+                    stats.batch_headers_read += 1
                     h = b.header
                     if h.base_offset >= end:
                         break

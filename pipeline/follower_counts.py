@@ -172,7 +172,8 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60.0) ->
 
 
 def demo(events: int, users: int, workdir: str | None) -> int:
-    """Serve, produce events, count them with the stream job in two runs, then restore and compare."""
+    """Serve, produce events, count them with the stream job in two runs, restore and compare; then kill
+    the server (SIGKILL, a crash) and restore again from its data directory alone."""
     from .session import local_session
 
     work = Path(workdir or tempfile.mkdtemp(prefix="shale-follower-counts-"))
@@ -196,13 +197,20 @@ def demo(events: int, users: int, workdir: str | None) -> int:
         model = expected_counts(evs)
         top = sorted(restored.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
         print("top users by followers:", ", ".join(f"{u}={n}" for u, n in top))
-        ok = restored == model
-        print(f"restored {len(restored)} users; equal to the counts computed from the events: {ok}")
-        spark.stop()
-        return 0 if ok else 1
-    finally:
-        server.terminate()
+        over_wire = restored == model
+        print(f"restored {len(restored)} users over the wire; equal to the counts computed from the events: "
+              f"{over_wire}")
+        server.kill()  # a crash: no flush, no clean shutdown
         server.wait(30)
+        from_files = {r.user: r.followers for r in restore_counts(spark, {"path": str(work / "data")}).collect()}
+        print(f"shale serve killed; restored {len(from_files)} users from its data directory alone; equal: "
+              f"{from_files == model}")
+        spark.stop()
+        return 0 if over_wire and from_files == model else 1
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            server.wait(30)
 
 
 def _free_port() -> int:

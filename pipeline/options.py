@@ -11,10 +11,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .unsupported import refused
+
 EARLIEST = -2  # Spark's and Kafka's markers inside a JSON offset spec
 LATEST = -1
 
 OffsetSpec = str | dict  # "earliest" | "latest" | {topic: {partition: offset}}
+
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Spark's maxTriggerDelay default, 15m
+DEFAULT_GROUP_ID_PREFIX = "spark-kafka-source"  # Spark's groupIdPrefix default
+DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark's kafkaConsumer.pollTimeoutMs default
+_DURATION_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 class OptionError(ValueError):
@@ -53,11 +60,16 @@ class SourceOptions:
     ending_offsets_by_timestamp: dict | None = None
     timestamp_strategy: str = "error"  # startingOffsetsByTimestampStrategy: "error" | "latest"
     min_partitions: int | None = None
+    max_records_per_partition: int | None = None
     max_offsets_per_trigger: int | None = None
-    include_headers: bool = True
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    include_headers: bool = False
     latest: bool = False
     fail_on_data_loss: bool = True
-    kafka_conf: dict = field(default_factory=dict)
+    kafka_conf: dict = field(default_factory=dict)  # `kafka.*` without the prefix, for librdkafka
+    group_id_prefix: str = DEFAULT_GROUP_ID_PREFIX
+    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     topic: str | None = None  # the sink's target topic
     scan_report_dir: str | None = None
 
@@ -73,12 +85,13 @@ class SourceOptions:
         elif bool(bootstrap) == bool(path):
             raise OptionError("give exactly one of bootstrap.servers (read over the Kafka protocol) and path "
                               "(read a data directory's segment files)")
+        why = refused(o, streaming=streaming, for_write=for_write, path_read=bool(path) and not bootstrap)
+        if why:
+            raise OptionError(why)
         kafka_conf = {k[len("kafka."):]: v for k, v in o.items()
                       if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}
         starting = _offset_spec(o, "startingoffsets", "latest" if streaming else "earliest")
         ending = _offset_spec(o, "endingoffsets", "latest")
-        if streaming and "endingoffsets" in o:
-            raise OptionError("endingOffsets is for batch queries only; a stream keeps reading")
         if not streaming and starting == "latest":
             raise OptionError("startingOffsets=latest is for streaming queries only, as in Spark's Kafka source")
         if ending == "earliest" or (isinstance(ending, dict) and _has(ending, EARLIEST)):
@@ -91,6 +104,11 @@ class SourceOptions:
         latest = _bool(o, "latest", False)
         if latest and streaming:
             raise OptionError("latest=true is a batch view; stream the topic and keep state instead")
+        split = [k for k in ("minPartitions", "maxRecordsPerPartition") if k.lower() in o]
+        if latest and split:
+            raise OptionError(f"latest=true reduces each partition whole in one read task, so {split[0]} cannot "
+                              "split it; shale.pipeline.read(spark, {..., 'latest': 'true'}) builds the view with "
+                              "a Spark aggregation and takes it")
         return cls(
             bootstrap_servers=bootstrap,
             path=path if not bootstrap else None,
@@ -103,19 +121,24 @@ class SourceOptions:
             ending_offsets_by_timestamp=_json_map(o, "endingoffsetsbytimestamp"),
             timestamp_strategy=strategy,
             min_partitions=_positive(o, "minpartitions"),
+            max_records_per_partition=_positive(o, "maxrecordsperpartition"),
             max_offsets_per_trigger=_positive(o, "maxoffsetspertrigger"),
-            include_headers=_bool(o, "includeheaders", True),
+            min_offsets_per_trigger=_positive(o, "minoffsetspertrigger"),
+            max_trigger_delay_ms=_duration_ms(o, "maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
+            include_headers=include_headers(o),
             latest=latest,
             fail_on_data_loss=_bool(o, "failondataloss", True),
             kafka_conf=kafka_conf,
+            group_id_prefix=o.get("groupidprefix", DEFAULT_GROUP_ID_PREFIX),
+            poll_timeout_ms=_positive(o, "kafkaconsumer.polltimeoutms") or DEFAULT_POLL_TIMEOUT_MS,
             topic=o.get("topic"),
             scan_report_dir=o.get("scanreportdir"),
         )
 
 
 def include_headers(options: Mapping[str, str]) -> bool:
-    """Whether the schema has the headers column (`includeHeaders`, default true)."""
-    return _bool({k.lower(): v for k, v in options.items()}, "includeheaders", True)
+    """Whether the schema has the headers column (`includeHeaders`, default false as in Spark's Kafka source)."""
+    return _bool({k.lower(): v for k, v in options.items()}, "includeheaders", False)
 
 
 def _subscription(o: dict) -> Subscription:
@@ -193,6 +216,17 @@ def _int(o: dict, name: str) -> int | None:
         return int(value)
     except ValueError:
         raise OptionError(f"option {name} must be an integer, not {value!r}") from None
+
+
+def _duration_ms(o: dict, name: str, default: int) -> int:
+    """A duration as Spark writes them ("15m", "30s", "500ms", "1h"; a bare number is milliseconds)."""
+    value = o.get(name)
+    if value is None:
+        return default
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", value.lower())
+    if m is None or m.group(2) not in ("", *_DURATION_UNITS_MS):
+        raise OptionError(f"option {name} must be a duration like 15m, 30s or 500ms, not {value!r}")
+    return int(int(m.group(1)) * _DURATION_UNITS_MS.get(m.group(2) or "ms", 1))
 
 
 def _positive(o: dict, name: str) -> int | None:

@@ -13,7 +13,7 @@ import logging
 from .backend import TP, Catalog
 from .options import EARLIEST, LATEST, OffsetSpec, OptionError, SourceOptions, Subscription
 from .pushdown import Pushdown
-from .ranges import OffsetRange, split_for_min_partitions
+from .ranges import OffsetRange, split_ranges
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,8 @@ def _stamps(global_ts: int | None, per_partition: dict | None, marks: dict[TP, t
 
 
 def plan_batch(catalog: Catalog, opts: SourceOptions, pushdown: Pushdown) -> list[OffsetRange]:
-    """The offset ranges of a batch read, after pushdown, split for minPartitions (not for the latest
-    view, which reduces each partition whole in its task)."""
+    """The offset ranges of a batch read, after pushdown, split for minPartitions and
+    maxRecordsPerPartition (not for the latest view, which reduces each partition whole in its task)."""
     tps = [tp for tp in subscribed_partitions(catalog, opts.subscription, require_topics=True)
            if pushdown.keeps_partition(tp[1])]
     marks = catalog.watermarks(tps)
@@ -112,4 +112,4 @@ def plan_batch(catalog: Catalog, opts: SourceOptions, pushdown: Pushdown) -> lis
             ranges.append(narrowed)
     if opts.latest:
         return ranges
-    return split_for_min_partitions(ranges, opts.min_partitions)
+    return split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition)

@@ -1,7 +1,8 @@
 """Offset ranges: what one Spark task reads, how big partitions are split, and how a trigger is rate-limited.
 
-Both rules follow Spark's Kafka source: `minPartitions` splits each partition in proportion to its
-share of all offsets (KafkaOffsetRangeCalculator), and `maxOffsetsPerTrigger` gives each partition
+The rules follow Spark's Kafka source: `minPartitions` splits each partition in proportion to its
+share of all offsets (KafkaOffsetRangeCalculator), `maxRecordsPerPartition` then cuts any range
+above that many offsets into equal pieces, and `maxOffsetsPerTrigger` gives each partition
 its proportional share of the limit (KafkaMicroBatchStream.rateLimit), here with the remainder
 handed out so the shares add up to the limit exactly.
 """
@@ -39,6 +40,15 @@ class RangePartition(InputPartition):
         self.range = offset_range
 
 
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
+                 max_records: int | None = None) -> list[OffsetRange]:
+    """The tasks of a read: `minPartitions`, then `maxRecordsPerPartition` (no task above that many offsets)."""
+    out: list[OffsetRange] = []
+    for r in split_for_min_partitions(ranges, min_partitions):
+        out.extend(_pieces(r, -(-r.size // max_records) if max_records else 1))
+    return out
+
+
 def split_for_min_partitions(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
     """Split ranges into about `min_partitions` pieces, big partitions into more pieces than small ones."""
     ranges = [r for r in ranges if r.size > 0]
@@ -47,12 +57,14 @@ def split_for_min_partitions(ranges: list[OffsetRange], min_partitions: int | No
     total = sum(r.size for r in ranges)
     out: list[OffsetRange] = []
     for r in ranges:
-        parts = max(1, min(r.size, round(r.size / total * min_partitions)))
-        for i in range(parts):
-            start = r.start + r.size * i // parts
-            end = r.start + r.size * (i + 1) // parts
-            out.append(OffsetRange(r.topic, r.partition, start, end, r.min_timestamp))
+        out.extend(_pieces(r, max(1, min(r.size, round(r.size / total * min_partitions)))))
     return out
+
+
+def _pieces(r: OffsetRange, parts: int) -> list[OffsetRange]:
+    """`r` cut into `parts` contiguous ranges whose sizes differ by at most one."""
+    return [OffsetRange(r.topic, r.partition, r.start + r.size * i // parts, r.start + r.size * (i + 1) // parts,
+                        r.min_timestamp) for i in range(parts)]
 
 
 def rate_limit(start: dict[tuple[str, int], int], latest: dict[tuple[str, int], int],

@@ -1,8 +1,9 @@
 """A SparkSession for running the pipeline on one machine (and for the tests), with the source registered.
 
-On a cluster, build the session as the cluster wants and call `shale.pipeline.register(spark)`;
-set `spark.sql.python.filterPushdown.enabled=true` there too, or filters are not pushed
-(pyspark refuses `pushFilters` without it).
+On a cluster, build the session as the cluster wants, with `spark.sql.python.filterPushdown.enabled=true`
+(pyspark refuses a reader that pushes filters without it); PySpark registers `format("shale")` by
+itself where Shale is installed as a package (`pyspark_shale`), `shale.pipeline.register(spark)`
+does it elsewhere (an editable install).
 """
 
 from __future__ import annotations

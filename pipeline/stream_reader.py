@@ -1,4 +1,5 @@
-"""The streaming reader of `format("shale")`: offsets per partition, `maxOffsetsPerTrigger`, AvailableNow.
+"""The streaming reader of `format("shale")`: offsets per partition, `maxOffsetsPerTrigger`,
+`minOffsetsPerTrigger` with `maxTriggerDelay`, AvailableNow.
 
 A stream offset is `{"topic": {"partition": next offset}}` (JSON, so partitions are strings), the
 shape of Spark's Kafka source. Spark keeps it in the query's checkpoint; nothing is committed to
@@ -13,7 +14,8 @@ partitions) are read from their earliest offset, as Spark's Kafka source does.
 
 from __future__ import annotations
 
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -22,7 +24,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from .backend import TP, Catalog, open_catalog, read_batches
 from .options import SourceOptions
 from .planning import DataLossError, starting_offsets, subscribed_partitions
-from .ranges import OffsetRange, RangePartition, rate_limit, split_for_min_partitions
+from .ranges import OffsetRange, RangePartition, rate_limit, split_ranges
 
 
 def encode_offsets(offsets: dict[TP, int]) -> dict:
@@ -37,10 +39,15 @@ def decode_offsets(doc: dict) -> dict[TP, int]:
 
 
 class ShaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, opts: SourceOptions) -> None:
+    """Spark keeps one instance for the whole query in a Python worker on the driver, so the
+    AvailableNow target and the time of the last trigger live on it between micro-batches."""
+
+    def __init__(self, opts: SourceOptions, clock: Callable[[], float] = time.monotonic) -> None:
         self.opts = opts
         self._catalog: Catalog | None = None
         self._target: dict[TP, int] | None = None  # AvailableNow: nothing past these offsets
+        self._clock = clock
+        self._last_trigger: float | None = None  # when the last micro-batch was let through (minOffsetsPerTrigger)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -77,8 +84,27 @@ class ShaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest.setdefault(tp, begin[tp])  # gone from the metadata: stays where it is
         if self._target is not None:
             latest = {tp: min(off, self._target.get(tp, begin[tp])) for tp, off in latest.items()}
+        if self._delay(begin, latest):
+            return encode_offsets(begin)  # the same offsets as the start: Spark runs no micro-batch
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return encode_offsets(rate_limit(begin, latest, max_rows))
+
+    def _delay(self, begin: dict[TP, int], latest: dict[TP, int]) -> bool:
+        """`minOffsetsPerTrigger`: hold the trigger back while fewer offsets wait, at most `maxTriggerDelay`.
+
+        Spark's rule (KafkaMicroBatchStream.delayBatch): the first trigger always runs; later ones run
+        once the delay since the last one has passed or enough offsets are waiting. AvailableNow
+        ignores it: the run reads what is there and stops.
+        """
+        wanted = self.opts.min_offsets_per_trigger
+        if wanted is None or self._target is not None:
+            return False
+        now = self._clock()
+        if self._last_trigger is not None and (now - self._last_trigger) * 1000 < self.opts.max_trigger_delay_ms:
+            if sum(max(0, latest[tp] - begin[tp]) for tp in latest) < wanted:
+                return True
+        self._last_trigger = now
+        return False
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin, until = decode_offsets(start), decode_offsets(end)
@@ -93,7 +119,8 @@ class ShaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             first = max(first, low)
             if stop > first:
                 ranges.append(OffsetRange(tp[0], tp[1], first, stop))
-        return [RangePartition(r) for r in split_for_min_partitions(ranges, self.opts.min_partitions)]
+        split = split_ranges(ranges, self.opts.min_partitions, self.opts.max_records_per_partition)
+        return [RangePartition(r) for r in split]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_batches(self.opts, partition.range)

@@ -8,7 +8,9 @@ records/s with confluent-kafka and the prefetch settings below, 151,000 with kaf
 clients are pinned already (the protocol tests use them).
 
 The consumer only ever `assign`s partitions: no group membership, no offset commits — a Spark
-query's position lives in its checkpoint, as with Spark's own Kafka source.
+query's position lives in its checkpoint, as with Spark's own Kafka source. Its `group.id` is
+`kafka.group.id` if given (for group-based authorization), else `groupIdPrefix` plus a random
+suffix, as Spark names its consumers.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, KafkaException, TopicPartition,
 )
 
+from .options import SourceOptions
 from .ranges import OffsetRange
 
 TIMEOUT_S = 30.0
-POLL_TIMEOUT_S = 120.0  # Spark's kafkaConsumer.pollTimeoutMs default
 CONSUME_BATCH = 10000
 
 # Prefetch deep queues with large fetches: the reader wants everything up to the end offset now.
@@ -42,21 +44,24 @@ CONSUMER_DEFAULTS = {
 }
 
 
-def consumer_config(bootstrap: str, kafka_conf: dict, *, fail_on_data_loss: bool = True) -> dict:
+def consumer_config(opts: SourceOptions) -> dict:
+    """librdkafka settings: the prefetch defaults, then `kafka.*` (the settings the source relies on are
+    refused while options are parsed, see `unsupported`)."""
     conf = dict(CONSUMER_DEFAULTS)
-    conf.update({"bootstrap.servers": bootstrap, "group.id": f"shale-spark-{uuid.uuid4().hex}",
+    conf.update({"bootstrap.servers": opts.bootstrap_servers,
+                 "group.id": f"{opts.group_id_prefix}-{uuid.uuid4().hex}",
                  # a start offset below the log start is data loss: fail, or go on from the earliest
-                 "auto.offset.reset": "error" if fail_on_data_loss else "earliest"})
-    conf.update({k: v for k, v in kafka_conf.items() if k not in ("group.id",)})
+                 "auto.offset.reset": "error" if opts.fail_on_data_loss else "earliest"})
+    conf.update(opts.kafka_conf)  # kafka.group.id, if given, replaces the generated one
     return conf
 
 
 class WireCluster:
     """Topic metadata and offset lookups (ListOffsets) for planning a read."""
 
-    def __init__(self, bootstrap: str, kafka_conf: dict) -> None:
-        self.bootstrap = bootstrap
-        self._consumer = Consumer(consumer_config(bootstrap, kafka_conf))
+    def __init__(self, opts: SourceOptions) -> None:
+        self.bootstrap = opts.bootstrap_servers
+        self._consumer = Consumer(consumer_config(opts))
 
     def topics(self, names: list[str] | None = None) -> dict[str, list[int]]:
         """Partitions of the named topics that exist (of all topics when `names` is None)."""
@@ -93,15 +98,17 @@ class WireCluster:
         self._consumer.close()
 
 
-def read_range(bootstrap: str, kafka_conf: dict, r: OffsetRange, builder, info: dict, *,
-               fail_on_data_loss: bool = True, poll_timeout_s: float = POLL_TIMEOUT_S) -> Iterator:
+def read_range(opts: SourceOptions, r: OffsetRange, builder, info: dict) -> Iterator:
     """Add each record of `r` to `builder`, yielding its record batches as they fill.
 
     `info` receives what was read (for the scan report). A `min_timestamp` on the range moves the
     start to the first offset with a timestamp at or above it (ListOffsets by time), and older
-    records after that are dropped.
+    records after that are dropped. No record for `kafkaConsumer.pollTimeoutMs` while some are
+    still due is an error, as in Spark.
     """
-    consumer = Consumer(consumer_config(bootstrap, kafka_conf, fail_on_data_loss=fail_on_data_loss))
+    consumer = Consumer(consumer_config(opts))
+    bootstrap = opts.bootstrap_servers
+    poll_timeout_s = opts.poll_timeout_ms / 1000
     where = f"{r.topic}-{r.partition}"
     start = r.start
     records = 0
@@ -125,8 +132,9 @@ def read_range(bootstrap: str, kafka_conf: dict, r: OffsetRange, builder, info: 
             msgs = consumer.consume(CONSUME_BATCH, 0.1)  # returns early once that many are queued
             if not msgs:
                 if time.monotonic() - last_progress > poll_timeout_s:
-                    raise TimeoutError(f"{where}: no records for {poll_timeout_s:.0f} s while reading offsets "
-                                       f"[{start}, {end}) from {bootstrap}")
+                    raise TimeoutError(f"{where}: no records for {opts.poll_timeout_ms} ms "
+                                       f"(kafkaConsumer.pollTimeoutMs) while reading offsets [{start}, {end}) "
+                                       f"from {bootstrap}")
                 continue
             last_progress = time.monotonic()
             for m in msgs:

@@ -42,7 +42,7 @@ from cleaner_util import (
     tombstone,
     unkeyed,
 )
-from logtest_util import T0, dir_snapshot, make_config
+from logtest_util import T0, dir_snapshot, drop_unclosed, make_config
 
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, TopicPartition
 from shale.sidecar.log.cleaner import (
@@ -1023,6 +1023,7 @@ def test_recovery_after_crash(tmp_path, clock, monkeypatch) -> None:
             crashed = True
         finally:
             monkeypatch.setattr(os, "replace", real_replace)
+        drop_unclosed(work)
         if not crashed:
             break
         if stage == 1:
@@ -1036,6 +1037,7 @@ def test_recovery_after_crash(tmp_path, clock, monkeypatch) -> None:
         # cleaning again from the recovered state converges on the post-pass log
         make_cleaner(clock=clock).clean(to_clean(recovered))
         assert [(r.offset, r.key, r.value) for r in read_all(recovered)] == post
+        recovered.close()
         stage += 1
     n_old = 4
     assert stage - 1 == 3 + 3 * n_old + 3, "every rename of replaceSegments was a crash point"
@@ -1074,9 +1076,11 @@ def test_recovery_after_crash_in_a_multi_group_pass_loses_nothing(tmp_path, cloc
             pass
         finally:
             monkeypatch.setattr(os, "replace", real_replace)
+        drop_unclosed(work)
         if not os.path.exists(crash_dir):
             break
-        _rec, rows = recovered_rows(crash_dir, config, clock)
+        recovered, rows = recovered_rows(crash_dir, config, clock)
+        recovered.close()
         crashes += 1
         assert set(rows) <= set(pre)
         assert len(rows) == len(set(rows))

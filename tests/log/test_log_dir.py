@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from logtest_util import T0, FakeClock, all_records, records_batch
+from logtest_util import T0, FakeClock, all_records, drop_unclosed, records_batch
 
 from shale.sidecar.log.checkpoint import TopicPartition, parse_offsets
 from shale.sidecar.log.log_dir import LogDir, LogDirLockedError
@@ -33,8 +33,7 @@ def append_n(log, n: int, tag: bytes = b"") -> None:
 def crash(log_dir: LogDir) -> None:
     """The process dies: no flush, no trim, no checkpoint, no marker; the lock goes with the process."""
     for log in log_dir.logs.values():
-        for seg in log.segments:
-            seg.close_handles()
+        drop_unclosed(log)
     os.close(log_dir._lock_fd)
 
 
@@ -51,6 +50,7 @@ def test_clean_shutdown_marker_written_on_close_and_consumed_on_open(tmp_path, c
     crash(again)
     third = open_dir(tmp_path, cfg)
     assert not third.had_clean_shutdown
+    third.close()
 
 
 def test_marker_is_deleted_before_logs_load(tmp_path, cfg) -> None:
@@ -93,6 +93,7 @@ def test_checkpoints_exact_bytes(tmp_path, cfg) -> None:
     again = open_dir(tmp_path, cfg)
     assert again.logs[A].log_start_offset == 2 and again.logs[A].recovery_point == 5
     assert again.logs[B].log_end_offset == 3
+    again.close()
 
 
 def test_unclean_shutdown_recovers_from_the_checkpointed_recovery_point(tmp_path, cfg) -> None:
@@ -111,6 +112,7 @@ def test_unclean_shutdown_recovers_from_the_checkpointed_recovery_point(tmp_path
     assert log.bytes_truncated_on_load == 40 and log.log_end_offset == 10
     assert log.recovery_point == rp
     assert [r.value for r in all_records(log)] == [b"v%d" % i for i in range(10)]
+    again.close()
 
 
 def test_partition_metadata_written_on_create(tmp_path, cfg) -> None:
@@ -123,7 +125,9 @@ def test_partition_metadata_written_on_create(tmp_path, cfg) -> None:
     assert d.topic_id(A) == "B3_HiNPgSQ6oxG9ZZ6ED5A"
     assert d.get_or_create(A) is d.logs[A]
     d.close()
-    assert open_dir(tmp_path, cfg).topic_id(A) == "B3_HiNPgSQ6oxG9ZZ6ED5A"
+    again = open_dir(tmp_path, cfg)
+    assert again.topic_id(A) == "B3_HiNPgSQ6oxG9ZZ6ED5A"
+    again.close()
 
 
 def test_delete_removes_the_partition_and_its_checkpoint_entry(tmp_path, cfg) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from logtest_util import T0, FakeClock, dir_snapshot, make_config
+from logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config
 
 from shale.sidecar.log.errors import (
     InvalidProducerEpochError,
@@ -613,6 +613,7 @@ class ProducerModel(RuleBasedStateMachine):
     @rule()
     def reopen_unclean(self) -> None:
         # The old Log is dropped unclosed: what a SIGKILL leaves (every write reached the page cache).
+        drop_unclosed(self.log)
         self._remove_strays([s.base_offset for s in self.log.segments])
         self.log = Log(self.dir, self.cfg, clock=self.clock, had_clean_shutdown=False, recovery_point=0)
         self._reload()

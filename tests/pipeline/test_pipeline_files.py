@@ -108,6 +108,13 @@ def test_a_range_opens_only_the_segments_that_hold_it(live):
     assert [r["offset"] for r in rows] == [r.offset for r in engine_records(log) if start <= r.offset < end]
     assert stats.segments_read == bases[2:5]
     assert stats.segments_listed == len(bases)
+    # the offset index finds the batch holding `start` near the end of the third segment: fewer headers
+    # are walked than a scan of the three segments from their starts would walk
+    late = bases[3] - 1
+    _, from_index = read(d.path, late, bases[3])
+    walked_from_start = sum(1 for _ in log.segments[2].batches())
+    assert from_index.segments_read == [bases[2]]
+    assert 1 <= from_index.batch_headers_read < walked_from_start
 
 
 def test_a_timestamp_bound_skips_whole_segments_and_batches(live):

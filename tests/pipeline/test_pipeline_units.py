@@ -20,8 +20,9 @@ from pyspark.sql.types import _parse_datatype_string
 from shale.pipeline.latest import reduce_latest
 from shale.pipeline.options import OptionError, SourceOptions
 from shale.pipeline.pushdown import epoch_micros, push_filters
-from shale.pipeline.ranges import OffsetRange, rate_limit, split_for_min_partitions
+from shale.pipeline.ranges import OffsetRange, rate_limit, split_for_min_partitions, split_ranges
 from shale.pipeline.schema import BatchBuilder, arrow_schema, spark_ddl
+from shale.pipeline.wire import consumer_config
 
 # -- options --------------------------------------------------------------------------------------
 
@@ -31,7 +32,7 @@ def test_options_follow_spark_kafka_names_and_defaults():
                              "kafka.fetch.wait.max.ms": "5", "endingOffsets": '{"a": {"0": 10, "1": -1}}'})
     assert o.subscription.topics == ("a", "b") and o.min_partitions == 8
     assert o.starting_offsets == "earliest" and o.ending_offsets == {"a": {0: 10, 1: -1}}
-    assert o.kafka_conf == {"fetch.wait.max.ms": "5"} and o.include_headers and not o.latest
+    assert o.kafka_conf == {"fetch.wait.max.ms": "5"} and not o.include_headers and not o.latest
     s = SourceOptions.parse({"path": "/d", "assign": '{"t": [1, 0]}', "MAXOFFSETSPERTRIGGER": "5"}, streaming=True)
     assert s.starting_offsets == "latest" and s.subscription.assigned == (("t", 0), ("t", 1))
     assert s.max_offsets_per_trigger == 5 and s.path == "/d"
@@ -56,6 +57,53 @@ def test_options_follow_spark_kafka_names_and_defaults():
 def test_bad_options_are_refused_naming_the_option(options, streaming, message):
     with pytest.raises(OptionError, match=message):
         SourceOptions.parse(options, streaming=streaming)
+
+
+def test_spark_kafka_options_beyond_the_basics():
+    o = SourceOptions.parse({"path": "/d", "subscribe": "t", "minOffsetsPerTrigger": "500", "maxTriggerDelay": "30s",
+                             "maxRecordsPerPartition": "1000", "includeHeaders": "TRUE"}, streaming=True)
+    assert (o.min_offsets_per_trigger, o.max_trigger_delay_ms, o.max_records_per_partition) == (500, 30_000, 1000)
+    assert o.include_headers
+    delays = {"15m": 900_000, "2h": 7_200_000, "250ms": 250, "1500": 1500, " 3 s ": 3000, "1d": 86_400_000}
+    for text, ms in delays.items():
+        assert SourceOptions.parse({"path": "/d", "subscribe": "t", "maxTriggerDelay": text}).max_trigger_delay_ms == ms
+    assert SourceOptions.parse({"path": "/d", "subscribe": "t"}).max_trigger_delay_ms == 15 * 60_000  # Spark's default
+
+    wire = {"bootstrap.servers": "h:1", "subscribe": "t"}
+    default = consumer_config(SourceOptions.parse(wire))
+    assert default["group.id"].startswith("spark-kafka-source-") and default["auto.offset.reset"] == "error"
+    prefixed = consumer_config(SourceOptions.parse({**wire, "groupIdPrefix": "team-a", "failOnDataLoss": "false"}))
+    assert prefixed["group.id"].startswith("team-a-") and prefixed["auto.offset.reset"] == "earliest"
+    assert consumer_config(SourceOptions.parse({**wire, "kafka.group.id": "acl-group", "groupIdPrefix": "x"}))[
+        "group.id"] == "acl-group"  # kafka.group.id wins, as in Spark
+    assert SourceOptions.parse({**wire, "kafkaConsumer.pollTimeoutMs": "5000"}).poll_timeout_ms == 5000
+
+
+@pytest.mark.parametrize("options, streaming, message", [
+    ({"bootstrap.servers": "h:1", "fetchOffset.numRetries": "3"}, False, "fetchOffset.numRetries is not supported"),
+    ({"bootstrap.servers": "h:1", "fetchOffset.retryIntervalMs": "10"}, True, "fetchOffset.retryIntervalMs is not"),
+    ({"bootstrap.servers": "h:1", "kafka.auto.offset.reset": "earliest"}, False, "set startingOffsets"),
+    ({"bootstrap.servers": "h:1", "kafka.enable.auto.commit": "true"}, True, "never commits offsets"),
+    ({"bootstrap.servers": "h:1", "kafka.value.deserializer": "x"}, False, "values are always binary"),
+    ({"bootstrap.servers": "h:1", "kafka.enable.partition.eof": "false"}, False, "where a partition ends"),
+    ({"path": "/d", "kafka.security.protocol": "SSL"}, False, "kafka.security.protocol configures the Kafka client"),
+    ({"path": "/d", "groupIdPrefix": "x"}, False, "groupIdPrefix configures the Kafka client"),
+    ({"path": "/d", "kafkaConsumer.pollTimeoutMs": "9"}, True, "kafkaConsumer.pollTimeoutMs configures"),
+    ({"path": "/d", "endingTimestamp": "5"}, True, "endingTimestamp is for batch queries only"),
+    ({"path": "/d", "endingOffsetsByTimestamp": '{"t":{"0":5}}'}, True, "endingOffsetsByTimestamp is for batch"),
+    ({"path": "/d", "maxTriggerDelay": "soon"}, True, "must be a duration"),
+    ({"path": "/d", "maxRecordsPerPartition": "-1"}, False, "must be positive"),
+    ({"path": "/d", "latest": "true", "minPartitions": "4"}, False, "minPartitions cannot split it"),
+    ({"path": "/d", "latest": "true", "maxRecordsPerPartition": "9"}, False, "maxRecordsPerPartition cannot split"),
+])
+def test_options_the_source_does_not_take_are_refused(options, streaming, message):
+    with pytest.raises(OptionError, match=message):
+        SourceOptions.parse({"subscribe": "t", **options}, streaming=streaming)
+
+
+def test_the_sink_refuses_serializers():
+    with pytest.raises(OptionError, match="write the value column as string or binary"):
+        SourceOptions.parse({"bootstrap.servers": "h:1", "topic": "t", "kafka.value.serializer": "x"}, for_write=True)
 
 
 def test_writing_needs_a_server():
@@ -157,6 +205,20 @@ def test_min_partitions_split_covers_each_range_exactly(spans, min_partitions):
         assert pieces == nonempty
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 3000)), min_size=1, max_size=5),
+       st.one_of(st.none(), st.integers(1, 12)), st.integers(1, 700))
+def test_max_records_per_partition_caps_every_task(spans, min_partitions, max_records):
+    ranges = [OffsetRange("t", i, s, s + n) for i, (s, n) in enumerate(spans)]
+    pieces = split_ranges(ranges, min_partitions, max_records)
+    for r in ranges:
+        mine = [p for p in pieces if p.partition == r.partition]
+        assert [o for p in mine for o in range(p.start, p.end)] == list(range(r.start, r.end))
+    assert all(0 < p.size <= max_records for p in pieces)
+    # no more pieces than needed: each minPartitions piece is cut into ceil(size / max) equal parts
+    assert len(pieces) == sum(-(-p.size // max_records) for p in split_for_min_partitions(ranges, min_partitions))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.integers(0, 5), st.tuples(st.integers(0, 100), st.integers(-20, 200)), min_size=1),
        st.one_of(st.none(), st.integers(1, 300)))
@@ -243,3 +305,16 @@ def test_callback_server_accepts_on_descriptors_above_1023(spark):
     finally:
         for fd in held:
             os.close(fd)
+
+
+# -- registration ---------------------------------------------------------------------------------
+
+def test_register_sees_what_the_session_has_registered(spark):
+    """`register` skips a session that has the source (statically, or from an earlier call): the check asks
+    the JVM's DataSourceManager, so it must tell a registered name from an unknown one."""
+    from shale.pipeline import _registered, register
+
+    assert _registered(spark, "shale") and not _registered(spark, "no-such-source")
+    register(spark)  # a second call is a no-op, and the source still reads
+    assert spark.read.format("shale").option("path", "/nonexistent").option("subscribe", "t").load().columns[:2] == [
+        "key", "value"]

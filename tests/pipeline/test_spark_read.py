@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from spark_util import consume_all, produce, rows, scan_reports, start_serve
 from node_util import topic_manifest, wait_for
 
+from shale.pipeline.options import SourceOptions
 from shale.pipeline.wire import WireCluster
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
@@ -65,7 +66,7 @@ def from_files(spark, node, **options):
 
 def test_wire_read_equals_what_a_kafka_client_consumes(spark, node):
     expected = consume_all(node.bootstrap, "mixed") + consume_all(node.bootstrap, "appendtime")
-    got = rows(read(spark, node, subscribe="mixed,appendtime"))
+    got = rows(read(spark, node, subscribe="mixed,appendtime", includeHeaders="true"))
     assert len(got) == 1550 and got == sorted(expected)
     assert {r.timestamp_type for r in got if r.topic == "appendtime"} == {1}
     assert {r.timestamp_type for r in got if r.topic == "mixed"} == {0}
@@ -74,11 +75,12 @@ def test_wire_read_equals_what_a_kafka_client_consumes(spark, node):
 
 
 def test_file_read_equals_wire_read(spark, node):
-    wire = rows(read(spark, node, subscribe="mixed,appendtime,timed"))
-    files = rows(from_files(spark, node, subscribe="mixed,appendtime,timed"))
+    wire = rows(read(spark, node, subscribe="mixed,appendtime,timed", includeHeaders="true"))
+    files = rows(from_files(spark, node, subscribe="mixed,appendtime,timed", includeHeaders="true"))
     assert len(files) == 2150 and files == wire
-    no_headers = from_files(spark, node, subscribe="appendtime", includeHeaders="false")
-    assert "headers" not in no_headers.columns and no_headers.count() == 50
+    assert any(r.headers for r in files)
+    by_default = from_files(spark, node, subscribe="appendtime")  # Spark's default: includeHeaders=false
+    assert "headers" not in by_default.columns and by_default.count() == 50
 
 
 def test_offset_options_follow_spark(spark, node):
@@ -89,8 +91,12 @@ def test_offset_options_follow_spark(spark, node):
     assert got == [r for r in everything if (r.partition == 0 and 5 <= r.offset < 20) or r.partition == 2]
     assert rows(read(spark, node, subscribePattern="mix.*")) == everything
 
-    split = read(spark, node, subscribe="mixed", minPartitions="7")
+    split = read(spark, node, subscribe="mixed", minPartitions="7", **{"kafka.group.id": "authorized-group"})
     assert split.rdd.getNumPartitions() >= 7 and rows(split) == everything
+    capped = read(spark, node, subscribe="mixed", maxRecordsPerPartition="100", groupIdPrefix="reports")
+    sizes = capped.groupBy(F.spark_partition_id().alias("task")).count().collect()
+    assert max(r["count"] for r in sizes) <= 100 and len(sizes) >= 1500 // 100
+    assert rows(capped) == everything
 
     timed = rows(read(spark, node, subscribe="timed"))
     start_ts = T0 + 400 * 1000
@@ -147,7 +153,7 @@ def test_timestamp_filter_skips_segments_by_the_time_index(spark, node, tmp_path
 
 def test_offsets_deleted_by_retention_are_data_loss(spark, node):
     """80 records a day old, then 20 new, in a topic keeping a minute: retention deletes the old segments."""
-    cluster = WireCluster(node.bootstrap, {})
+    cluster = WireCluster(SourceOptions.parse({"bootstrap.servers": node.bootstrap, "subscribe": "expiring"}))
     try:
         low = wait_for(lambda: cluster.watermarks([("expiring", 0)])[("expiring", 0)][0], 30,
                        what="retention to move the log start offset")

@@ -31,7 +31,7 @@ def writer(df, node, **options):
 
 def read_topic(spark, node, topic):
     return (spark.read.format("shale").option("bootstrap.servers", node.bootstrap)
-            .option("subscribe", topic).load())
+            .option("subscribe", topic).option("includeHeaders", "true").load())
 
 
 def test_batch_write_round_trips(spark, node):
