@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -85,14 +86,21 @@ class LogSegment:
         log_path = self._path(LOG_SUFFIX)
         existed = os.path.exists(log_path)
         self._fd = os.open(log_path, os.O_RDWR | os.O_CREAT, 0o644)
-        if existed:
-            self.size = os.fstat(self._fd).st_size
-        else:
-            self.size = 0
-            if preallocate_bytes:
-                os.ftruncate(self._fd, preallocate_bytes)
-        self.offset_index = OffsetIndex(self._path(INDEX_SUFFIX), base_offset, max_index_size)
-        self.time_index = TimeIndex(self._path(TIME_INDEX_SUFFIX), base_offset, max_index_size)
+        # A raw descriptor, unlike the index maps, is not released when its object is collected: a segment
+        # dropped without close() (a Log abandoned after an error) must not keep it open for the process's life.
+        self._release_fd = weakref.finalize(self, os.close, self._fd)
+        try:
+            if existed:
+                self.size = os.fstat(self._fd).st_size
+            else:
+                self.size = 0
+                if preallocate_bytes:
+                    os.ftruncate(self._fd, preallocate_bytes)
+            self.offset_index = OffsetIndex(self._path(INDEX_SUFFIX), base_offset, max_index_size)
+            self.time_index = TimeIndex(self._path(TIME_INDEX_SUFFIX), base_offset, max_index_size)
+        except BaseException:
+            self._release_fd()
+            raise
         self.bytes_since_last_index_entry = 0
         self.created_ms = now_ms()
         self._max_ts: tuple[int, int] | None = None  # (max timestamp so far, offset of its batch)
@@ -324,13 +332,13 @@ class LogSegment:
         self.offset_index.close()
         self.time_index.close()
         os.ftruncate(self._fd, self.size)
-        os.close(self._fd)
+        self._release_fd()
         self._fd = -1
 
     def close_handles(self) -> None:
         """Release descriptors and maps without touching the files (after a rename to `.deleted`)."""
         if self._fd >= 0:
-            os.close(self._fd)
+            self._release_fd()
             self._fd = -1
         for idx in (self.offset_index, self.time_index):
             if idx._mm is not None:

@@ -57,8 +57,8 @@ def dir_snapshot(path: str) -> dict[str, bytes]:
 def drop_unclosed(log) -> None:
     """Drop a Log as a SIGKILL would: descriptors and maps released, nothing flushed, trimmed or written.
 
-    A segment's `.log` descriptor is a raw `os.open`, which nothing closes when the object is
-    collected; a test that simulates a crash releases it with this instead of leaking it.
+    The segments would release their descriptors when collected; a test that simulates a crash and
+    then reopens the same files releases them now, so that the old and new Log never overlap.
     """
     for seg in [*log.segments, *(seg for _, seg in log._pending_deletes)]:  # and those renamed to `.deleted`
         seg.close_handles()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import struct
@@ -486,3 +487,14 @@ def test_slice_read_into_reuses_and_grows_the_buffer(tmp_path) -> None:
     assert bytes(view) == found.read() and len(view) == found.size
     assert len(buf) >= found.size and view.obj is buf
     log.close()
+
+
+def test_a_segment_dropped_without_close_releases_its_descriptor(tmp_path) -> None:
+    # A Log abandoned after an error must not keep its `.log` files open for the life of the process.
+    seg = LogSegment(str(tmp_path), 0, index_interval_bytes=4096, max_index_size=1024, now_ms=lambda: 0)
+    fd = seg.fileno()
+    os.fstat(fd)  # open
+    del seg
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)
