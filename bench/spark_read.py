@@ -346,8 +346,9 @@ after a warm-up query. The latest view is timed over the first M records (`endin
 
 Interpretation: a plain consumer only hands records to Python; through Spark each record also becomes Arrow
 columns in a Python worker and rows in the JVM, and the two read tasks share the 2 cores with `shale serve`
-and the JVM. The file read has no server in the way but is bound by the engine's pure-Python record decoder
-(`records.decode_records`, a varint decode per field), while over the wire librdkafka decodes in C. The
+and the JVM. The file read has no server in the way: each batch's CRC is checked and its records are
+decoded into lists in one C pass (`records.decode_columns`) that are appended to the Arrow columns whole;
+over the wire librdkafka decodes in C and the reader adds each message with a Python call. The
 latest view costs a read plus a shuffle of every record (Spark) or an Arrow group-by per partition (the
 source's option). The client-choice rows are why the wire reader uses confluent-kafka.{_load_note(res)}
 """

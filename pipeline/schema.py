@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shale.sidecar.log.records import RecordColumns
+
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
 HEADERS = "headers"
 
@@ -85,11 +87,25 @@ class BatchBuilder:
         self.timestamps.append(timestamp_ms)
         self.timestamp_types.append(timestamp_type)
         if self.include_headers:
-            if headers:
-                for hk, hv in headers:
-                    self.header_keys.append(hk)
-                    self.header_values.append(hv)
-            self.header_ends.append(len(self.header_keys))
+            self._add_headers(headers)
+
+    def _add_headers(self, headers) -> None:
+        if headers:
+            for hk, hv in headers:
+                self.header_keys.append(hk)
+                self.header_values.append(hv)
+        self.header_ends.append(len(self.header_keys))
+
+    def extend(self, cols: RecordColumns, timestamp_type: int) -> None:
+        """A whole decoded batch at once: list extends instead of a call per record."""
+        self.keys += cols.keys
+        self.values += cols.values
+        self.offsets += cols.offsets
+        self.timestamps += cols.timestamps
+        self.timestamp_types += [timestamp_type] * len(cols.offsets)
+        if self.include_headers:
+            for headers in cols.headers:
+                self._add_headers(headers)
 
     def take(self) -> pa.RecordBatch | None:
         """The collected records as one batch (None if there are none); the builder is empty afterwards."""
