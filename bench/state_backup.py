@@ -1240,8 +1240,8 @@ def notes(res: Results) -> list[str]:
             "Shale holds no records: about 45 MiB is the interpreter with Shale's modules (an idle node), "
             f"{DEDUPE_CAP / 1e6:.0f} MB the cleaner's offset map (allocated and zeroed at start), the rest "
             "request buffers. Two client-side choices keep it there, both measured in 1,000,000-key trials: "
-            "`batch.size` 256 KiB instead of 1 MB (peak 66 → 56 MiB: each Produce request is decoded "
-            "into records, and glibc keeps the freed space; the node's CPU per update was the same), and a cap "
+            "`batch.size` 256 KiB instead of 1 MB (peak 66 → 56 MiB, measured when the node still decoded "
+            "each produced record in Python: glibc keeps the freed space; the node's CPU per update was the same), and a cap "
             f"of {DEDUPE_CAP / 1e6:.0f} MB on `log.cleaner.dedupe.buffer.size` (a map for every key in one pass "
             "is 29 MB and put the peak at ~90 MiB; with the cap a pass cleans the part of the dirty section "
             "whose ~300,000 keys fit and the next pass goes on, so compaction takes more passes).")
