@@ -3,7 +3,7 @@
 Precedence as in Spark: a timestamp option beats the by-timestamp JSON, which beats the offsets
 option. A starting offset below the log start offset is data loss (an error unless
 `failOnDataLoss=false`, which starts at the log start instead); offsets past the end are clamped.
-Partitions a JSON spec leaves out get the option's default (earliest to start, latest to end).
+A JSON spec (offsets or timestamps) must name exactly the partitions read, as Spark requires.
 """
 
 from __future__ import annotations
@@ -39,19 +39,37 @@ def subscribed_partitions(catalog: Catalog, sub: Subscription, *, require_topics
     return sorted((t, p) for t, parts in topics.items() if sub.matches(t) for p in parts)
 
 
-def _from_spec(spec: OffsetSpec, tp: TP, low: int, high: int, default: str) -> int:
-    if isinstance(spec, dict):
-        value = spec.get(tp[0], {}).get(tp[1])
-        if value is None:
-            value = EARLIEST if default == "earliest" else LATEST
-    else:
-        value = EARLIEST if spec == "earliest" else LATEST
+def check_specs_cover(opts: SourceOptions, tps: list[TP]) -> None:
+    """Spark's rule for per-partition JSON options: they name every partition read, and only those.
+
+    A partition left out would otherwise start or end somewhere the user never said; Spark's Kafka
+    source refuses it with this message, so a job moved between the two behaves the same.
+    """
+    sides = (  # per side, the option that takes effect (the precedence above); the others are ignored
+        (opts.starting_timestamp, ("startingOffsetsByTimestamp", opts.starting_offsets_by_timestamp),
+         ("startingOffsets", opts.starting_offsets)),
+        (opts.ending_timestamp, ("endingOffsetsByTimestamp", opts.ending_offsets_by_timestamp),
+         ("endingOffsets", opts.ending_offsets)),
+    )
+    for global_ts, by_timestamp, by_offset in sides:
+        option, spec = by_timestamp if by_timestamp[1] else by_offset
+        if global_ts is not None or not isinstance(spec, dict):
+            continue
+        named = sorted((t, p) for t, parts in spec.items() for p in parts)
+        if named != sorted(tps):
+            raise OptionError(
+                f"If {option} contains specific offsets, you must specify all TopicPartitions. Use -1 for latest, "
+                f"-2 for earliest. Specified: {', '.join(f'{t}-{p}' for t, p in named)}. "
+                f"Assigned: {', '.join(f'{t}-{p}' for t, p in sorted(tps))}")
+
+
+def _from_spec(spec: OffsetSpec, tp: TP, low: int, high: int) -> int:
+    value = spec[tp[0]][tp[1]] if isinstance(spec, dict) else EARLIEST if spec == "earliest" else LATEST
     return low if value == EARLIEST else high if value == LATEST else value
 
 
-def starting_offsets(catalog: Catalog, opts: SourceOptions, marks: dict[TP, tuple[int, int]],
-                     default: str) -> dict[TP, int]:
-    """Where each partition's read begins."""
+def starting_offsets(catalog: Catalog, opts: SourceOptions, marks: dict[TP, tuple[int, int]]) -> dict[TP, int]:
+    """Where each partition's read begins (`check_specs_cover` has accepted the JSON options)."""
     stamps = _stamps(opts.starting_timestamp, opts.starting_offsets_by_timestamp, marks)
     found = catalog.offsets_for_timestamp(stamps) if stamps else {}
     out = {}
@@ -64,7 +82,7 @@ def starting_offsets(catalog: Catalog, opts: SourceOptions, marks: dict[TP, tupl
                                       "(startingOffsetsByTimestampStrategy=latest starts at the end instead)")
                 offset = high
         else:
-            offset = _from_spec(opts.starting_offsets, tp, low, high, default)
+            offset = _from_spec(opts.starting_offsets, tp, low, high)
         if offset < low:
             if opts.fail_on_data_loss:
                 raise DataLossError(f"{tp[0]}-{tp[1]}: starting offset {offset} is below the log start offset {low}: "
@@ -84,7 +102,7 @@ def ending_offsets(catalog: Catalog, opts: SourceOptions, marks: dict[TP, tuple[
             offset = found.get(tp)
             offset = high if offset is None else offset
         else:
-            offset = _from_spec(opts.ending_offsets, tp, low, high, "latest")
+            offset = _from_spec(opts.ending_offsets, tp, low, high)
         out[tp] = max(low, min(offset, high))
     return out
 
@@ -100,10 +118,11 @@ def _stamps(global_ts: int | None, per_partition: dict | None, marks: dict[TP, t
 def plan_batch(catalog: Catalog, opts: SourceOptions, pushdown: Pushdown) -> list[OffsetRange]:
     """The offset ranges of a batch read, after pushdown, split for minPartitions and
     maxRecordsPerPartition (not for the latest view, which reduces each partition whole in its task)."""
-    tps = [tp for tp in subscribed_partitions(catalog, opts.subscription, require_topics=True)
-           if pushdown.keeps_partition(tp[1])]
+    subscribed = subscribed_partitions(catalog, opts.subscription, require_topics=True)
+    check_specs_cover(opts, subscribed)
+    tps = [tp for tp in subscribed if pushdown.keeps_partition(tp[1])]
     marks = catalog.watermarks(tps)
-    starts = starting_offsets(catalog, opts, marks, "earliest")
+    starts = starting_offsets(catalog, opts, marks)
     ends = ending_offsets(catalog, opts, marks)
     ranges = []
     for tp in tps:

@@ -23,7 +23,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from .backend import TP, Catalog, open_catalog, read_batches
 from .options import SourceOptions
-from .planning import DataLossError, starting_offsets, subscribed_partitions
+from .planning import DataLossError, check_specs_cover, starting_offsets, subscribed_partitions
 from .ranges import OffsetRange, RangePartition, rate_limit, split_ranges
 
 
@@ -62,7 +62,8 @@ class ShaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         marks = self._marks()
-        return encode_offsets(starting_offsets(self._catalog, self.opts, marks, "latest"))
+        check_specs_cover(self.opts, list(marks))
+        return encode_offsets(starting_offsets(self._catalog, self.opts, marks))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_offsets_per_trigger

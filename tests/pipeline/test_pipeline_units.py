@@ -19,6 +19,7 @@ from pyspark.sql.types import _parse_datatype_string
 
 from shale.pipeline.latest import reduce_latest
 from shale.pipeline.options import OptionError, SourceOptions
+from shale.pipeline.planning import check_specs_cover
 from shale.pipeline.pushdown import epoch_micros, push_filters
 from shale.pipeline.ranges import OffsetRange, rate_limit, split_for_min_partitions, split_ranges
 from shale.pipeline.schema import BatchBuilder, arrow_schema, spark_ddl
@@ -318,3 +319,20 @@ def test_register_sees_what_the_session_has_registered(spark):
     register(spark)  # a second call is a no-op, and the source still reads
     assert spark.read.format("shale").option("path", "/nonexistent").option("subscribe", "t").load().columns[:2] == [
         "key", "value"]
+
+
+def test_json_offsets_must_name_every_partition_read_unless_a_higher_option_wins():
+    tps = [("t", 0), ("t", 1)]
+
+    def check(**options):
+        check_specs_cover(SourceOptions.parse({"path": "/d", "subscribe": "t", **options}), tps)
+
+    check(startingOffsets='{"t": {"0": 1, "1": -2}}', endingOffsets='{"t": {"0": 5, "1": -1}}')
+    for option in ("startingOffsets", "endingOffsets", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp"):
+        with pytest.raises(OptionError, match=f"If {option} contains specific offsets.*Specified: t-0, t-2. "
+                                              "Assigned: t-0, t-1"):
+            check(**{option: '{"t": {"0": 1, "2": 1}}'})
+    # Spark's precedence: a timestamp beats the by-timestamp JSON, which beats the offsets JSON; the losers are ignored.
+    check(startingTimestamp="1700000000000", startingOffsetsByTimestamp='{"t": {"0": 1}}', startingOffsets='{"t": {"0": 1}}')
+    check(startingOffsetsByTimestamp='{"t": {"0": 1, "1": 1}}', startingOffsets='{"t": {"0": 1}}')
+    check(endingTimestamp="1700000000000", endingOffsets='{"t": {"0": 1}}')

@@ -89,6 +89,8 @@ def test_offset_options_follow_spark(spark, node):
                     startingOffsets=json.dumps({"mixed": {"0": 5, "2": -2}}),
                     endingOffsets=json.dumps({"mixed": {"0": 20, "2": -1}})))
     assert got == [r for r in everything if (r.partition == 0 and 5 <= r.offset < 20) or r.partition == 2]
+    with pytest.raises(Exception, match="If endingOffsets contains specific offsets, you must specify all"):
+        read(spark, node, assign=json.dumps({"mixed": [0, 2]}), endingOffsets=json.dumps({"mixed": {"0": 20}})).count()
     assert rows(read(spark, node, subscribePattern="mix.*")) == everything
 
     split = read(spark, node, subscribe="mixed", minPartitions="7", **{"kafka.group.id": "authorized-group"})
@@ -108,8 +110,10 @@ def test_offset_options_follow_spark(spark, node):
     until = rows(read(spark, node, subscribe="timed", endingTimestamp=str(start_ts)))
     assert until == [r for r in timed if r.timestamp < start_ts]
     by_partition = rows(read(spark, node, subscribe="timed",
-                             startingOffsetsByTimestamp=json.dumps({"timed": {"0": start_ts}})))
+                             startingOffsetsByTimestamp=json.dumps({"timed": {"0": start_ts, "1": T0}})))
     assert by_partition == [r for r in timed if r.partition == 1 or r.timestamp >= start_ts]
+    with pytest.raises(Exception, match="If startingOffsetsByTimestamp contains specific offsets"):
+        read(spark, node, subscribe="timed", startingOffsetsByTimestamp=json.dumps({"timed": {"0": start_ts}})).count()
     late = read(spark, node, subscribe="timed", startingTimestamp=str(T0 + 10**9),
                 startingOffsetsByTimestampStrategy="latest")
     assert late.count() == 0

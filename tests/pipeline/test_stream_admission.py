@@ -111,11 +111,12 @@ def test_max_records_per_partition_caps_each_task_of_a_micro_batch(topic):
 
 
 def test_a_stream_starts_where_the_offset_options_say(topic):
-    """startingOffsets per partition (-2 earliest, -1 latest, partitions left out: latest) and startingTimestamp."""
+    """startingOffsets per partition (-2 earliest, -1 latest; every partition named, as Spark requires)."""
     path, append = topic
     append(12)
-    per_partition = reader(path, Clock(), startingOffsets='{"t": {"0": 5}}').initialOffset()
-    assert per_partition == {"t": {"0": 5, "1": 12}}, "a stream's default for partitions left out is latest"
+    assert reader(path, Clock(), startingOffsets='{"t": {"0": 5, "1": -1}}').initialOffset() == {"t": {"0": 5, "1": 12}}
+    with pytest.raises(OptionError, match="you must specify all TopicPartitions.*Specified: t-0. Assigned: t-0, t-1"):
+        reader(path, Clock(), startingOffsets='{"t": {"0": 5}}').initialOffset()
     assert reader(path, Clock(), startingOffsets='{"t": {"0": -1, "1": -2}}').initialOffset() == {"t": {"0": 12, "1": 0}}
     assert reader(path, Clock(), startingTimestamp=str(1_700_000_000_000)).initialOffset() == {"t": {"0": 0, "1": 0}}
     with pytest.raises(OptionError, match="no record at or after timestamp 1800000000000"):
