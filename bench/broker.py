@@ -31,7 +31,6 @@ import collections
 import datetime
 import importlib.util
 import os
-import platform
 import re
 import shutil
 import signal
@@ -51,7 +50,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from perf_doc import update_section  # noqa: E402  (beside this script)
+from perf_doc import machine_facts, update_section  # noqa: E402  (beside this script)
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Kafka server (issue: Kafka server)"
@@ -644,18 +643,6 @@ def interpretation(res: Results) -> str:
         "per-round ratios and the CPU-per-MB columns (less sensitive to it) are shown; the load average is "
         "recorded above.",
     ])
-
-
-def machine_facts() -> str:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
-    except OSError:
-        pass
-    return (f"nproc {len(os.sched_getaffinity(0))}, cpu {cpu}, "
-            f"python {platform.python_implementation()} {platform.python_version()}, "
-            f"kernel {platform.system()} {platform.release()}")
 
 
 def markdown(res: Results, facts: str, command: str) -> str:

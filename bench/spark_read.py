@@ -42,8 +42,8 @@ from confluent_kafka import libversion as librdkafka_version
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from broker import ServerProcess, free_port, machine_facts, wait_for_topics  # noqa: E402
-from perf_doc import update_section  # noqa: E402
+from broker import ServerProcess, free_port, wait_for_topics  # noqa: E402
+from perf_doc import machine_facts, update_section  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Spark data source (issue: Data pipeline on PySpark)"

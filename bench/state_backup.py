@@ -66,7 +66,7 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from perf_doc import update_section  # noqa: E402  (beside this script)
+from perf_doc import machine_facts, update_section  # noqa: E402  (beside this script)
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 PLOT = os.path.join(ROOT, "docs", "state_backup.png")
@@ -1156,19 +1156,6 @@ def plot(res: Results, path: str = PLOT) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def machine_facts() -> str:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"nproc {len(os.sched_getaffinity(0))}, cpu {cpu}, memory {mem:.1f} GiB, "
-            f"python {platform.python_implementation()} {platform.python_version()}, "
-            f"kernel {platform.system()} {platform.release()}")
 
 
 def interpretation(res: Results) -> str:
