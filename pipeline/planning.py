@@ -68,21 +68,33 @@ def _from_spec(spec: OffsetSpec, tp: TP, low: int, high: int) -> int:
     return low if value == EARLIEST else high if value == LATEST else value
 
 
-def starting_offsets(catalog: Catalog, opts: SourceOptions, marks: dict[TP, tuple[int, int]]) -> dict[TP, int]:
-    """Where each partition's read begins (`check_specs_cover` has accepted the JSON options)."""
-    stamps = _stamps(opts.starting_timestamp, opts.starting_offsets_by_timestamp, marks)
+def _requested(catalog: Catalog, timestamp: int | None, by_timestamp: dict | None, spec: OffsetSpec,
+               marks: dict[TP, tuple[int, int]], missing_timestamp_is_error: bool) -> dict[TP, int]:
+    """The offset each partition's option asks for, before clamping: a timestamp's first record (the end
+    when none is that late, unless that is an error) or the offsets spec; the precedence of the module doc."""
+    stamps = _stamps(timestamp, by_timestamp, marks)
     found = catalog.offsets_for_timestamp(stamps) if stamps else {}
     out = {}
     for tp, (low, high) in marks.items():
-        if tp in stamps:
-            offset = found.get(tp)
-            if offset is None:
-                if opts.timestamp_strategy == "error":
-                    raise OptionError(f"{tp[0]}-{tp[1]}: no record at or after timestamp {stamps[tp]} "
-                                      "(startingOffsetsByTimestampStrategy=latest starts at the end instead)")
-                offset = high
+        if tp not in stamps:
+            out[tp] = _from_spec(spec, tp, low, high)
+        elif (offset := found.get(tp)) is not None:
+            out[tp] = offset
+        elif missing_timestamp_is_error:
+            raise OptionError(f"{tp[0]}-{tp[1]}: no record at or after timestamp {stamps[tp]} "
+                              "(startingOffsetsByTimestampStrategy=latest starts at the end instead)")
         else:
-            offset = _from_spec(opts.starting_offsets, tp, low, high)
+            out[tp] = high
+    return out
+
+
+def starting_offsets(catalog: Catalog, opts: SourceOptions, marks: dict[TP, tuple[int, int]]) -> dict[TP, int]:
+    """Where each partition's read begins (`check_specs_cover` has accepted the JSON options)."""
+    requested = _requested(catalog, opts.starting_timestamp, opts.starting_offsets_by_timestamp,
+                           opts.starting_offsets, marks, opts.timestamp_strategy == "error")
+    out = {}
+    for tp, offset in requested.items():
+        low, high = marks[tp]
         if offset < low:
             if opts.fail_on_data_loss:
                 raise DataLossError(f"{tp[0]}-{tp[1]}: starting offset {offset} is below the log start offset {low}: "
@@ -94,17 +106,9 @@ def starting_offsets(catalog: Catalog, opts: SourceOptions, marks: dict[TP, tupl
 
 def ending_offsets(catalog: Catalog, opts: SourceOptions, marks: dict[TP, tuple[int, int]]) -> dict[TP, int]:
     """Where each partition's batch read ends (exclusive)."""
-    stamps = _stamps(opts.ending_timestamp, opts.ending_offsets_by_timestamp, marks)
-    found = catalog.offsets_for_timestamp(stamps) if stamps else {}
-    out = {}
-    for tp, (low, high) in marks.items():
-        if tp in stamps:
-            offset = found.get(tp)
-            offset = high if offset is None else offset
-        else:
-            offset = _from_spec(opts.ending_offsets, tp, low, high)
-        out[tp] = max(low, min(offset, high))
-    return out
+    requested = _requested(catalog, opts.ending_timestamp, opts.ending_offsets_by_timestamp,
+                           opts.ending_offsets, marks, False)
+    return {tp: max(marks[tp][0], min(offset, marks[tp][1])) for tp, offset in requested.items()}
 
 
 def _stamps(global_ts: int | None, per_partition: dict | None, marks: dict[TP, tuple[int, int]]) -> dict[TP, int]:
