@@ -281,11 +281,12 @@ class Log:
             raise RecordTooLargeError(
                 f"the append of {parsed.size} bytes to {self.name} is larger than segment.bytes ({cfg.segment_bytes})"
             )
-        check_ts = cfg.message_timestamp_type == "CreateTime" and (
-            cfg.message_timestamp_before_max_ms < 2**63 - 1 or cfg.message_timestamp_after_max_ms < 2**63 - 1
-        )
+        # The CreateTime window, None when both bounds are left unlimited (Long.MAX_VALUE, the default).
         ts_range = (
-            (now - cfg.message_timestamp_before_max_ms, now + cfg.message_timestamp_after_max_ms) if check_ts else None
+            (now - cfg.message_timestamp_before_max_ms, now + cfg.message_timestamp_after_max_ms)
+            if cfg.message_timestamp_type == "CreateTime"
+            and min(cfg.message_timestamp_before_max_ms, cfg.message_timestamp_after_max_ms) < 2**63 - 1
+            else None
         )
         view = memoryview(data)
         for pos, h in parsed.headers:
