@@ -5,12 +5,21 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench clean
 
+# Each setup step prints one line saying what it does and why; its output goes to $(LOGS)/NAME.log,
+# whose tail is printed only if the step fails.
+LOGS := $(VENV)/logs
+define step
+	@mkdir -p $(LOGS); echo "make: $(1)"
+	@( $(2) ) >$(LOGS)/$(3).log 2>&1 || { tail -n 40 $(LOGS)/$(3).log; echo "make: FAILED: $(1) (log: $(LOGS)/$(3).log)"; exit 1; }
+endef
+# apt-get install, with an `apt-get update` first only when the package lists are too old to find it.
+APT_INSTALL = apt-get install -y --no-install-recommends $(1) || (apt-get update && apt-get install -y --no-install-recommends $(1))
+
 # setup.py compiles the cleaner's C loops (sidecar/log/_cleaner_kernel.c); a change to either reinstalls.
 $(BIN)/.installed: pyproject.toml setup.py sidecar/log/_cleaner_kernel.c
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
-	touch $@
+	$(call step,creating the virtual environment $(VENV) with $(PYTHON),$(PYTHON) -m venv $(VENV),venv)
+	$(call step,installing Shale and its pinned Python dependencies into $(VENV) (pip; a few minutes on a fresh machine; compiles sidecar/log/_cleaner_kernel.c),$(BIN)/pip install --upgrade pip && $(BIN)/pip install -e '.[test]',pip)
+	@touch $@
 
 demo: $(BIN)/.installed
 	rm -rf demo-data
@@ -26,19 +35,19 @@ JAVA := $(shell command -v java 2>/dev/null)
 PROMTOOL := $(shell command -v promtool 2>/dev/null || echo $(BIN)/promtool)
 
 $(BIN)/promtool: | $(BIN)/.installed
-	rm -rf $(VENV)/prometheus-deb && mkdir -p $(VENV)/prometheus-deb
-	cd $(VENV)/prometheus-deb && (apt-get download prometheus >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get download prometheus >/dev/null))
-	dpkg-deb -x $(VENV)/prometheus-deb/prometheus_*.deb $(VENV)/prometheus-deb/root
-	cp $(VENV)/prometheus-deb/root/usr/bin/promtool $@
-	rm -rf $(VENV)/prometheus-deb
+	$(call step,taking promtool out of Debian's prometheus package into $(VENV) (the chart's alert rules are tested with it; no Prometheus server is installed),\
+	  rm -rf $(VENV)/prometheus-deb && mkdir -p $(VENV)/prometheus-deb && cd $(VENV)/prometheus-deb && \
+	  (apt-get download prometheus || (apt-get update && apt-get download prometheus)) && \
+	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(abspath $@) && cd .. && rm -rf prometheus-deb,promtool)
 
 test: $(BIN)/.installed $(PROMTOOL)
 ifeq ($(KCAT),)
-	apt-get install -y --no-install-recommends kcat >/dev/null || (apt-get update >/dev/null && apt-get install -y --no-install-recommends kcat >/dev/null)
+	$(call step,installing Debian's kcat with apt-get (librdkafka 2.0.2: the tests' old-librdkafka client),$(call APT_INSTALL,kcat),kcat)
 endif
 ifeq ($(JAVA),)
-	apt-get install -y --no-install-recommends openjdk-17-jre-headless >/dev/null || (apt-get update >/dev/null && apt-get install -y --no-install-recommends openjdk-17-jre-headless >/dev/null)
+	$(call step,installing Debian's openjdk-17-jre-headless with apt-get (Spark needs Java 17+ for the data source's tests),$(call APT_INSTALL,openjdk-17-jre-headless),java)
 endif
+	@echo "make: running the test suite (pytest on 2 workers; about 5 minutes on 2 cores)"
 	$(BIN)/pytest -n 2 -q
 
 bench: $(BIN)/.installed

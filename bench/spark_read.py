@@ -16,7 +16,7 @@ and a 100-byte value, produced with confluent-kafka. Then, in order:
    aggregating every column that carries data (count, sum of key and value lengths, max offset and
    timestamp), so each row is materialised in the JVM; the sums are checked against what was produced.
 4. Spark, files: the same query with `path` = the server's data directory (read-only, server running).
-5. latest view: `shale.pipeline.read(..., latest=true)` (Spark's max_by per key) and the source's own
+5. latest view: `shale.pipeline.latest.read(..., latest=true)` (Spark's max_by per key) and the source's own
    `latest=true` (Arrow, in the read task) over the first M records (`endingOffsets`) for growing M.
 
 Each Spark query runs after a small warm-up query, so Python worker start-up is not in the figures.
@@ -213,7 +213,7 @@ def latest_build(spark, source: dict, ends: dict, keys: int) -> tuple[float, flo
     """Seconds to build the latest view of the first records (to `ends`), by Spark and by the source."""
     from pyspark.sql import functions as F
 
-    from shale.pipeline import read
+    from shale.pipeline.latest import read
 
     options = {**source, "subscribe": TOPIC, "endingOffsets": json.dumps({TOPIC: ends})}
     timings, counts = [], []
@@ -337,7 +337,7 @@ produced at {res.produce.rate:,.0f} records/s. The plain consumer reads every re
 (key, value, offset and timestamp touched). The Spark queries aggregate every data column (count, sums of key
 and value lengths, max offset and timestamp; the sums are checked) so each row is built in the JVM; they run
 after a warm-up query. The latest view is timed over the first M records (`endingOffsets`), built by Spark
-(`shale.pipeline.read(..., latest=true)`: `max_by` over the offset per key, a shuffle) and by the source's
+(`shale.pipeline.latest.read(..., latest=true)`: `max_by` over the offset per key, a shuffle) and by the source's
 `latest=true` (Arrow, in each partition's read task).
 
 {table(res)}

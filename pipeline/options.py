@@ -107,7 +107,7 @@ class SourceOptions:
         split = [k for k in ("minPartitions", "maxRecordsPerPartition") if k.lower() in o]
         if latest and split:
             raise OptionError(f"latest=true reduces each partition whole in one read task, so {split[0]} cannot "
-                              "split it; shale.pipeline.read(spark, {..., 'latest': 'true'}) builds the view with "
+                              "split it; shale.pipeline.latest.read(spark, {..., 'latest': 'true'}) builds the view with "
                               "a Spark aggregation and takes it")
         return cls(
             bootstrap_servers=bootstrap,

@@ -2,7 +2,7 @@
 
 On a cluster, build the session as the cluster wants, with `spark.sql.python.filterPushdown.enabled=true`
 (pyspark refuses a reader that pushes filters without it); PySpark registers `format("shale")` by
-itself where Shale is installed as a package (`pyspark_shale`), `shale.pipeline.register(spark)`
+itself where Shale is installed as a package (`pyspark_shale`), `register(spark)` below
 does it elsewhere (an editable install).
 """
 
@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import select
 import sys
-
-from . import register
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
@@ -40,6 +38,25 @@ def patch_py4j_callback_server() -> None:
     import py4j.java_gateway
 
     py4j.java_gateway.select = _PollSelect  # the module's only select() call is the callback server's accept loop
+
+
+def register(spark) -> None:
+    """Make `format("shale")` available in this SparkSession, unless PySpark already registered it.
+
+    An installed Shale is registered by PySpark itself (the top-level package `pyspark_shale`);
+    registering over that works but makes Spark warn that a statically registered source was replaced.
+    """
+    from .source import NAME, ShaleDataSource
+
+    if not _registered(spark, NAME):
+        spark.dataSource.register(ShaleDataSource)
+
+
+def _registered(spark, name: str) -> bool:
+    try:  # the JVM's DataSourceManager (a Spark Connect session has no JVM here: register then)
+        return bool(spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists(name))
+    except Exception:
+        return False
 
 
 def local_session(app: str = "shale", *, cores: int = 2, shuffle_partitions: int = 4, conf: dict | None = None):

@@ -1,7 +1,7 @@
 """`format("shale")`: the PySpark data source that reads and writes Shale topics.
 
 PySpark registers it by itself where Shale is installed (the `pyspark_shale` package); in an editable
-install call `shale.pipeline.register(spark)` once per session. Then:
+install call `shale.pipeline.session.register(spark)` once per session. Then:
 
     spark.read.format("shale").option("bootstrap.servers", "127.0.0.1:9092").option("subscribe", "prices").load()
     spark.read.format("shale").option("path", "/var/lib/shale").option("subscribe", "prices").load()

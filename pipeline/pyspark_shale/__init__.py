@@ -1,4 +1,4 @@
-"""Makes `format("shale")` work in every SparkSession without `shale.pipeline.register(spark)`.
+"""Makes `format("shale")` work in every SparkSession without `shale.pipeline.session.register(spark)`.
 
 When a session first resolves a data source name, PySpark (4.0+, `pyspark.sql.worker.lookup_data_sources`)
 imports, in a Python worker, every top-level module whose name starts with `pyspark_` and registers

@@ -55,6 +55,17 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "empty group."),
     ConfigKey("offsets.topic.num.partitions", INT, 50, Range(1),
               "Partitions of __consumer_offsets when it is created."),
+    ConfigKey("delete.topic.enable", BOOLEAN, True, None,
+              "Whether topics can be deleted: by removing their manifest (or their key in the operator's "
+              "ConfigMap) or through DeleteTopics. When false a removed manifest's topic keeps its data "
+              "and DeleteTopics answers TOPIC_DELETION_DISABLED, as Kafka's broker does."),
+    ConfigKey("socket.request.max.bytes", INT, 104857600, Range(1),
+              "The largest request frame a connection may announce; a larger one closes the connection "
+              "before any of it is buffered."),
+    ConfigKey("queued.max.request.bytes", LONG, -1, None,
+              "Bytes of requests read but not yet answered, over all connections, before the node stops "
+              "reading from sockets (back-pressure); -1 (Kafka's default) bounds it by "
+              "socket.request.max.bytes instead of leaving it unbounded."),
 )  # fmt: skip
 
 SERVER_CONFIG_KEYS_BY_NAME: Mapping[str, ConfigKey] = MappingProxyType({k.name: k for k in SERVER_CONFIG_KEYS})
@@ -83,6 +94,9 @@ class ServerConfig:
     producer_id_expiration_check_interval_ms: int
     group_initial_rebalance_delay_ms: int
     offsets_topic_num_partitions: int
+    delete_topic_enable: bool
+    socket_request_max_bytes: int
+    queued_max_request_bytes: int
 
     def __post_init__(self) -> None:
         for key in SERVER_CONFIG_KEYS:

@@ -313,7 +313,7 @@ def test_callback_server_accepts_on_descriptors_above_1023(spark):
 def test_register_sees_what_the_session_has_registered(spark):
     """`register` skips a session that has the source (statically, or from an earlier call): the check asks
     the JVM's DataSourceManager, so it must tell a registered name from an unknown one."""
-    from shale.pipeline import _registered, register
+    from shale.pipeline.session import _registered, register
 
     assert _registered(spark, "shale") and not _registered(spark, "no-such-source")
     register(spark)  # a second call is a no-op, and the source still reads
