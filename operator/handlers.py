@@ -11,6 +11,12 @@ a ConfigMap edited or recreated behind the operator's back. One lock per Topic k
 racing a change handler, one lock per process serialises this operator's own ConfigMap writes (other
 writers are caught by the resourceVersion precondition).
 
+The Topics are the source of truth, and only deleting one deletes: a key that is missing although its
+Topic was applied (a ConfigMap emptied, deleted or edited by hand) is written back, by whichever
+Topic is reconciled next, for every such Topic in one write (`plan_restore`, from kopf's index of the
+Topics) — the pods see the whole set come back at once, never a part of it that would read as the
+deletion of the rest.
+
 Annotations (Strimzi's semantics): `shale.dev/paused-reconciliation: "true"` applies nothing and sets
 ReconciliationPaused=True; `shale.dev/managed: "false"` hands the topic back (Unmanaged=True), and
 deleting such a Topic — or a paused one — keeps its key, so the topic and its data stay on the pods.
@@ -19,6 +25,7 @@ deleting such a Topic — or a paused one — keeps its key, so the topic and it
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections import defaultdict
@@ -35,7 +42,7 @@ from shale.operator.kube import connection_info
 from shale.operator.manifests import (DesiredTopic, SpecError, configmap_key, desired_topic, loaded_digest,
                                       parse_applied)
 from shale.operator.metrics import OperatorMetrics
-from shale.operator.planning import plan
+from shale.operator.planning import plan, plan_restore
 from shale.operator.settings import Settings
 from shale.operator.status import Observation, ReportCache, fetch_reports, observe, placements
 from shale.operator.storage import Storage, StorageError, read_storage
@@ -76,8 +83,30 @@ def _status_patch(patch: kopf.Patch, current: Mapping[str, Any], new: Mapping[st
             patch.status[key] = value
 
 
+Topics = Mapping[str, Any]  # kopf's index `topic_bodies`: ConfigMap key → the bodies of the Topic(s) with it
+
+
+def lost_topics(ctx: Context, bodies: list[Mapping[str, Any]], data: Mapping[str, str]) -> list[Mapping[str, Any]]:
+    """The bodies of the Topics that were applied but whose key `data` lacks.
+
+    Applied = `status.topicName` set, which only a successful apply does; a Topic never applied is
+    written by its own handler. Deleted, paused and unmanaged Topics are not ours to write.
+    """
+    out = []
+    for body in bodies:
+        meta = body["metadata"]
+        annotations = meta.get("annotations") or {}
+        key = configmap_key(meta["namespace"], meta["name"])
+        if (key in data or meta.get("deletionTimestamp") or meta.get("uid") in ctx.deleted
+                or annotations.get(PAUSE_ANNOTATION) == "true" or annotations.get(MANAGED_ANNOTATION) == "false"
+                or not (body.get("status") or {}).get("topicName")):
+            continue
+        out.append(body)
+    return out
+
+
 async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | logging.LoggerAdapter,
-                    wait: bool) -> None:
+                    wait: bool, topics: Topics) -> None:
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     status = dict(body.get("status") or {})
@@ -103,9 +132,9 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: lo
             return
         drop = (PAUSED, UNMANAGED)
         try:
-            topic, observation = await _apply(ctx, body, logger, wait)
+            topic, observation = await _apply(ctx, body, logger, wait, topics)
         except (SpecError, StorageError) as exc:
-            reason = exc.reason if isinstance(exc, SpecError) else "StorageNotReady"
+            reason = exc.reason
             cond = Condition(READY, False, reason, str(exc))
             # Warn, and post a Warning Event (reason = the condition's) that `kubectl describe topic` shows,
             # when this becomes the Topic's state, not on every refresh.
@@ -131,7 +160,8 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: lo
             "partitions": observation.partitions, "diskUsageBytes": observation.disk_usage_bytes})
 
 
-async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool) -> tuple[DesiredTopic, Observation]:
+async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
+                 topics: Topics) -> tuple[DesiredTopic, Observation]:
     settings = ctx.settings
     topic = desired_topic(body)
     storage: Storage = await asyncio.to_thread(read_storage, ctx.api, settings)
@@ -141,14 +171,26 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool) -> tupl
                                   cache)
     found = placements(topic.topic_name, reports)
     planned: dict[str, Any] = {}
+    every_topic = [b for bodies in topics.values() for b in bodies]  # read here: kopf changes it on this loop
 
     def compute(snapshot: Snapshot) -> dict[str, str]:
-        text, owners = plan(topic, snapshot.data, storage, settings.node_address_template, found)
+        lost = lost_topics(ctx, every_topic, snapshot.data)
+        restored = plan_restore(lost, snapshot.data, storage, settings.node_address_template,
+                                lambda name: placements(name, reports))
+        text, owners = plan(topic, {**snapshot.data, **restored}, storage, settings.node_address_template, found)
         planned["owners"], planned["text"], planned["changed"] = owners, text, snapshot.data.get(topic.key) != text
-        return {topic.key: text}
+        planned["restored"] = lost
+        return {**restored, topic.key: text}
 
-    async with ctx.configmap_lock:
-        await asyncio.to_thread(ctx.configmap.update, compute)
+    try:
+        async with ctx.configmap_lock:
+            await asyncio.to_thread(ctx.configmap.update, compute)
+    except kubernetes.client.ApiException as exc:  # e.g. 403: retry at the refresh pace, not kopf's 60 s backoff,
+        # so that lost keys come back soon after the cause is fixed
+        raise kopf.TemporaryError(f"{ctx.configmap.ref}: writing {topic.key} failed: {exc.status} {exc.reason}",
+                                  delay=settings.status_interval_seconds) from None
+    if planned["restored"]:
+        _report_restored(ctx, planned["restored"], logger)
     owners = planned["owners"]
     digest = loaded_digest(planned["text"])  # what the pods report once they have loaded this manifest
     if planned["changed"]:
@@ -166,6 +208,19 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool) -> tupl
         if observation.ready.status or time.monotonic() >= deadline:
             return topic, observation
         await asyncio.sleep(_POLL_SECONDS)
+
+
+def _report_restored(ctx: Context, bodies: list[Mapping[str, Any]], logger: Any) -> None:
+    """Say loudly that keys came back: someone emptied, deleted or edited the ConfigMap."""
+    refs = [(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies]
+    keys = ", ".join(configmap_key(ns, name) for ns, name in refs)
+    logger.warning("%s had lost the keys of %d applied Topic(s) (emptied, deleted or edited by hand): wrote back %s "
+                   "from the Topics in one write", ctx.configmap.ref, len(refs), keys)
+    ctx.metrics.manifests_restored.inc(len(refs))
+    for body, (ns, name) in zip(bodies, refs):
+        kopf.warn(dict(body), reason="ManifestRestored",
+                  message=f"{configmap_key(ns, name)} was missing from {ctx.configmap.ref} (emptied, deleted or edited "
+                          "by hand) and was written back from this Topic; only deleting the Topic deletes the topic")
 
 
 async def remove(ctx: Context, body: kopf.Body, logger: Any) -> None:
@@ -229,18 +284,26 @@ def build_registry(settings: Settings) -> kopf.OperatorRegistry:
     def topics_probe(memo: kopf.Memo, **_: Any) -> int:
         return len(memo.ctx.topic_locks)
 
+    @kopf.index(*resource, id="topic_bodies", registry=registry)
+    def topic_bodies(body: kopf.Body, **_: Any) -> dict[str, Any]:
+        # Every Topic, for writing back lost keys; kopf fills the index from its initial list before
+        # any handler runs, so a restarted operator knows them all at once.
+        meta = body["metadata"]
+        return {configmap_key(meta["namespace"], meta["name"]): copy.deepcopy(dict(body))}
+
     @kopf.on.create(*resource, id="apply-create", registry=registry)
     @kopf.on.update(*resource, id="apply-update", registry=registry)
     @kopf.on.resume(*resource, id="apply-resume", registry=registry)
-    async def apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-        await reconcile(memo.ctx, body, patch, logger, wait=True)
+    async def apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
+                    topic_bodies: kopf.Index, **_: Any) -> None:
+        await reconcile(memo.ctx, body, patch, logger, wait=True, topics=topic_bodies)
 
     @kopf.timer(*resource, id="refresh", interval=settings.status_interval_seconds,
                 initial_delay=settings.status_interval_seconds, registry=registry)
     async def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
-                      stopped: kopf.DaemonStopped, **_: Any) -> None:
+                      topic_bodies: kopf.Index, stopped: kopf.DaemonStopped, **_: Any) -> None:
         # kopf never cancels a running timer; give up the refresh at once when the operator stops.
-        work = asyncio.ensure_future(reconcile(memo.ctx, body, patch, logger, wait=False))
+        work = asyncio.ensure_future(reconcile(memo.ctx, body, patch, logger, wait=False, topics=topic_bodies))
         stop = asyncio.ensure_future(stopped.wait())
         await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()

@@ -2,6 +2,8 @@
 
 `shale_topic_ready{namespace,topic}` is 1 while a Topic's Ready condition is True, 0 otherwise (topic =
 the Topic object's name); a Topic that is deleted or handed back (managed: "false") drops its series.
+`shale_operator_manifests_restored_total` counts the keys written back after they went missing from
+the topics ConfigMap: anything above 0 means someone emptied, deleted or edited it.
 kopf's liveness server serves one path only, so /metrics has its own aiohttp server (default port
 8082, beside kopf's /healthz on 8081). Each operator has its own registry, so several can run in one
 process (the tests do).
@@ -10,7 +12,7 @@ process (the tests do).
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 
@@ -19,6 +21,9 @@ class OperatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.topic_ready = Gauge("shale_topic_ready", "1 if the Topic's Ready condition is True, else 0",
                                  ["namespace", "topic"], registry=self.registry)
+        self.manifests_restored = Counter(
+            "shale_operator_manifests_restored", "Topic keys written back to the topics ConfigMap after they went "
+            "missing (emptied, deleted or edited by hand)", registry=self.registry)
         self._runner: web.AppRunner | None = None
 
     def set_ready(self, namespace: str, name: str, ready: bool) -> None:

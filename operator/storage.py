@@ -19,7 +19,11 @@ from shale.operator.settings import Settings
 
 
 class StorageError(RuntimeError):
-    """The storage StatefulSet or one of its pods cannot be found or addressed; the message names it."""
+    """The storage cannot take the change now; the message names what. `reason`: the Ready condition's reason."""
+
+    def __init__(self, message: str, reason: str = "StorageNotReady") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,11 @@ The same functions run on a Spark cluster: only the SparkSession differs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -149,11 +152,13 @@ def _serve(workdir: Path, port: int, http_port: int) -> subprocess.Popen:
 
     manifests = workdir / "topics.yaml"
     manifests.write_text(yaml.safe_dump_all(topic_manifests(demo=True)))
-    log = open(workdir / "serve.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "shale.sidecar.cli", "serve", "--data-dir", str(workdir / "data"),
-                             "--topics", str(manifests), "--listen", f"127.0.0.1:{port}",
-                             "--http", f"127.0.0.1:{http_port}", "--override", "log.cleaner.backoff.ms=200"],
-                            stdout=log, stderr=log)
+    with open(workdir / "serve.log", "ab") as log:
+        # Its own session: a Ctrl-C in the terminal reaches the demo alone, which stops Spark (reading from the
+        # server) first and the server after it; stopped together, Spark's readers would fail loudly.
+        return subprocess.Popen([sys.executable, "-m", "shale.sidecar.cli", "serve", "--data-dir",
+                                 str(workdir / "data"), "--topics", str(manifests), "--listen", f"127.0.0.1:{port}",
+                                 "--http", f"127.0.0.1:{http_port}", "--override", "log.cleaner.backoff.ms=200"],
+                                stdout=log, stderr=log, start_new_session=True)
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -173,44 +178,87 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60.0) ->
 
 def demo(events: int, users: int, workdir: str | None) -> int:
     """Serve, produce events, count them with the stream job in two runs, restore and compare; then kill
-    the server (SIGKILL, a crash) and restore again from its data directory alone."""
+    the server (SIGKILL, a crash) and restore again from its data directory alone.
+
+    Without `workdir` everything goes to a temporary directory, removed at the end — after an error or
+    Ctrl-C too, once Spark and the server have stopped.
+    """
     from .session import local_session
 
-    work = Path(workdir or tempfile.mkdtemp(prefix="shale-follower-counts-"))
-    work.mkdir(parents=True, exist_ok=True)
-    port, http_port = _free_port(), _free_port()
-    server = _serve(work, port, http_port)
-    try:
+    with contextlib.ExitStack() as cleanup:  # unwinds in reverse: Spark, the server, the temporary directory
+        if workdir is None:
+            work = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="shale-follower-counts-",
+                                                                          ignore_cleanup_errors=True)))
+        else:
+            work = Path(workdir)
+            work.mkdir(parents=True, exist_ok=True)
+        port, http_port = _free_port(), _free_port()
+        server = _serve(work, port, http_port)
+        cleanup.callback(_stop, server)
         _wait_listening(port, server)
         bootstrap = f"127.0.0.1:{port}"
         spark = local_session("follower-counts")
+        cleanup.callback(_stop_spark, spark)
+        _plain_ctrl_c()
         evs = generate_events(events, users)
         half = len(evs) // 2
-        print(f"shale serve on {bootstrap} (data in {work / 'data'}); producing {half} events")
+        kept = "" if workdir is None else ", kept"
+        print(f"shale serve on {bootstrap} (data in {work / 'data'}{kept}); producing {half} events", flush=True)
         produce_events(bootstrap, evs[:half])
         count_stream(spark, bootstrap, str(work / "checkpoint"), every=None).awaitTermination()
-        print(f"stream run 1 done; producing {len(evs) - half} more events (the stream would run every few minutes)")
+        print(f"stream run 1 done; producing {len(evs) - half} more events (the stream would run every few minutes)",
+              flush=True)
         produce_events(bootstrap, evs[half:])
         count_stream(spark, bootstrap, str(work / "checkpoint"), every=None).awaitTermination()
-        print("stream run 2 done; restoring the counts from the latest view of", COUNTS_TOPIC)
+        print("stream run 2 done; restoring the counts from the latest view of", COUNTS_TOPIC, flush=True)
         restored = {r.user: r.followers for r in restore_counts(spark, {"bootstrap.servers": bootstrap}).collect()}
         model = expected_counts(evs)
         top = sorted(restored.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
-        print("top users by followers:", ", ".join(f"{u}={n}" for u, n in top))
+        print("top users by followers:", ", ".join(f"{u}={n}" for u, n in top), flush=True)
         over_wire = restored == model
         print(f"restored {len(restored)} users over the wire; equal to the counts computed from the events: "
-              f"{over_wire}")
+              f"{over_wire}", flush=True)
         server.kill()  # a crash: no flush, no clean shutdown
         server.wait(30)
         from_files = {r.user: r.followers for r in restore_counts(spark, {"path": str(work / "data")}).collect()}
         print(f"shale serve killed; restored {len(from_files)} users from its data directory alone; equal: "
-              f"{from_files == model}")
-        spark.stop()
+              f"{from_files == model}", flush=True)
         return 0 if over_wire and from_files == model else 1
-    finally:
-        if server.poll() is None:
-            server.terminate()
-            server.wait(30)
+
+
+def _stop_spark(spark) -> None:
+    """Stop the stream query an interrupted run leaves running, then the session."""
+    for query in spark.streams.active:
+        query.stop()
+    spark.stop()
+
+
+class _Py4jInterruptFilter(logging.Filter):
+    """Drops the ERROR with a traceback that py4j logs on the root logger for a call into the JVM that Ctrl-C
+    interrupted; the demo says "interrupted" itself, once everything is stopped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "KeyboardInterrupt while sending command."
+
+
+def _plain_ctrl_c() -> None:
+    """Ctrl-C raises KeyboardInterrupt and prints no tracebacks.
+
+    PySpark's own SIGINT handler cancels the jobs with a call into the JVM which, made from inside the
+    interrupted call, fails with tracebacks (`reentrant call`); the jobs end with the session anyway
+    (`_stop_spark`). py4j logs the interrupted call and the closing of its connection at ERROR with
+    tracebacks; its other errors are raised as exceptions too, so its own log says nothing more.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    logging.getLogger().addFilter(_Py4jInterruptFilter())
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """SIGTERM a server still running (a clean stop), and wait for it."""
+    if server.poll() is None:
+        server.terminate()
+        server.wait(30)
 
 
 def _free_port() -> int:
@@ -246,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "demo":
-        return demo(args.events, args.users, args.workdir)
+        try:
+            return demo(args.events, args.users, args.workdir)
+        except KeyboardInterrupt:  # Ctrl-C: everything is stopped and removed by now; no traceback
+            print("interrupted", file=sys.stderr)
+            return 130
     if args.command == "generate":
         produce_events(args.bootstrap_servers, generate_events(args.events, args.users, args.seed))
         return 0

@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import select
 import sys
+from pathlib import Path
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+# Spark's log configuration for local sessions: WARN, without the warnings every local session prints.
+LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 
 
 class _PollSelect:
@@ -60,22 +63,32 @@ def _registered(spark, name: str) -> bool:
 
 
 def local_session(app: str = "shale", *, cores: int = 2, shuffle_partitions: int = 4, conf: dict | None = None):
-    """`local[cores]` bound to loopback, Python workers on this interpreter, pushdown on, `shale` registered."""
+    """`local[cores]` bound to loopback, Python workers on this interpreter, pushdown on, `shale` registered.
+
+    Spark logs at WARN through `log4j2.properties` beside this module, given to the JVM as it starts (a
+    `setLogLevel` afterwards would come after the startup lines), and draws no progress bars: the output
+    of the program using the session stays readable. A caller's `spark.driver.extraJavaOptions` come
+    after ours, so its own `-Dlog4j2.configurationFile` wins.
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's pyarrow and shale
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # never bind another interface
     from pyspark.sql import SparkSession
 
     patch_py4j_callback_server()
+    conf = dict(conf or {})
+    java_options = " ".join(filter(None, [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
+                                          conf.pop("spark.driver.extraJavaOptions", None)]))
     builder = (SparkSession.builder.appName(app).master(f"local[{cores}]")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.extraJavaOptions", java_options)
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                .config("spark.sql.session.timeZone", "UTC")
                .config(PUSHDOWN_CONF, "true"))
-    for key, value in (conf or {}).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
     register(spark)
     return spark

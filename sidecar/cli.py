@@ -6,13 +6,41 @@ import argparse
 import logging
 import sys
 
+DUMP_LOG_DIFFERENCES = """\
+exit status: 0 when every file was read and every check agreed; 1 on corrupt data, an index that
+disagrees with its log, or a file that is not what its name says (Kafka's tool exits 1 only when
+it crashes on such a file, with a stack trace; it exits 0 after reporting findings); 2, before
+anything is dumped, for a missing file, a directory, or a segment name without its base offset.
+
+Findings that describe files Kafka itself writes are reported in Kafka's words but do not fail the
+exit status: .timeindex entries that point inside a batch, at the record with the largest
+timestamp (Kafka 2.x-3.6 wrote them), and .index entries that map a later batch's last offset to
+an earlier batch's position (one entry per multi-batch append: followers' and the cleaner's
+segments before KAFKA-806, Kafka 4.1). Lookups through both are correct.
+
+KRaft control records print as Kafka's current tool prints them: SnapshotHeader, SnapshotFooter,
+KRaftVersion, KRaftVoters (Kafka 3.3+) and LeaderChange (Kafka 3.x printed controlType:
+LEADER_CHANGE(2)) as the JSON of their values.
+
+Also unlike Kafka's tool: a preallocated .index or .timeindex that holds no entry yet (an
+active segment) is empty, not an entry for offset 0; checkpoint files and partition.metadata are
+dumped; a corrupt or unknown batch is named with its position instead of a stack trace; message
+format v0/v1 (Kafka before 0.11) is reported as corrupt, not decoded; there is no --files (files
+are arguments), and no decoder options: keys and payloads print as UTF-8 text, Kafka's default,
+and KRaft metadata records print as that text too (Kafka's --cluster-metadata-decoder is absent)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shale", description="Kafka-compatible, compacted log storage.")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    dump = sub.add_parser("dump-log", help="print .log/.index/.timeindex/checkpoint files like kafka-dump-log.sh")
+    dump = sub.add_parser("dump-log", help="print .log/.index/.timeindex/checkpoint files like kafka-dump-log.sh",
+                          description="Print Kafka's (and Shale's) segment, index, snapshot and checkpoint files "
+                                      "in the line format of Kafka's kafka-dump-log.sh, and check index files "
+                                      "against their log.",
+                          epilog="Differences from kafka-dump-log.sh\n\n" + DUMP_LOG_DIFFERENCES,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     dump.add_argument("files", nargs="+", metavar="FILE")
     dump.add_argument("--print-data-log", action="store_true", help="print every record's key and value")
     dump.add_argument("--deep-iteration", action="store_true", help="print one line per record")

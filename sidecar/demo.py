@@ -3,9 +3,12 @@
 It writes a `Topic` manifest for `latest-product-price` (compacted, segments rolled every 100 ms),
 starts `shale serve` as a child process, produces the price updates with kafka-python (an
 unmodified Kafka client, idempotent with acks=all by default), waits until the node's `/status`
-reports a cleaner pass over the partition, then consumes the topic from the beginning and prints
-what is left: each product's latest price (plus the newest update, still in the active segment,
-which Kafka never cleans). Then the node keeps serving until Ctrl-C, for kcat or any other client.
+reports that the cleaner compacted everything below the active segment, then consumes the topic from
+the beginning and prints what is left: one record per product, its latest price. Kafka never cleans
+the active segment, and rolls it (`segment.ms`) only when a later record arrives; so the walkthrough
+ends with the first price of a new product, whose arrival rolls the segment holding the last update
+of the others into the cleaner's reach. Then the node keeps serving until Ctrl-C, for kcat or any
+other client.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import yaml
 TOPIC = "latest-product-price"
 CONFIG = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
           "delete.retention.ms": "100"}
-UPDATES = [("p3", "10$"), ("p5", "7$"), ("p3", "11$"), ("p6", "25$"), ("p6", "12$"), ("p5", "14$"), ("p5", "17$")]
+UPDATES = [("p3", "10$"), ("p5", "7$"), ("p3", "11$"), ("p6", "25$"), ("p6", "12$"), ("p5", "14$"), ("p5", "17$"),
+           ("p7", "9$")]  # a new product last: the active segment then holds no older price of anything
 # The demo should not wait Kafka's 15 s cleaner back-off.
 OVERRIDES = {"log.cleaner.backoff.ms": "200"}
 
@@ -101,9 +105,11 @@ def _walkthrough(listen: str, http: str, out: TextIO, timeout_s: float) -> None:
             time.sleep(0.15)
     finally:
         producer.close(5)
-    dirty = _wait_for_cleaning(http, timeout_s)
-    print(f"\nthe cleaner compacted {TOPIC}-0 (dirty ratio now {dirty:.2f}, /status); "
-          "consuming from the beginning:", file=out)
+    _wait_for_cleaning(http, timeout_s)
+    key, value = UPDATES[-1]
+    print(f"\nthe cleaner compacted {TOPIC}-0 (dirty ratio now 0.00, /status): every segment but the active "
+          f"one, which Kafka never cleans and which {key}:{value} started; consuming from the beginning, "
+          "one record per product, its latest price:", file=out)
     consumer = KafkaConsumer(bootstrap_servers=listen, enable_auto_commit=False, group_id=None)
     try:
         tp = TopicPartition(TOPIC, 0)
@@ -118,12 +124,17 @@ def _walkthrough(listen: str, http: str, out: TextIO, timeout_s: float) -> None:
         consumer.close()
 
 
-def _wait_for_cleaning(http: str, timeout_s: float) -> float:
-    """Poll `/status` until a cleaner pass over the partition is reported; return its dirty ratio then."""
+def _wait_for_cleaning(http: str, timeout_s: float) -> None:
+    """Poll `/status` until the cleaner has compacted everything below the active segment (dirty ratio 0).
+
+    A pass that ran while the updates were still arriving is not enough: the wait is for the pass that
+    covers the last roll, after which the partition has nothing dirty left.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         partition = _get_json(http, "/status")["topics"][TOPIC]["partitions"][0]
-        if partition["last_clean_ms"] is not None and partition["cleaning"]["state"] == "idle":
-            return partition["dirty_ratio"]
+        if (partition["last_clean_ms"] is not None and partition["cleaning"]["state"] == "idle"
+                and partition["dirty_ratio"] == 0):
+            return
         time.sleep(0.2)
-    raise SystemExit(f"no cleaner pass over {TOPIC}-0 within {timeout_s:.0f} s")
+    raise SystemExit(f"the cleaner did not compact {TOPIC}-0 below its active segment within {timeout_s:.0f} s")

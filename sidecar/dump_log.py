@@ -1,19 +1,28 @@
 """`shale dump-log`: Kafka's kafka-dump-log.sh (DumpLogSegments) for Shale's — and Kafka's — files.
 
-Output lines match Kafka's so that people and scripts that know Kafka's tool can
-read ours. Index files are checked against the `.log` beside them.
+Output lines match those of Kafka's current tool, so that people and scripts that know it can read
+ours: segments (`.log`), KRaft snapshots (`*.checkpoint` under `__cluster_metadata`, with the JSON
+of their control records), `.index` and `.timeindex` checked against the `.log` beside them,
+producer snapshots and `.txnindex`. Where it deliberately differs from Kafka's tool is listed in
+`shale dump-log --help` (`cli.DUMP_LOG_DIFFERENCES`, kept there so that `shale` starts without
+importing the log engine) and in the README.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import re
+import struct
 from dataclasses import dataclass, field
 from typing import Iterator, TextIO
 
 from .log.checkpoint import CheckpointError, parse_offsets, parse_partition_metadata
+from .log.control_records import KRAFT_CONTROL_TYPES, describe
 from .log.errors import CorruptRecordError, LogError
-from .log.file_records import iter_batches
+from .log.file_records import BatchPosition, iter_batches
 from .log.offset_index import OffsetIndex
+from .log.producer_snapshot import format_entry, parse_snapshot
 from .log.records import (
     BATCH_OVERHEAD,
     BatchHeader,
@@ -23,34 +32,84 @@ from .log.records import (
     parse_control_key,
     parse_end_txn_marker,
 )
-from .log.producer_snapshot import format_entry, parse_snapshot
-from .log.segment import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, offset_from_filename
+from .log.segment import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from .log.time_index import TimeIndex
 
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 CHECKPOINT_NAMES = ("recovery-point-offset-checkpoint", "log-start-offset-checkpoint", "cleaner-offset-checkpoint",
                     "replication-offset-checkpoint")
+KRAFT_SNAPSHOT_SUFFIX = ".checkpoint"
+BOOTSTRAP_SNAPSHOT = "bootstrap.checkpoint"  # what `kafka-storage format` writes
+_KRAFT_SNAPSHOT_NAME = re.compile(r"([0-9]{20})-([0-9]{10})\.checkpoint")
+_DIGITS = re.compile(r"[0-9]+")
+_OFFSET_NAMED = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, SNAPSHOT_SUFFIX, TXN_INDEX_SUFFIX)
+_ABORTED_TXN = struct.Struct(">hqqqq")  # Kafka's AbortedTxn: version, producerId, first, last, lastStable offsets
 
 
 @dataclass
 class _Report:
-    """Kafka prints its findings on stderr after all files, in this order."""
+    """Kafka prints its findings on stderr after all files, grouped by kind in this order."""
 
-    index_mismatches: list[str] = field(default_factory=list)
-    time_index_errors: list[str] = field(default_factory=list)
-    non_consecutive: list[str] = field(default_factory=list)
+    index_mismatches: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    time_mismatches: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    time_out_of_order: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    time_not_found: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    non_consecutive: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
-        return self.index_mismatches + self.time_index_errors + self.non_consecutive
+        out: list[str] = []
+        for path, pairs in self.index_mismatches.items():
+            out.append(f"Mismatches in :{path}")  # Kafka lists them in descending index offset
+            out += [f"  Index offset: {o}, log offset: {lo}" for o, lo in sorted(set(pairs), reverse=True)]
+        for path, pairs in self.time_mismatches.items():
+            out.append(f"Found timestamp mismatch in :{path}")
+            out += [f"  Index timestamp: {ts}, log timestamp: {log_ts}" for ts, log_ts in pairs]
+        for path, pairs in self.time_out_of_order.items():
+            out.append(f"Found out of order timestamp in :{path}")
+            out += [f"  Index timestamp: {ts}, Previously indexed timestamp: {prev}" for ts, prev in pairs]
+        for pairs in self.time_not_found.values():
+            out.append("The following indexed offsets are not found in the log.")
+            out += [f"Indexed offset: {o}, found log offset: {lo}" for o, lo in pairs]
+        for path, pairs in self.non_consecutive.items():
+            out.append(f"Non-consecutive offsets in {path}")
+            out += [f"  {a} is followed by {b}" for a, b in pairs]
+        return out
+
+
+def usage_errors(paths: list[str]) -> list[str]:
+    """Why arguments cannot be dumped at all: missing, a directory, or a segment name without an offset."""
+    errors = []
+    for path in paths:
+        name = os.path.basename(path)
+        if not os.path.lexists(path):
+            errors.append(f"{path}: no such file")
+        elif os.path.isdir(path):
+            errors.append(f"{path}: is a directory; give the files in it, e.g. {os.path.join(path, '*.log')}")
+        elif name.endswith(_OFFSET_NAMED) and not _DIGITS.fullmatch(name[: name.index(".")]):
+            errors.append(f"{path}: not a segment file name: Kafka names a segment's files by its base offset "
+                          f"(00000000000000000000{os.path.splitext(name)[1]})")
+        elif name.endswith(KRAFT_SNAPSHOT_SUFFIX) and name != BOOTSTRAP_SNAPSHOT \
+                and not _KRAFT_SNAPSHOT_NAME.fullmatch(name):
+            errors.append(f"{path}: not a KRaft snapshot name: <end offset, 20 digits>-<epoch, 10 digits>.checkpoint "
+                          f"or {BOOTSTRAP_SNAPSHOT}")
+    return errors
+
+
+def _offset_of(path: str) -> int:
+    name = os.path.basename(path)
+    return int(name[: name.index(".")])
 
 
 def dump_files(paths: list[str], *, print_data: bool = False, deep_iteration: bool = False,
                verify_index_only: bool = False, index_sanity_check: bool = False, max_bytes: int | None = None,
                out: TextIO, err: TextIO | None = None) -> int:
-    """Dump each file; return 1 if any file held corrupt data or an index disagreed with its log, else 0.
-
-    Kafka's tool always exits 0; a non-zero exit on a finding makes ours usable in scripts.
-    """
+    """Dump each file; return the exit status: EXIT_OK, EXIT_FINDINGS or EXIT_USAGE (`shale dump-log --help`)."""
     err = err if err is not None else out
+    errors = usage_errors(paths)
+    if errors:
+        for line in errors:
+            print(f"shale dump-log: {line}", file=err)
+        return EXIT_USAGE
     report = _Report()
     problems = 0
     deep_iteration = deep_iteration or print_data
@@ -59,7 +118,13 @@ def dump_files(paths: list[str], *, print_data: bool = False, deep_iteration: bo
         print(f"Dumping {path}", file=out)
         try:
             if name.endswith(LOG_SUFFIX):
-                problems += _dump_log(path, deep_iteration, print_data, max_bytes, out, report)
+                print(f"Log starting offset: {_offset_of(path)}", file=out)
+                problems += _dump_batches(path, deep_iteration, print_data, max_bytes, out, report)
+            elif name.endswith(KRAFT_SNAPSHOT_SUFFIX):
+                match = _KRAFT_SNAPSHOT_NAME.fullmatch(name)
+                print("KRaft bootstrap snapshot" if match is None
+                      else f"Snapshot end offset: {int(match[1])}, epoch: {int(match[2])}", file=out)
+                problems += _dump_batches(path, deep_iteration, print_data, max_bytes, out, report)
             elif name.endswith(INDEX_SUFFIX):
                 problems += _dump_offset_index(path, verify_index_only, index_sanity_check, out, report)
             elif name.endswith(TIME_INDEX_SUFFIX):
@@ -68,6 +133,8 @@ def dump_files(paths: list[str], *, print_data: bool = False, deep_iteration: bo
                 with open(path, "rb") as f:
                     for entry in parse_snapshot(f.read(), path):
                         print(format_entry(entry), file=out)
+            elif name.endswith(TXN_INDEX_SUFFIX):
+                problems += _dump_txn_index(path, out)
             elif name in CHECKPOINT_NAMES:
                 problems += _dump_checkpoint(path, out)
             elif name == "partition.metadata":
@@ -80,13 +147,14 @@ def dump_files(paths: list[str], *, print_data: bool = False, deep_iteration: bo
             problems += 1
     for line in report.lines():
         print(line, file=err)
-    return 1 if problems else 0
+    return EXIT_FINDINGS if problems else EXIT_OK
 
 
-def _dump_log(path: str, deep: bool, print_data: bool, max_bytes: int | None, out: TextIO, report: _Report) -> int:
-    print(f"Log starting offset: {offset_from_filename(os.path.basename(path))}", file=out)
+def _dump_batches(path: str, deep: bool, print_data: bool, max_bytes: int | None, out: TextIO,
+                  report: _Report) -> int:
+    """The batches (and with `deep`, the records) of a `.log` or a KRaft snapshot, as Kafka's dumpLog."""
     fd = os.open(path, os.O_RDONLY)
-    gaps: list[str] = []
+    gaps: list[tuple[int, int]] = []
     try:
         size = os.fstat(fd).st_size
         end = size if max_bytes is None else min(size, max_bytes)
@@ -103,18 +171,19 @@ def _dump_log(path: str, deep: bool, print_data: bool, max_bytes: int | None, ou
                 elif deep:
                     for offset, line in format_records(b.header, raw, print_data):
                         if last_offset is not None and offset != last_offset + 1:
-                            gaps.append(f"  {last_offset} is followed by {offset}")
+                            gaps.append((last_offset, offset))
                         last_offset = offset
                         print(line, file=out)
                 valid_bytes = b.end
         except CorruptRecordError as e:
             print(f"Found a corrupt batch at position {valid_bytes} of {path}: {e}", file=out)
             problems += 1
+            valid_bytes = end  # the walk stops here: what follows was not read, so it is not counted as trailing
         if valid_bytes < end and max_bytes is None:
             print(f"Found {end - valid_bytes} invalid bytes at the end of {os.path.basename(path)}", file=out)
             problems += 1
         if gaps:
-            report.non_consecutive += [f"Non-consecutive offsets in {os.path.abspath(path)}", *gaps]
+            report.non_consecutive[os.path.abspath(path)] = gaps
         return problems
     finally:
         os.close(fd)
@@ -151,11 +220,7 @@ def format_records(h: BatchHeader, raw: bytes, print_data: bool = True) -> Itera
             f"sequence: {r.sequence} headerKeys: [{','.join(x.key for x in r.headers)}]"
         )
         if h.is_control:
-            ctype = parse_control_key(r.key)
-            if ctype in (ControlType.ABORT, ControlType.COMMIT):
-                line += f" endTxnMarker: {ctype.name} coordinatorEpoch: {parse_end_txn_marker(r.value)}"
-            else:
-                line += f" controlType: {ctype.name}({int(ctype)})"
+            line += " " + _describe_control(r.offset, r.key, r.value)
         elif print_data:
             if r.key is not None:
                 line += f" key: {r.key.decode('utf-8', 'replace')}"
@@ -164,97 +229,228 @@ def format_records(h: BatchHeader, raw: bytes, print_data: bool = True) -> Itera
         yield r.offset, line
 
 
-def _segment_log_fd(index_path: str, suffix: str) -> int | None:
+def _describe_control(offset: int, key: bytes | None, value: bytes | None) -> str:
+    """Kafka's text for a control record: the end-transaction marker, a KRaft record's JSON, or its type id."""
+    try:
+        ctype = parse_control_key(key)
+        if ctype in (ControlType.ABORT, ControlType.COMMIT):
+            return f"endTxnMarker: {ctype.name} coordinatorEpoch: {parse_end_txn_marker(value)}"
+        if ctype in KRAFT_CONTROL_TYPES:
+            return describe(ctype, value)
+    except CorruptRecordError as e:
+        raise CorruptRecordError(f"control record at offset {offset}: {e}") from None
+    return f"controlType: {ctype.name}({struct.unpack_from('>h', key, 2)[0]})"
+
+
+# -- index files ---------------------------------------------------------------------------------
+
+def _log_fd(index_path: str, suffix: str) -> int:
     log_path = index_path[: -len(suffix)] + LOG_SUFFIX
-    return os.open(log_path, os.O_RDONLY) if os.path.exists(log_path) else None
+    if not os.path.exists(log_path):
+        raise LogError(f"{log_path} is missing, so the index cannot be checked against its log")
+    return os.open(log_path, os.O_RDONLY)
 
 
 def _batch_at(fd: int, position: int) -> BatchHeader | None:
-    head = os.pread(fd, BATCH_OVERHEAD, position)
+    head = os.pread(fd, BATCH_OVERHEAD, position) if position >= 0 else b""
     return BatchHeader.parse(head) if len(head) == BATCH_OVERHEAD else None
 
 
+def _batch_holding(fd: int, position: int, offset: int) -> BatchPosition | None:
+    """The first batch from `position` whose last offset reaches `offset` (Kafka's time-index walk)."""
+    end = os.fstat(fd).st_size
+    return next((b for b in iter_batches(fd, position, end) if b.header.last_offset >= offset), None)
+
+
+def _offset_entries(index: OffsetIndex) -> list[tuple[int, int]]:
+    """The written entries: up to the zeroed tail of a preallocated file (none if slot 0 starts it).
+
+    Kafka stops at the first slot after slot 0 that maps the base offset. Slot 0 can only map the
+    base offset when nothing was written there: the first batch of a segment, at position 0, is
+    never indexed, so an entry (base offset, 0) followed by zeros (or by nothing) is an active
+    segment's preallocated index with no entry yet — not, as Kafka's tool has it, an entry.
+    """
+    zero = (index.base_offset, 0)
+    entries = []
+    for slot in range(index.entries):
+        entry = index.entry(slot)
+        if entry[0] == index.base_offset and (slot > 0 or (entry == zero and _unwritten_after(index, 0, zero))):
+            break
+        entries.append(entry)
+    return entries
+
+
+def _unwritten_after(index: OffsetIndex | TimeIndex, slot: int, zero: tuple[int, int]) -> bool:
+    """True if the slot after `slot` is absent or zero, as in the preallocated tail of an index."""
+    return slot + 1 >= index.entries or index.entry(slot + 1) == zero
+
+
 def _dump_offset_index(path: str, verify_only: bool, sanity_only: bool, out: TextIO, report: _Report) -> int:
-    index = OffsetIndex(path, offset_from_filename(os.path.basename(path)), 0, writable=False)
-    if index.entries == 0:
+    index = OffsetIndex(path, _offset_of(path), 0, writable=False)
+    if sanity_only and index.entries:
+        return _offset_index_sanity(index, path, out)
+    entries = _offset_entries(index)
+    if not entries:
         print(f"{path} is empty.", file=out)
         return 0
-    if sanity_only:
-        return _sanity(index.entries and index.last_offset < index.base_offset, path, out)
-    fd = _segment_log_fd(path, INDEX_SUFFIX)
+    fd = _log_fd(path, INDEX_SUFFIX)
     mismatches: list[tuple[int, int]] = []
+    problems = 0
     try:
-        for slot in range(index.entries):
-            offset, position = index.entry(slot)
-            if offset == index.base_offset and slot > 0:
-                break  # the zeroed tail of a preallocated index that was never trimmed
+        for offset, position in entries:
+            batch = _batch_at(fd, position)
+            log_offset = batch.last_offset if batch else -1
+            if log_offset != offset:
+                mismatches.append((offset, log_offset))
+                if not (batch and _ends_a_later_batch(fd, position, offset)):
+                    problems += 1
             if not verify_only:
                 print(f"offset: {offset} position: {position}", file=out)
-            if fd is not None:
-                batch = _batch_at(fd, position)
-                log_offset = batch.last_offset if batch else -1
-                if log_offset != offset:
-                    mismatches.append((offset, log_offset))
     finally:
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
     if mismatches:
-        report.index_mismatches.append(f"Mismatches in :{os.path.abspath(path)}")
-        report.index_mismatches += [f"  Index offset: {o}, log offset: {lo}" for o, lo in mismatches]
-    return len(mismatches)
+        report.index_mismatches[os.path.abspath(path)] = mismatches
+    return problems
+
+
+def _ends_a_later_batch(fd: int, position: int, offset: int) -> bool:
+    """True if a batch from `position` on ends at `offset`: the one entry of a multi-batch append (pre KAFKA-806)."""
+    try:
+        found = _batch_holding(fd, position, offset)
+    except CorruptRecordError:
+        return False  # `position` is not at a batch: no lookup through this entry can be right
+    return found is not None and found.header.last_offset == offset
+
+
+def _offset_index_sanity(index: OffsetIndex, path: str, out: TextIO) -> int:
+    """Kafka's OffsetIndex.sanityCheck: the check that decides at startup whether an index is rebuilt."""
+    length = os.path.getsize(path)
+    last = index.entry(index.entries - 1)[0] if index.entries else index.base_offset
+    if index.entries and last < index.base_offset:
+        reason = (f"Corrupt index found, index file {os.path.abspath(path)} has non-zero size but the last offset "
+                  f"is {last} which is less than the base offset {index.base_offset}")
+    elif length % index.entry_size:
+        reason = (f"Index file {os.path.abspath(path)} is corrupt, found {length} bytes which is neither positive "
+                  f"nor a multiple of {index.entry_size}")
+    else:
+        reason = ""
+    return _sanity(reason, path, out)
+
+
+def _time_index_sanity(index: TimeIndex, path: str, out: TextIO) -> int:
+    """Kafka's TimeIndex.sanityCheck."""
+    length = os.path.getsize(path)
+    last_ts, last_offset = index.entry(index.entries - 1) if index.entries else (-1, index.base_offset)
+    first_ts = index.entry(0)[0] if index.entries else -1
+    abs_path = os.path.abspath(path)
+    if index.entries and last_ts < first_ts:
+        reason = (f"Corrupt time index found, time index file ({abs_path}) has non-zero size but the last timestamp "
+                  f"is {last_ts} which is less than the first timestamp {first_ts}")
+    elif index.entries and last_offset < index.base_offset:
+        reason = (f"Corrupt time index found, time index file ({abs_path}) has non-zero size but the last offset "
+                  f"is {last_offset} which is less than the first offset {index.base_offset}")
+    elif length % index.entry_size:
+        reason = (f"Time index file {abs_path} is corrupt, found {length} bytes which is neither positive nor a "
+                  f"multiple of {index.entry_size}")
+    else:
+        reason = ""
+    return _sanity(reason, path, out)
+
+
+def _sanity(reason: str, path: str, out: TextIO) -> int:
+    print(f"{path} failed sanity check: {reason}" if reason else f"{path} passed sanity check.", file=out)
+    return int(bool(reason))
+
+
+@dataclass
+class _TimeIndexCheck:
+    """Kafka's checks of `.timeindex` entries against the log, one entry at a time."""
+
+    fd: int
+    offsets: list[tuple[int, int]]  # the `.index` entries, for Kafka's lookup of where to start walking
+    previous: int = -1  # the previous entry's timestamp (Kafka's prevTimestamp)
+    mismatches: list[tuple[int, int]] = field(default_factory=list)
+    out_of_order: list[tuple[int, int]] = field(default_factory=list)
+    not_found: list[tuple[int, int]] = field(default_factory=list)
+
+    def check(self, ts: int, offset: int) -> int:
+        """Record the findings of one entry; return how many fail the exit status."""
+        slot = bisect.bisect_right(self.offsets, (offset, 2**63)) - 1
+        found = _batch_holding(self.fd, self.offsets[slot][1] if slot >= 0 else 0, offset)
+        problems = 0
+        if found is None or found.header.last_offset != offset:
+            self.not_found.append((offset, -1 if found is None else found.header.last_offset))
+            if not (found and self._holds_record(found, offset, ts)):
+                problems += 1
+        else:
+            # Kafka compares with the largest record timestamp; an emptied batch the cleaner kept has its header's.
+            log_ts = max((r.timestamp for r in self._records(found)), default=found.header.max_timestamp)
+            if log_ts != ts:
+                self.mismatches.append((ts, log_ts))
+                problems += 1
+            if self.previous >= ts:
+                self.out_of_order.append((ts, self.previous))
+                problems += 1
+        self.previous = ts
+        return problems
+
+    def _records(self, b: BatchPosition):
+        return decode_records(b.header, memoryview(os.pread(self.fd, b.size, b.position))[BATCH_OVERHEAD:])
+
+    def _holds_record(self, b: BatchPosition, offset: int, ts: int) -> bool:
+        """Kafka 2.x-3.6 indexed the record with the largest timestamp, which can sit inside its batch."""
+        return b.header.base_offset <= offset and any(r.offset == offset and r.timestamp == ts
+                                                      for r in self._records(b))
 
 
 def _dump_time_index(path: str, verify_only: bool, sanity_only: bool, out: TextIO, report: _Report) -> int:
-    base = offset_from_filename(os.path.basename(path))
+    base = _offset_of(path)
     index = TimeIndex(path, base, 0, writable=False)
     if sanity_only:
-        bad = index.entries > 1 and index.entry(index.entries - 1)[0] < index.entry(0)[0]
-        return _sanity(bad, path, out)
+        return _time_index_sanity(index, path, out)
     offset_index_path = path[: -len(TIME_INDEX_SUFFIX)] + INDEX_SUFFIX
-    offsets = OffsetIndex(offset_index_path, base, 0, writable=False) if os.path.exists(offset_index_path) else None
-    fd = _segment_log_fd(path, TIME_INDEX_SUFFIX)
-    mismatches: list[tuple[int, int]] = []
-    out_of_order: list[tuple[int, int]] = []
-    not_found: list[tuple[int, int]] = []
-    previous = -1
+    offsets = (_offset_entries(OffsetIndex(offset_index_path, base, 0, writable=False))
+               if os.path.exists(offset_index_path) else [])
+    fd = _log_fd(path, TIME_INDEX_SUFFIX)
+    checker = _TimeIndexCheck(fd, offsets)
+    problems = 0
     try:
         for slot in range(index.entries):
             ts, offset = index.entry(slot)
             if offset == base and slot > 0:
-                break
+                break  # the zeroed tail of a preallocated index
+            if slot == 0 and (ts, offset) == (0, base) and _unwritten_after(index, 0, (0, base)):
+                trial = _TimeIndexCheck(fd, offsets)
+                trial.check(ts, offset)
+                if trial.mismatches or trial.out_of_order or trial.not_found:
+                    break  # a preallocated index with no entry yet (unless the log confirms the entry)
+            problems += checker.check(ts, offset)
             if not verify_only:
                 print(f"timestamp: {ts} offset: {offset}", file=out)
-            if fd is not None:
-                start = offsets.lookup(offset)[1] if offsets else 0
-                batch = next((b.header for b in iter_batches(fd, start, os.fstat(fd).st_size)
-                              if b.header.last_offset >= offset), None)
-                if batch is None or batch.last_offset != offset:
-                    not_found.append((offset, -1 if batch is None else batch.last_offset))
-                else:
-                    if batch.max_timestamp != ts:
-                        mismatches.append((ts, batch.max_timestamp))
-                    if previous >= ts:
-                        out_of_order.append((ts, previous))
-            previous = ts
     finally:
-        if fd is not None:
-            os.close(fd)
-    lines = report.time_index_errors
-    if mismatches:
-        lines.append(f"Found timestamp mismatch in :{os.path.abspath(path)}")
-        lines += [f"  Index timestamp: {ts}, log timestamp: {log_ts}" for ts, log_ts in mismatches]
-    if out_of_order:
-        lines.append(f"Found out of order timestamp in :{os.path.abspath(path)}")
-        lines += [f"  Index timestamp: {ts}, Previously indexed timestamp: {prev}" for ts, prev in out_of_order]
-    if not_found:
-        lines.append("The following indexed offsets are not found in the log.")
-        lines += [f"Indexed offset: {o}, found log offset: {lo}" for o, lo in not_found]
-    return len(mismatches) + len(out_of_order) + len(not_found)
+        os.close(fd)
+    abs_path = os.path.abspath(path)
+    for found, kind in ((checker.mismatches, report.time_mismatches), (checker.out_of_order, report.time_out_of_order),
+                        (checker.not_found, report.time_not_found)):
+        if found:
+            kind[abs_path] = found
+    return problems
 
 
-def _sanity(bad: bool, path: str, out: TextIO) -> int:
-    print(f"{path} passed sanity check." if not bad else f"{path} failed sanity check.", file=out)
-    return int(bool(bad))
+# -- other files ---------------------------------------------------------------------------------
+
+def _dump_txn_index(path: str, out: TextIO) -> int:
+    """Kafka's `.txnindex`: a 34-byte entry per aborted transaction; a partial last entry is ignored, as by Kafka."""
+    with open(path, "rb") as f:
+        data = f.read()
+    for pos in range(0, len(data) - _ABORTED_TXN.size + 1, _ABORTED_TXN.size):
+        version, pid, first, last, lso = _ABORTED_TXN.unpack_from(data, pos)
+        if version > 0:
+            raise LogError(f"Unexpected aborted transaction version {version} in transaction index "
+                           f"{os.path.abspath(path)}, current version is 0")
+        print(f"version: {version} producerId: {pid} firstOffset: {first} lastOffset: {last} lastStableOffset: {lso}",
+              file=out)
+    return 0
 
 
 def _dump_checkpoint(path: str, out: TextIO) -> int:

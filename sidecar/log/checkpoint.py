@@ -52,7 +52,7 @@ def encode_offsets(offsets: Mapping[TopicPartition, int]) -> bytes:
 
 def parse_offsets(data: bytes, name: str = "checkpoint") -> dict[TopicPartition, int]:
     """Parse a checkpoint; an empty file is an empty map, as in Kafka."""
-    text = data.decode("utf-8")
+    text = _text(data, name)
     if not text:
         return {}
     lines = text.split("\n")
@@ -103,9 +103,21 @@ def encode_partition_metadata(topic_id: str) -> bytes:
 
 def parse_partition_metadata(data: bytes, name: str = PARTITION_METADATA) -> str:
     """Return the topic id; Kafka splits each line on `:\\s+`."""
-    fields = dict(re.split(r":\s+", line, maxsplit=1) for line in data.decode("utf-8").split("\n") if line)
+    fields = {}
+    for line in filter(None, _text(data, name).split("\n")):
+        key_value = re.split(r":\s+", line, maxsplit=1)
+        if len(key_value) != 2:
+            raise CheckpointError(f"malformed line in {name}: {line!r}")
+        fields[key_value[0]] = key_value[1]
     if fields.get("version") != "0":
         raise CheckpointError(f"unrecognised version {fields.get('version')!r} in {name}")
     if "topic_id" not in fields:
         raise CheckpointError(f"no topic_id in {name}")
     return fields["topic_id"]
+
+
+def _text(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{name} is not UTF-8 text: {e}") from None

@@ -301,9 +301,25 @@ class Cleaner:
 
     def _clean_into(self, log, seg: LogSegment, dest: LogSegment, now: int, stats: CleanerStats,
                     txn_meta: _TxnMetadata, producers: dict[int, int], upper_bound: int, key_at: "_KeyReader") -> None:
+        """Recopy `seg`'s retained batches into `dest`, in appends of up to a chunk.
+
+        An append gets at most one index entry, mapping its *last* offset to its *first* batch's position:
+        for a chunk of many batches that entry is loose, which Kafka's DumpLogSegments reports as a
+        mismatch (Kafka's own cleaner wrote such entries until KAFKA-806 made LogSegment.append index
+        batch by batch). So a batch that is due an index entry starts an append of its own: every entry
+        then maps a batch's last offset to that batch's position, as often as `index.interval.bytes` says.
+        """
         out: list[bytes] = []
         out_size = 0
         max_ts, max_ts_offset, max_offset = NO_TIMESTAMP, -1, -1
+
+        def flush() -> None:
+            nonlocal out, out_size, max_ts, max_ts_offset
+            if out:
+                dest.append(max_offset, max_ts, max_ts_offset, b"".join(out))
+                self.throttle(out_size)
+                out, out_size, max_ts, max_ts_offset = [], 0, NO_TIMESTAMP, -1
+
         delete_horizon = now + log.config.delete_retention_ms
         read_to = 0
         for b in seg.batches():
@@ -320,18 +336,17 @@ class Cleaner:
             stats.bytes_written += len(kept)
             kh = BatchHeader.parse(kept)
             stats.messages_written += kh.records_count
+            index_due = dest.bytes_since_last_index_entry + out_size > dest.index_interval_bytes
+            if index_due:
+                flush()  # the pending batches end before this one; their append is due no entry
             out.append(kept)
             out_size += len(kept)
             if kh.max_timestamp > max_ts:
                 max_ts, max_ts_offset = kh.max_timestamp, kh.last_offset
             max_offset = kh.last_offset
-            if out_size >= CHUNK_BYTES:
-                dest.append(max_offset, max_ts, max_ts_offset, b"".join(out))
-                self.throttle(out_size)
-                out, out_size, max_ts, max_ts_offset = [], 0, NO_TIMESTAMP, -1
-        if out:
-            dest.append(max_offset, max_ts, max_ts_offset, b"".join(out))
-            self.throttle(out_size)
+            if index_due or out_size >= CHUNK_BYTES:
+                flush()
+        flush()
         if read_to != seg.size:
             # The header walk stops quietly at a batch that runs past the end (recovery's truncation point);
             # here that is corruption, as Kafka's growBuffersOrFail says, never the end of the data to keep.

@@ -43,3 +43,16 @@ class InvalidProducerEpochError(InvalidRecordError):
     """A batch from a producer epoch older than the last one the partition saw (a fenced zombie)."""
 
     error_code = 47  # Kafka's INVALID_PRODUCER_EPOCH
+
+
+class KafkaStorageError(LogError):
+    """A write the filesystem refused (a full disk, an I/O error); the message names partition, offset, file, errno.
+
+    Kafka's KafkaStorageException. The append it interrupted left the log as it was before.
+    """
+
+    error_code = 56  # Kafka's KAFKA_STORAGE_ERROR
+
+
+class TornSegmentError(KafkaStorageError):
+    """A failed append whose bytes could not be cut from the segment: the log takes no appends until a restart."""

@@ -4,6 +4,14 @@ Kafka's AbstractIndex semantics: a new file is preallocated to
 `roundDown(segment.index.bytes, entry size)`; an existing file is taken to hold
 `length // entry size` valid entries, so it must be trimmed when the segment
 stops being active. Entries are big-endian.
+
+Unlike Kafka, the blocks under a page are allocated (`posix_fallocate`) before the map first writes
+to it. The preallocated file is sparse, and a store into a hole the filesystem cannot fill (a full
+disk) is reported by the kernel as SIGBUS, which kills the process; the JVM turns it into an
+InternalError, Python cannot. Reserving a page at a time keeps a full disk an ordinary
+OSError(ENOSPC), raised before anything is written, without reserving `segment.index.bytes` of
+real disk for every partition (a 10 MiB default, twice per partition, that Kafka's sparse files
+never use).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import os
 from typing import Callable
 
 from .errors import CorruptIndexError
+from .open_files import map_file
 
 
 class MmapIndex:
@@ -24,6 +33,7 @@ class MmapIndex:
         self.path = path
         self.base_offset = base_offset
         self.writable = writable
+        self._reserved = 0  # bytes [0, _reserved) of the file are known to have blocks (see reserve)
         exists = os.path.exists(path)
         if writable:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -46,15 +56,40 @@ class MmapIndex:
             self._mm = None
             if length >= self.entry_size:
                 with open(path, "rb") as f:
-                    self._mm = mmap.mmap(f.fileno(), self._round(length), access=mmap.ACCESS_READ)
+                    self._mm = map_file(f.fileno(), self._round(length), access=mmap.ACCESS_READ)
             self.max_entries = self.entries
 
     def _round(self, n: int) -> int:
         return n - n % self.entry_size
 
     def _map(self, fd: int, length: int) -> None:
-        self._mm = mmap.mmap(fd, length) if length else None
+        self._mm = map_file(fd, length) if length else None  # keeps no descriptor (open_files)
         self.max_entries = length // self.entry_size
+        self._reserved = min(self._reserved, length)  # a shrink gave the blocks beyond `length` back
+
+    def reserve(self, entries: int = 1) -> None:
+        """Allocate the blocks of the next `entries` slots, so that writing them through the map cannot fault.
+
+        Raises OSError (ENOSPC on a full disk) naming the file; nothing is written then. Allocation goes
+        a page at a time and stops at the file's end (the file never grows here).
+        """
+        end = (self.entries + entries) * self.entry_size
+        if end > self._reserved:  # once per page of entries; every other call ends here
+            self._allocate(min(end, self.max_entries * self.entry_size))
+
+    def _allocate(self, end: int) -> None:
+        upto = min(-(-end // mmap.PAGESIZE) * mmap.PAGESIZE, self.max_entries * self.entry_size)
+        if upto <= self._reserved:
+            return
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, self._reserved, upto - self._reserved)
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror} (reserving index bytes {self._reserved}-{upto})",
+                          self.path) from None
+        finally:
+            os.close(fd)
+        self._reserved = upto
 
     @property
     def size_bytes(self) -> int:

@@ -8,6 +8,7 @@ disk unchanged; reads return byte ranges of segment files, ready for sendfile.
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 import random
@@ -23,8 +24,10 @@ from .errors import (
     CorruptRecordError,
     InvalidRecordError,
     InvalidTimestampError,
+    KafkaStorageError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    TornSegmentError,
 )
 from .loader import load
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, BatchMetadata, ProducerBatch, ProducerStateManager
@@ -68,6 +71,23 @@ class AppendInfo:
     batches: int
     size: int
     duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StorageFailure:
+    """The last write of a log that the filesystem refused, kept until a write succeeds (/status, metrics).
+
+    Kafka takes the whole log directory offline on such an error (and stops a broker with no other
+    directory); here the failed write is undone, the client gets KAFKA_STORAGE_ERROR, and every
+    later write is tried again, so the log takes appends once space is freed. Only a failed write
+    that could not be undone (`appends_stopped`) stops appends to the log until a restart.
+    """
+
+    errno: int | None
+    reason: str
+    since_ms: int
+    failures: int  # failed writes since the last one that succeeded
+    appends_stopped: bool = False  # a failed write could not be undone: no appends until a restart
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +137,7 @@ class Log:
         self.clock = clock
         self._rng = rng or random.Random()
         self.lock = threading.RLock()
+        self.storage_failure: StorageFailure | None = None
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         os.makedirs(directory, exist_ok=True)
         result = load(
@@ -202,6 +223,8 @@ class Log:
         nothing and returns the original offsets, with `duplicate` set.
         """
         with self.lock:
+            if self.storage_failure is not None and self.storage_failure.appends_stopped:
+                raise KafkaStorageError(f"{self.name} takes no appends until a restart: {self.storage_failure.reason}")
             now = self.clock()
             parsed = parse_batch_set(data, self.name)
             self._validate(data, parsed, now, assign_offsets)
@@ -251,14 +274,43 @@ class Log:
             update = self.producer_state.prepare(producer_batches, validate=assign_offsets)
             if update.duplicates:
                 return self._duplicate(update.duplicates, len(parsed.headers))
-            self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
-            self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
+            try:
+                # A failure in here leaves the log as it was (the segment cuts a partial write): the producer
+                # state and the log end offset move only after the bytes are in the file.
+                self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
+                self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
+            except OSError as e:
+                raise self._storage_failed(e, f"append at offset {first_offset}") from e
+            except TornSegmentError as e:
+                raise self._storage_failed(e, f"append at offset {first_offset}", stop_appends=True) from e
             self.producer_state.apply(update)
             self.log_end_offset = last_offset + 1
+            if self.storage_failure is not None:
+                logger.warning("%s: appends succeed again (log end offset %d) after %d failed writes",
+                               self.name, self.log_end_offset, self.storage_failure.failures)
+                self.storage_failure = None
             if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
-                self.flush()
+                try:
+                    self.flush()
+                except OSError as e:  # the append is in the log; Kafka's client sees the flush's error too
+                    raise self._storage_failed(e, f"flush after the append at offset {first_offset}") from e
             return AppendInfo(first_offset, last_offset, max_ts, max_ts_offset, now if log_append else -1,
                               len(parsed.headers), len(buf))
+
+    def _storage_failed(self, exc: Exception, action: str, stop_appends: bool = False) -> KafkaStorageError:
+        """Record a write the filesystem refused and make the client's error; ERROR once per episode."""
+        cause = exc if isinstance(exc, OSError) else exc.__cause__
+        code = getattr(cause, "errno", None)
+        name = f" ({errno.errorcode.get(code, code)})" if code else ""
+        reason = f"{action} to {self.name} in {self.dir} failed{name}: {exc}"
+        last = self.storage_failure
+        self.storage_failure = StorageFailure(code, reason, last.since_ms if last else self.clock(),
+                                              (last.failures if last else 0) + 1, stop_appends)
+        if last is None or stop_appends:
+            logger.error("%s: %s%s", self.name, reason,
+                         "; the log takes no appends until a restart" if stop_appends else
+                         "; the log is unchanged and takes the next append that the filesystem allows")
+        return KafkaStorageError(reason)
 
     def _duplicate(self, duplicates: list[BatchMetadata], batches: int) -> AppendInfo:
         """The answer to a retry: the original batches' offsets; nothing is written."""
@@ -574,16 +626,33 @@ class Log:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Flush through the log end and trim every file; after this the directory is what a clean shutdown leaves."""
+    def close(self) -> bool:
+        """Flush through the log end and trim every file; True if a clean start may trust what is on disk.
+
+        The data must be flushed and every file trimmed (an untrimmed index would be read as full of
+        zero entries), or this raises. The producer snapshot at the log end comes last, after trimming
+        and deleting have given blocks back; if the disk is still too full for it, a clean start can
+        still rebuild the producers from an older snapshot and the batches after it, but not from
+        nothing: without any snapshot of the producers this returns False (the next start must recover).
+        """
         with self.lock:
             self.flush()
-            self.producer_state.take_snapshot(self.log_end_offset)
             for seg in self.segments:
                 seg.close()
             for _, seg in self._pending_deletes:
                 seg.delete_files()
             self._pending_deletes = []
+            try:
+                self.producer_state.take_snapshot(self.log_end_offset)
+            except OSError as e:
+                older = self.producer_state.snapshot_offsets  # take_snapshot writes nothing with neither
+                logger.log(logging.WARNING if older else logging.ERROR,
+                           "%s: cannot write the producer snapshot at offset %d in %s: %s; %s", self.name,
+                           self.log_end_offset, self.dir, e,
+                           f"a clean start rebuilds the producers from the snapshot at offset {older[-1]}"
+                           if older else "no older snapshot holds the producers: the next start must recover")
+                return bool(older)
+            return True
 
     def __repr__(self) -> str:
         return f"Log({self.name}, start={self.log_start_offset}, end={self.log_end_offset}, segments={len(self.segments)})"

@@ -17,7 +17,8 @@ import threading
 import uuid
 from typing import Callable
 
-from .atomic_file import atomic_write, fsync_dir
+from ..plural import plural
+from .atomic_file import atomic_write, create_empty, fsync_dir
 from .checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     PARTITION_METADATA,
@@ -30,6 +31,7 @@ from .checkpoint import (
     read_offsets,
     write_offsets,
 )
+from .errors import LogError
 from .log import Log, now_ms
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
@@ -38,6 +40,17 @@ logger = logging.getLogger(__name__)
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 LOCK_FILE = ".lock"
 DELETE_DIR_SUFFIX = "-delete"
+MAX_DIR_NAME = 255  # a file name's limit on Linux filesystems, in bytes; topic names are ASCII
+
+
+def delete_dir_name(tp: TopicPartition) -> str:
+    """Kafka's logDeleteDirName: `<topic>-<partition>.<uuid>-delete`, the topic cut so that the name fits.
+
+    A topic name may have 249 characters: uncut, its rename fails (ENAMETOOLONG) and the topic comes
+    back at the next start. Loading removes any directory ending in `-delete`, cut or not.
+    """
+    suffix = f"-{tp.partition}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+    return tp.topic[: MAX_DIR_NAME - len(suffix)] + suffix
 
 
 class LogDirLockedError(RuntimeError):
@@ -56,6 +69,9 @@ class LogDir:
         self.logs: dict[TopicPartition, Log] = {}
         self.lock = threading.RLock()
         os.makedirs(self.path, exist_ok=True)
+        # Nothing here yet (a `.lock` alone is an earlier start that wrote nothing): a new directory, not a
+        # recovery, whatever the missing clean-shutdown marker would otherwise mean.
+        self.is_new = not set(os.listdir(self.path)) - {LOCK_FILE}
         self._lock_fd = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,20 +130,35 @@ class LogDir:
                 producer_id_expiration_ms=self.producer_id_expiration_ms,
             )
             if log.bytes_truncated_on_load:
-                logger.warning("%s: recovery truncated %d bytes; log end offset is now %d",
-                               tp, log.bytes_truncated_on_load, log.log_end_offset)
+                logger.warning("%s: recovery truncated %s; log end offset is now %d",
+                               tp, plural(log.bytes_truncated_on_load, "byte"), log.log_end_offset)
             self.logs[tp] = log
 
-    def get_or_create(self, tp: TopicPartition, topic_id: str | None = None) -> Log:
-        """The partition's log, created empty (with `partition.metadata`) if it does not exist."""
+    def get_or_create(self, tp: TopicPartition, topic_id: str | None = None, config=None) -> Log:
+        """The partition's log, created empty (with `partition.metadata`) if it does not exist.
+
+        `config`: the topic's, when the caller has it before `config_for` does (a topic being created);
+        the first segment keeps the index settings it is created with.
+        """
         with self.lock:
             if tp in self.logs:
                 return self.logs[tp]
             directory = os.path.join(self.path, str(tp))
-            log = Log(directory, self.config_for(tp.topic), clock=self.clock,
-                      producer_id_expiration_ms=self.producer_id_expiration_ms)
-            atomic_write(os.path.join(directory, PARTITION_METADATA), encode_partition_metadata(topic_id or new_topic_id()))
-            fsync_dir(self.path)
+            existed = os.path.exists(directory)
+            log = None
+            try:
+                config = config if config is not None else self.config_for(tp.topic)
+                log = Log(directory, config, clock=self.clock,
+                          producer_id_expiration_ms=self.producer_id_expiration_ms)
+                atomic_write(os.path.join(directory, PARTITION_METADATA),
+                             encode_partition_metadata(topic_id or new_topic_id()))
+                fsync_dir(self.path)
+            except BaseException:
+                if not existed:  # a partition that failed to come into being (e.g. out of descriptors) leaves nothing
+                    for seg in log.segments if log is not None else ():
+                        seg.close_handles()
+                    shutil.rmtree(directory, ignore_errors=True)
+                raise
             self.logs[tp] = log
             return log
 
@@ -139,11 +170,11 @@ class LogDir:
             return parse_partition_metadata(f.read(), path)
 
     def delete(self, tp: TopicPartition) -> None:
-        """Kafka's async delete: rename to `<tp>.<uuid>-delete` now, remove the files afterwards."""
+        """Kafka's async delete: rename to `delete_dir_name(tp)` now, remove the files afterwards."""
         with self.lock:
             log = self.logs.pop(tp)
             log.close()
-            doomed = os.path.join(self.path, f"{tp}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+            doomed = os.path.join(self.path, delete_dir_name(tp))
             os.replace(log.dir, doomed)
             fsync_dir(self.path)
             self.checkpoint()
@@ -152,19 +183,67 @@ class LogDir:
     def checkpoint(self) -> None:
         """Persist every log's recovery point and the log start offsets above their first segment."""
         with self.lock:  # held while writing: two writers would share the same `.tmp` files
-            write_offsets(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT),
-                          {tp: log.recovery_point for tp, log in self.logs.items()})
-            write_offsets(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT),
-                          {tp: log.log_start_offset for tp, log in self.logs.items()
-                           if log.log_start_offset > log.segments[0].base_offset})
+            write_offsets(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT), self._recovery_points())
+            write_offsets(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT), self._log_start_offsets())
 
-    def close(self) -> None:
-        """Clean shutdown: flush and trim every log, write the checkpoints, then the clean-shutdown marker."""
+    def _recovery_points(self) -> dict[TopicPartition, int]:
+        return {tp: log.recovery_point for tp, log in self.logs.items()}
+
+    def _log_start_offsets(self) -> dict[TopicPartition, int]:
+        return {tp: log.log_start_offset for tp, log in self.logs.items()
+                if log.log_start_offset > log.segments[0].base_offset}
+
+    def close(self) -> bool:
+        """Clean shutdown: flush and trim every log, write the checkpoints, then the clean-shutdown marker.
+
+        Returns True if the shutdown was clean: the marker is written, and it is honest, only when every
+        log is flushed and trimmed and its producers can be rebuilt (`Log.close`). On a full disk the
+        checkpoints may not fit: a clean start does not need the recovery points (it takes each log's end
+        as its recovery point, as Kafka does), so their loss costs nothing; log start offsets it does
+        need, independently of the marker, so failing to write changed ones makes the shutdown unclean
+        (records below them would be readable again). The marker is Kafka's JSON, or, when no block
+        is left for it, the empty file Kafka wrote before 3.7, which needs no data block.
+        """
         with self.lock:
-            for log in self.logs.values():
-                log.close()
-            self.checkpoint()
-            atomic_write(os.path.join(self.path, CLEAN_SHUTDOWN_FILE),
-                         json.dumps({"version": 0, "brokerEpoch": -1}, separators=(",", ":")).encode())
+            clean = True
+            for tp, log in self.logs.items():
+                try:
+                    clean = log.close() and clean
+                except (OSError, LogError) as e:
+                    logger.error("%s: not closed cleanly (%s): %s", tp, log.dir, e)
+                    clean = False
+            try:
+                write_offsets(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT), self._recovery_points())
+            except OSError as e:
+                logger.warning("cannot write %s in %s (%s); %s", RECOVERY_POINT_CHECKPOINT, self.path, e,
+                               "a clean start does not read it" if clean else "the next start recovers more")
+            starts = self._log_start_offsets()
+            path = os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT)
+            try:
+                write_offsets(path, starts)
+            except OSError as e:
+                if self._read_checkpoint(LOG_START_OFFSET_CHECKPOINT) == starts:
+                    logger.warning("cannot write %s (%s); the file holds these offsets already", path, e)
+                else:
+                    logger.error("cannot write %s (%s): the log start offsets %s are lost, records below them "
+                                 "will be readable again", path, e, {str(tp): o for tp, o in starts.items()})
+                    clean = False
+            if clean:
+                clean = self._write_clean_shutdown_marker()
             os.close(self._lock_fd)
             self._lock_fd = -1
+            return clean
+
+    def _write_clean_shutdown_marker(self) -> bool:
+        marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
+        try:
+            atomic_write(marker, json.dumps({"version": 0, "brokerEpoch": -1}, separators=(",", ":")).encode())
+            return True
+        except OSError as e:
+            logger.warning("cannot write the clean-shutdown marker %s (%s); writing it empty", marker, e)
+        try:
+            create_empty(marker)
+            return True
+        except OSError as e:
+            logger.error("cannot create the clean-shutdown marker %s (%s): the next start recovers", marker, e)
+            return False

@@ -43,6 +43,7 @@ class OffsetIndex(MmapIndex):
             )
         if not self.can_append_offset(offset):
             raise InvalidIndexEntryError(f"offset {offset} overflows the relative offset of {self.path} (base {self.base_offset})")
+        self.reserve()  # a full disk is an OSError here, never a SIGBUS in pack_into
         _ENTRY.pack_into(self._mm, self.entries * 8, offset - self.base_offset, position)  # type: ignore[arg-type]
         self.entries += 1
 

@@ -373,6 +373,11 @@ class ProducerStateManager:
 
     # -- snapshot files --------------------------------------------------------------------------
 
+    @property
+    def snapshot_offsets(self) -> list[int]:
+        """Offsets of the snapshot files, ascending: where a rebuild of the state can start."""
+        return list(self._snapshots)
+
     def take_snapshot(self, offset: int) -> None:
         """Write the state as `<offset>.snapshot` (the state of every offset below `offset`).
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from .errors import CorruptRecordError, InvalidIndexEntryError
+from .errors import CorruptRecordError, InvalidIndexEntryError, TornSegmentError
 from .file_records import BatchPosition, iter_batches
 from .offset_index import OffsetIndex
+from .open_files import SEGMENT_FILES, OpenFile
 from .records import check_batch
 from .time_index import TimeIndex
 
@@ -36,6 +38,20 @@ def offset_from_filename(name: str) -> int:
     return int(name[: name.index(".")])
 
 
+def _holding_file(method):
+    """Run a LogSegment method with its `.log` descriptor open and pinned (`self._fd` is valid inside)."""
+
+    @functools.wraps(method)
+    def held(self, *args, **kwargs):
+        SEGMENT_FILES.acquire(self._file)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            SEGMENT_FILES.release(self._file)
+
+    return held
+
+
 @dataclass(frozen=True, slots=True)
 class LogSlice:
     """A byte range of a segment file: what a fetch sends without decoding (sendfile-ready)."""
@@ -56,11 +72,15 @@ class LogSlice:
         if len(buf) < self.size:
             buf.extend(bytes(self.size - len(buf)))
         view = memoryview(buf)[: self.size]
-        return view[: os.preadv(self.segment.fileno(), [view], self.position)]
+        return view[: self.segment.read_into(view, self.position)]
 
 
 class LogSegment:
-    """A segment's three files and the in-memory counters Kafka keeps for them."""
+    """A segment's three files and the in-memory counters Kafka keeps for them.
+
+    The `.log` descriptor is opened when used and may be closed by the process's LRU of open segment files
+    (`open_files`) while the segment is idle; the methods that use it hold it (`_holding_file`).
+    """
 
     def __init__(
         self,
@@ -85,10 +105,11 @@ class LogSegment:
         self.suffix = suffix
         log_path = self._path(LOG_SUFFIX)
         existed = os.path.exists(log_path)
-        self._fd = os.open(log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._file = OpenFile(log_path, create=True)
         # A raw descriptor, unlike the index maps, is not released when its object is collected: a segment
         # dropped without close() (a Log abandoned after an error) must not keep it open for the process's life.
-        self._release_fd = weakref.finalize(self, os.close, self._fd)
+        self._release_fd = weakref.finalize(self, SEGMENT_FILES.close, self._file)
+        SEGMENT_FILES.acquire(self._file)
         try:
             if existed:
                 self.size = os.fstat(self._fd).st_size
@@ -96,11 +117,14 @@ class LogSegment:
                 self.size = 0
                 if preallocate_bytes:
                     os.ftruncate(self._fd, preallocate_bytes)
+            self._preallocated = bool(preallocate_bytes) and not existed
             self.offset_index = OffsetIndex(self._path(INDEX_SUFFIX), base_offset, max_index_size)
             self.time_index = TimeIndex(self._path(TIME_INDEX_SUFFIX), base_offset, max_index_size)
         except BaseException:
             self._release_fd()
             raise
+        finally:
+            SEGMENT_FILES.release(self._file)
         self.bytes_since_last_index_entry = 0
         self.created_ms = now_ms()
         self._max_ts: tuple[int, int] | None = None  # (max timestamp so far, offset of its batch)
@@ -115,18 +139,44 @@ class LogSegment:
     def log_path(self) -> str:
         return self._path(LOG_SUFFIX)
 
-    def fileno(self) -> int:
-        """The `.log` descriptor, for sendfile."""
-        return self._fd
+    @property
+    def _fd(self) -> int:
+        """The `.log` descriptor: only a method that holds it (`_holding_file`) may use the number."""
+        return self._file.fd
 
+    def fileno(self) -> int:
+        """The `.log` descriptor, opened if needed. The LRU may close it once other segments are used, so a
+        single-threaded tool may use it for a while; a server takes `dup_fd()` instead."""
+        with SEGMENT_FILES.use(self._file) as fd:
+            return fd
+
+    @_holding_file
+    def dup_fd(self) -> int:
+        """A descriptor of the `.log` file of the caller's own (for sendfile after the log's lock is let go)."""
+        return os.dup(self._fd)
+
+    @_holding_file
     def read_bytes(self, position: int, size: int) -> bytes:
         return os.pread(self._fd, size, position)
 
+    @_holding_file
+    def read_into(self, view: memoryview, position: int) -> int:
+        return os.preadv(self._fd, [view], position)
+
     def batches(self, start: int = 0, end: int | None = None) -> Iterator[BatchPosition]:
-        return iter_batches(self._fd, start, self.size if end is None else end, self.log_path)
+        return self._walk(start, self.size if end is None else end)
+
+    def _walk(self, start: int, end: int) -> Iterator[BatchPosition]:
+        """The batches in [start, end), holding the descriptor until the walk ends or is dropped."""
+        SEGMENT_FILES.acquire(self._file)
+        try:
+            yield from iter_batches(self._fd, start, end, self.log_path)
+        finally:
+            SEGMENT_FILES.release(self._file)
 
     # -- append ----------------------------------------------------------------------------------
 
+    @_holding_file
     def append(self, largest_offset: int, largest_timestamp: int, offset_of_max_timestamp: int,
                data: bytes | bytearray | memoryview) -> None:
         """Append one set of batches and index it by Kafka's `index.interval.bytes` rule.
@@ -143,18 +193,48 @@ class LogSegment:
             raise InvalidIndexEntryError(
                 f"offset {largest_offset} does not fit segment {self.log_path} with base {self.base_offset}"
             )
-        written = os.pwrite(self._fd, data, position)
-        if written != len(data):
-            raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
-        self.size += written
-        max_ts, _ = self.max_timestamp_and_offset
-        if largest_timestamp > max_ts:
-            self._max_ts = (largest_timestamp, offset_of_max_timestamp)
-        if self.bytes_since_last_index_entry > self.index_interval_bytes:
-            self.offset_index.append(largest_offset, position)
-            self.time_index.maybe_append(*self.max_timestamp_and_offset)
+        index_due = self.bytes_since_last_index_entry > self.index_interval_bytes
+        if index_due:  # a full disk fails here, before a byte of the log is written
+            self.offset_index.reserve()
+            self.time_index.reserve()
+        prior = (self._max_ts, self.offset_index.entries, self.time_index.entries)
+        try:
+            view = memoryview(data)
+            while view:  # a short write (the disk filled mid-way) is retried, so the real errno surfaces
+                view = view[os.pwrite(self._fd, view, position + len(data) - len(view)):]
+            max_ts, _ = self.max_timestamp_and_offset
+            if largest_timestamp > max_ts:
+                self._max_ts = (largest_timestamp, offset_of_max_timestamp)
+            if index_due:
+                self.offset_index.append(largest_offset, position)
+                self.time_index.maybe_append(*self.max_timestamp_and_offset)
+        except BaseException as e:
+            self._max_ts, self.offset_index.entries, self.time_index.entries = prior
+            self._discard_from(position)
+            if isinstance(e, OSError) and e.filename is None:  # pwrite's error names no file
+                raise OSError(e.errno, f"{e.strerror} (writing {len(data)} bytes at position {position})",
+                              self.log_path) from None
+            raise
+        self.size = position + len(data)
+        if index_due:
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += len(data)
+
+    def _discard_from(self, position: int) -> None:
+        """Cut what a failed append wrote at `position` (none of it may stay at the end of the segment).
+
+        A preallocated segment gets its length back as a hole. If the cut itself fails the segment ends
+        in bytes the log never acknowledged: `TornSegmentError` tells the log to stop appending to it.
+        """
+        try:
+            length = os.fstat(self._fd).st_size
+            os.ftruncate(self._fd, position)
+            if self._preallocated and length > position:
+                os.ftruncate(self._fd, length)
+        except OSError as e:
+            raise TornSegmentError(
+                f"{self.where}: cannot cut the bytes of a failed append at position {position} of {self.log_path}: {e}"
+            ) from e
 
     # -- timestamps ------------------------------------------------------------------------------
 
@@ -249,6 +329,7 @@ class LogSegment:
 
     # -- recovery and truncation -----------------------------------------------------------------
 
+    @_holding_file
     def recover(self) -> int:
         """Rebuild both indexes from the log, truncating at the first invalid batch; return bytes truncated."""
         self.offset_index.reset(self.max_index_size)
@@ -256,6 +337,7 @@ class LogSegment:
         valid_bytes = 0
         last_index_entry = 0
         max_ts = (-1, self.base_offset)
+        indexing = True  # until the disk has no block for another index page
         try:
             for b in self.batches():
                 check_batch(self.read_bytes(b.position, b.size), f"{self.where}, position {b.position}")
@@ -263,14 +345,19 @@ class LogSegment:
                     raise CorruptRecordError(f"offset {b.header.last_offset} overflows segment base {self.base_offset}")
                 if b.header.max_timestamp > max_ts[0]:
                     max_ts = (b.header.max_timestamp, b.header.last_offset)
-                if valid_bytes - last_index_entry > self.index_interval_bytes:
+                if indexing and valid_bytes - last_index_entry > self.index_interval_bytes:
                     # Recovery indexes every batch, appends every append: a segment of multi-batch appends
                     # can need more entries than the index holds. Entries are sparse hints, so stop adding
-                    # them rather than fail to load the log (the time index keeps its last slot).
-                    if not self.offset_index.is_full:
-                        self.offset_index.append(b.header.last_offset, valid_bytes)
-                    if not self.time_index.is_full:
-                        self.time_index.maybe_append(*max_ts)
+                    # them rather than fail to load the log (the time index keeps its last slot); the same
+                    # when a full disk has no block for the next page of entries.
+                    try:
+                        if not self.offset_index.is_full:
+                            self.offset_index.append(b.header.last_offset, valid_bytes)
+                        if not self.time_index.is_full:
+                            self.time_index.maybe_append(*max_ts)
+                    except OSError as e:
+                        log.warning("%s: indexing %s only up to byte %d: %s", self.where, self.log_path, valid_bytes, e)
+                        indexing = False
                     last_index_entry = valid_bytes
                 valid_bytes += b.size
         except CorruptRecordError as e:
@@ -282,10 +369,14 @@ class LogSegment:
         self._max_ts = max_ts
         self._rolling_ts = None
         self.offset_index.trim_to_valid_size()
-        self.time_index.maybe_append(*max_ts, skip_full_check=True)
+        try:
+            self.time_index.maybe_append(*max_ts, skip_full_check=True)
+        except OSError as e:  # a hint: the largest timestamp is re-read from the batches after the last entry
+            log.warning("%s: no final time index entry in %s: %s", self.where, self.time_index.path, e)
         self.time_index.trim_to_valid_size()
         return truncated
 
+    @_holding_file
     def truncate_to(self, offset: int) -> int:
         """Drop every batch at or after the one holding `offset`; return bytes removed."""
         found = self.translate_offset(offset)
@@ -311,6 +402,7 @@ class LogSegment:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
+    @_holding_file
     def on_become_inactive(self) -> None:
         """On roll: the final time-index entry, then trim indexes and any preallocated log space."""
         self.time_index.maybe_append(*self.max_timestamp_and_offset, skip_full_check=True)
@@ -318,6 +410,7 @@ class LogSegment:
         self.time_index.trim_to_valid_size()
         os.ftruncate(self._fd, self.size)
 
+    @_holding_file
     def flush(self) -> None:
         os.fsync(self._fd)
         self.offset_index.flush()
@@ -325,21 +418,22 @@ class LogSegment:
 
     def close(self) -> None:
         """Write the final time-index entry, trim all three files and release them."""
-        if self._fd < 0:
+        if self._file.closed:
             return
         if self.max_timestamp_and_offset[0] >= 0 and self.time_index.writable:
-            self.time_index.maybe_append(*self.max_timestamp_and_offset, skip_full_check=True)
+            try:
+                self.time_index.maybe_append(*self.max_timestamp_and_offset, skip_full_check=True)
+            except OSError as e:  # Kafka swallows it too: the entry is a hint; the largest timestamp is re-read
+                log.warning("%s: no final time index entry in %s: %s", self.where, self.time_index.path, e)
         self.offset_index.close()
         self.time_index.close()
-        os.ftruncate(self._fd, self.size)
+        with SEGMENT_FILES.use(self._file) as fd:
+            os.ftruncate(fd, self.size)
         self._release_fd()
-        self._fd = -1
 
     def close_handles(self) -> None:
         """Release descriptors and maps without touching the files (after a rename to `.deleted`)."""
-        if self._fd >= 0:
-            self._release_fd()
-            self._fd = -1
+        self._release_fd()
         for idx in (self.offset_index, self.time_index):
             if idx._mm is not None:
                 idx._mm.close()
@@ -353,7 +447,7 @@ class LogSegment:
             if index is not None:
                 index.rename(dst)
             elif os.path.exists(src):
-                os.replace(src, dst)
+                SEGMENT_FILES.rename(self._file, dst)  # renamed and renamed in the LRU at once: reopens find it
         self.suffix = new
 
     def delete_files(self) -> None:

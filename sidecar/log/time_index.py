@@ -54,6 +54,7 @@ class TimeIndex(MmapIndex):
             if self.entries >= self.max_entries:
                 # A segment reopened with a trimmed index has no spare slot: grow by one entry.
                 self.resize(self.size_bytes + self.entry_size)
+            self.reserve()  # a full disk is an OSError here, never a SIGBUS in pack_into
             _ENTRY.pack_into(self._mm, self.entries * 12, timestamp, offset - self.base_offset)  # type: ignore[arg-type]
             self.entries += 1
 

@@ -44,7 +44,20 @@ from kafka.protocol.admin.configs import (
     DescribeConfigsRequest, DescribeConfigsResponse,
     IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
 )
-from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.admin.cluster import (
+    DescribeClusterRequest, DescribeClusterResponse,
+    DescribeLogDirsRequest, DescribeLogDirsResponse,
+)
+from kafka.protocol.admin.groups import (
+    DeleteGroupsRequest, DeleteGroupsResponse,
+    DescribeGroupsRequest, DescribeGroupsResponse,
+    ListGroupsRequest, ListGroupsResponse,
+)
+from kafka.protocol.admin.topics import (
+    CreatePartitionsRequest, CreatePartitionsResponse,
+    CreateTopicsRequest, CreateTopicsResponse,
+    DeleteTopicsRequest, DeleteTopicsResponse,
+)
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
@@ -54,6 +67,7 @@ from kafka.protocol.consumer.group import (
     JoinGroupRequest, JoinGroupResponse,
     LeaveGroupRequest, LeaveGroupResponse,
     OffsetCommitRequest, OffsetCommitResponse,
+    OffsetDeleteRequest, OffsetDeleteResponse,
     OffsetFetchRequest, OffsetFetchResponse,
     SyncGroupRequest, SyncGroupResponse,
 )
@@ -87,12 +101,20 @@ _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
     (HeartbeatRequest, HeartbeatResponse),                  # 12
     (LeaveGroupRequest, LeaveGroupResponse),                # 13
     (SyncGroupRequest, SyncGroupResponse),                  # 14
+    (DescribeGroupsRequest, DescribeGroupsResponse),        # 15
+    (ListGroupsRequest, ListGroupsResponse),                # 16
     (ApiVersionsRequest, ApiVersionsResponse),              # 18
     (CreateTopicsRequest, CreateTopicsResponse),            # 19
+    (DeleteTopicsRequest, DeleteTopicsResponse),            # 20
     (InitProducerIdRequest, InitProducerIdResponse),        # 22
     (DescribeConfigsRequest, DescribeConfigsResponse),      # 32
     (AlterConfigsRequest, AlterConfigsResponse),            # 33
+    (DescribeLogDirsRequest, DescribeLogDirsResponse),      # 35
+    (CreatePartitionsRequest, CreatePartitionsResponse),    # 37
+    (DeleteGroupsRequest, DeleteGroupsResponse),            # 42
     (IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse),  # 44
+    (OffsetDeleteRequest, OffsetDeleteResponse),            # 47
+    (DescribeClusterRequest, DescribeClusterResponse),      # 60
 )
 
 _REQUESTS: dict[int, type[ApiMessage]] = {req.API_KEY: req for req, _ in _PAIRS}

@@ -1,6 +1,7 @@
-"""Kafka's admin APIs over the `TopicRegistry`: CreateTopics, DescribeConfigs, AlterConfigs and
-IncrementalAlterConfigs, answered the way a KRaft broker and controller answer them (error codes and
-messages of ReplicationControlManager, ConfigurationControlManager, ConfigAdminManager, ConfigHelper).
+"""Kafka's admin APIs over the `TopicRegistry`: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
+AlterConfigs, IncrementalAlterConfigs, DescribeCluster and DescribeLogDirs, answered the way a KRaft broker and
+controller answer them (error codes and messages of ControllerApis, ReplicationControlManager,
+ConfigurationControlManager, ConfigAdminManager, ConfigHelper, ReplicaManager).
 
 Topic configs are read and validated with the one config table (`TopicConfig.from_mapping`), so a
 value refused here is refused in a manifest too, with the same message. A topic stores its config as
@@ -11,8 +12,9 @@ Who owns a topic decides whether it may be altered. Topics created here (origin 
 API: they are changed live and persisted by the registry. Topics declared by a Topic manifest belong
 to the manifest, because Kubernetes is declarative: a change made over the wire would be silently
 reverted by the next reload of the manifest (or the next restart), and `kubectl get topic` would no
-longer show the truth. Altering them is refused with POLICY_VIOLATION and a message saying which
-manifest to edit. Internal topics (`__consumer_offsets`) are configured by the node and refused alike.
+longer show the truth. Altering, deleting or growing them is refused with POLICY_VIOLATION and a message
+saying which manifest to edit. Internal topics (`__consumer_offsets`) belong to the node and are refused alike.
+DeleteTopics honours the broker setting `delete.topic.enable` (TOPIC_DELETION_DISABLED when false).
 
 Shale keeps one replica of each partition on the node that leads it, so a replication factor above 1
 cannot be honoured and is refused with INVALID_REPLICATION_FACTOR, as Kafka refuses a factor larger
@@ -23,24 +25,38 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
+import uuid
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 
+from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
-from shale.sidecar.server.broker import ConnectionInfo, Handler
+from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS
+from shale.sidecar.server.broker import ConnectionInfo, Handler, controller_id
 from shale.sidecar.server.manifests import ORIGIN_PREFIX, RESERVED
 from shale.sidecar.server.server_config import SERVER_CONFIG_KEYS, ServerConfig
-from shale.sidecar.server.topics import TopicError, TopicRegistry, TopicSpec, topic_id_for, topic_uuid
+from shale.sidecar.server.topics import CapacityError, TopicError, TopicRegistry, TopicSpec, topic_id_for, topic_uuid
 from shale.sidecar.topic_config import CONFIG_KEYS, CONFIG_KEYS_BY_NAME, InvalidConfigError, TopicConfig
 from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS,
     INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG, INVALID_REQUEST, POLICY_VIOLATION,
+    KAFKA_STORAGE_ERROR, TOPIC_DELETION_DISABLED, UNKNOWN_TOPIC_ID, MISMATCHED_ENDPOINT_TYPE,
+    UNSUPPORTED_ENDPOINT_TYPE,
 )
 
 logger = logging.getLogger(__name__)
 
-API_CREATE_TOPICS, API_DESCRIBE_CONFIGS, API_ALTER_CONFIGS, API_INCREMENTAL_ALTER_CONFIGS = 19, 32, 33, 44
+API_CREATE_TOPICS, API_DELETE_TOPICS, API_DESCRIBE_CONFIGS, API_ALTER_CONFIGS = 19, 20, 32, 33
+API_DESCRIBE_LOG_DIRS, API_CREATE_PARTITIONS, API_INCREMENTAL_ALTER_CONFIGS, API_DESCRIBE_CLUSTER = 35, 37, 44, 60
+
+# Kafka's default messages of the errors a lookup by name or by id answers.
+UNKNOWN_TOPIC_MESSAGE = "This server does not host this topic-partition."
+UNKNOWN_TOPIC_ID_MESSAGE = "This server does not host this topic ID."
+
+# DescribeCluster's EndpointType: a node is a broker endpoint, never a KRaft controller endpoint.
+ENDPOINT_BROKERS, ENDPOINT_CONTROLLERS = 1, 2
 
 
 # ConfigResource.Type ids.
@@ -149,17 +165,34 @@ def _broker_default(topic_key: str) -> tuple[str, str] | None:
 class AdminApis:
     """The admin handlers a `Broker` serves; every topic change goes through `registry.put`."""
 
-    def __init__(self, registry: TopicRegistry, server_config: ServerConfig | None = None) -> None:
+    def __init__(self, registry: TopicRegistry, server_config: ServerConfig | None = None,
+                 cluster_id: str = "shale") -> None:
         self.registry = registry
         self.server_config = server_config
+        self.cluster_id = cluster_id
 
     def handlers(self) -> dict[int, Handler]:
         return {
             API_CREATE_TOPICS: self._create_topics,
+            API_DELETE_TOPICS: self._delete_topics,
+            API_CREATE_PARTITIONS: self._create_partitions,
             API_DESCRIBE_CONFIGS: self._describe_configs,
             API_ALTER_CONFIGS: self._alter_configs,
             API_INCREMENTAL_ALTER_CONFIGS: self._incremental_alter_configs,
+            API_DESCRIBE_CLUSTER: self._describe_cluster,
+            API_DESCRIBE_LOG_DIRS: self._describe_log_dirs,
         }
+
+    @staticmethod
+    def _check_api_owned(spec: TopicSpec, manifest_advice: str, internal_advice: str) -> None:
+        """Only a topic created through the API changes through it (see the module docstring)."""
+        if spec.origin.startswith(ORIGIN_PREFIX):
+            path = spec.origin[len(ORIGIN_PREFIX):]
+            raise AdminError(POLICY_VIOLATION, f"Topic '{spec.name}' is declared by the Topic manifest {path}: "
+                                               f"{manifest_advice}")
+        if spec.origin != "api":
+            raise AdminError(POLICY_VIOLATION, f"Topic '{spec.name}' is an internal topic ({spec.origin}); "
+                                               f"{internal_advice}")
 
     # -- CreateTopics ----------------------------------------------------------------------------
 
@@ -182,8 +215,8 @@ class AdminApis:
                 results.append(out)
                 continue
             if not validate_only:
-                logger.info("topic %s created by CreateTopics from %s (%d partitions)", spec.name, _client(conn),
-                            spec.partitions)
+                logger.info("topic %s created by CreateTopics from %s (%s)", spec.name, _client(conn),
+                            plural(spec.partitions, "partition"))
             if version >= 5:
                 out.update(num_partitions=spec.partitions, replication_factor=1, topic_config_error_code=NONE,
                            configs=[{"name": name, "value": value, "read_only": False, "config_source": source,
@@ -240,34 +273,207 @@ class AdminApis:
 
     def _manual_partitions(self, assignments: Iterable[Any]) -> int:
         """Honour a manual assignment that places one replica of each partition on this node."""
-        node_id = self.registry.node.node_id
         seen: set[int] = set()
         for a in assignments:
-            p, brokers = a.partition_index, list(a.broker_ids)
+            p = a.partition_index
             if p in seen:
                 raise AdminError(INVALID_REPLICA_ASSIGNMENT, f"Found multiple manual partition assignments for "
                                                              f"partition {p}")
             seen.add(p)
-            if not brokers:
-                raise AdminError(INVALID_REPLICA_ASSIGNMENT,
-                                 "The manual partition assignment includes an empty replica list.")
-            if len(brokers) > 1:
-                raise AdminError(INVALID_REPLICATION_FACTOR,
-                                 f"The manual partition assignment gives partition {p} {len(brokers)} replicas; "
-                                 "Shale keeps one replica of each partition.")
-            if brokers[0] != node_id:
-                raise AdminError(INVALID_REPLICA_ASSIGNMENT,
-                                 f"The manual partition assignment includes broker {brokers[0]}, but no such broker "
-                                 f"is registered (CreateTopics on node {node_id} places partitions on itself).")
+            self._check_local_replica(p, list(a.broker_ids), INVALID_REPLICATION_FACTOR)
         if seen != set(range(len(seen))):
             raise AdminError(INVALID_REPLICA_ASSIGNMENT, "partitions should be a consecutive 0-based integer sequence")
         return len(seen)
 
+    def _check_local_replica(self, partition: int, brokers: list[int], too_many: int) -> None:
+        """A manual assignment may only name this node, once: a partition created here lives here, unreplicated."""
+        node_id = self.registry.node.node_id
+        if not brokers:
+            raise AdminError(INVALID_REPLICA_ASSIGNMENT, "The manual partition assignment includes an empty replica "
+                                                         "list.")
+        if len(brokers) > 1:
+            raise AdminError(too_many, f"The manual partition assignment gives partition {partition} {len(brokers)} "
+                                       "replicas; Shale keeps one replica of each partition.")
+        if brokers[0] != node_id:
+            raise AdminError(INVALID_REPLICA_ASSIGNMENT,
+                             f"The manual partition assignment includes broker {brokers[0]}, but no such broker is "
+                             f"registered (topics created through node {node_id} have their partitions on it).")
+
     def _put(self, spec: TopicSpec) -> None:
         try:
             self.registry.put(spec)
+        except CapacityError as exc:  # more partitions than the node can hold (KRaft refuses too large a batch alike)
+            raise AdminError(POLICY_VIOLATION, str(exc)) from None
         except TopicError as exc:  # e.g. an assignment the registry cannot apply; the message names the topic
             raise AdminError(INVALID_REQUEST, str(exc)) from None
+
+    # -- DeleteTopics ----------------------------------------------------------------------------
+
+    async def _delete_topics(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        """Kafka's ControllerApis.deleteTopics: topics by name (v1+) or by id (v6), each deleted at once."""
+        version, body = request.api_version, request.body
+        asked = ([(t.name, _given_id(t.topic_id)) for t in body.topics] if version >= 6
+                 else [(name, None) for name in body.topic_names])
+        if self.server_config is not None and not self.server_config.delete_topic_enable:
+            code = TOPIC_DELETION_DISABLED if version >= 3 else INVALID_REQUEST
+            logger.info("DeleteTopics from %s refused: delete.topic.enable is false", _client(conn))
+            return {"throttle_time_ms": 0, "responses": [
+                {"name": name, "topic_id": tid, "error_code": code,
+                 "error_message": "Topic deletion is disabled (delete.topic.enable=false)."} for name, tid in asked]}
+        counts = Counter(asked)
+        resolved: list[tuple[str | None, uuid.UUID | None, AdminError | None]] = []
+        for name, tid in dict.fromkeys(asked):  # a duplicate is answered once
+            try:
+                resolved.append((*self._deletion_target(name, tid, counts[(name, tid)]), None))
+            except AdminError as exc:
+                resolved.append((name, tid, exc))
+        targets = Counter(name for name, _tid, error in resolved if error is None)
+        responses = []
+        for name, tid, error in resolved:
+            try:
+                if error is not None:
+                    raise error
+                if targets[name] > 1:
+                    raise AdminError(INVALID_REQUEST, "The provided topic name maps to an ID that was already "
+                                                      "supplied.")
+                self._delete_topic(name)
+            except AdminError as exc:
+                logger.info("DeleteTopics from %s refused for topic %s: %s", _client(conn), name or tid, exc.message)
+                responses.append({"name": name, "topic_id": tid, "error_code": exc.code,
+                                  "error_message": exc.message})
+                continue
+            logger.info("topic %s deleted by DeleteTopics from %s", name, _client(conn))
+            responses.append({"name": name, "topic_id": tid, "error_code": NONE, "error_message": None})
+        return {"throttle_time_ms": 0, "responses": responses}
+
+    def _deletion_target(self, name: str | None, tid: uuid.UUID | None, times: int) -> tuple[str, uuid.UUID]:
+        """The (name, id) a DeleteTopics entry names, or Kafka's error for it."""
+        if name is not None and tid is not None:
+            raise AdminError(INVALID_REQUEST, "You may not specify both topic name and topic id.")
+        if name is None and tid is None:
+            raise AdminError(INVALID_REQUEST, "Neither topic name nor id were specified.")
+        if times > 1:
+            raise AdminError(INVALID_REQUEST, "Duplicate topic name." if tid is None else "Duplicate topic id.")
+        if tid is not None:
+            for known in self.registry.topics:
+                if topic_uuid(self.registry.topic_id(known)) == tid:
+                    return known, tid
+            raise AdminError(UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_ID_MESSAGE)
+        if name not in self.registry.topics:
+            raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_MESSAGE)
+        return name, topic_uuid(self.registry.topic_id(name))
+
+    def _delete_topic(self, name: str) -> None:
+        self._check_api_owned(self.registry.topics[name],
+                              "delete the manifest (kubectl delete) to delete the topic; a deletion through the "
+                              "Kafka API would be undone by the manifest",
+                              "the node keeps it")
+        try:
+            self.registry.remove(name)
+        except OSError as exc:
+            logger.exception("deleting topic %s failed", name)
+            raise AdminError(KAFKA_STORAGE_ERROR, f"Deleting topic '{name}' failed: {exc}") from None
+
+    # -- CreatePartitions ------------------------------------------------------------------------
+
+    async def _create_partitions(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        """Kafka's ReplicationControlManager.createPartitions: grow a topic, never shrink it."""
+        body = request.body
+        counts = Counter(t.name for t in body.topics)
+        results = []
+        answered: set[str] = set()
+        for topic in body.topics:
+            if topic.name in answered:  # a duplicate is answered once
+                continue
+            answered.add(topic.name)
+            out: dict[str, Any] = {"name": topic.name, "error_code": NONE, "error_message": None}
+            try:
+                if counts[topic.name] > 1:
+                    raise AdminError(INVALID_REQUEST, "Duplicate topic name.")
+                spec = self._grown(topic)
+                if not body.validate_only:
+                    old = self.registry.topics[topic.name].partitions
+                    self._put(spec)
+                    logger.info("topic %s grown from %d to %d partitions by CreatePartitions from %s", spec.name,
+                                old, spec.partitions, _client(conn))
+            except AdminError as exc:
+                logger.info("CreatePartitions from %s refused for topic %s: %s", _client(conn), topic.name,
+                            exc.message)
+                out.update(error_code=exc.code, error_message=exc.message)
+            results.append(out)
+        return {"throttle_time_ms": 0, "results": results}
+
+    def _grown(self, topic: Any) -> TopicSpec:
+        """The spec a CreatePartitionsTopic asks for, or AdminError, checked in Kafka's order."""
+        spec = self.registry.topics.get(topic.name)
+        if spec is None:
+            raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_MESSAGE)
+        self._check_api_owned(spec, "edit the manifest's partitions (kubectl apply) to add partitions; the manifest "
+                                    "is the topic's source of truth",
+                              "its partitions are set by the node")
+        if topic.count == spec.partitions:
+            raise AdminError(INVALID_PARTITIONS, f"Topic already has {spec.partitions} partition(s).")
+        if topic.count < spec.partitions:
+            raise AdminError(INVALID_PARTITIONS, f"The topic {spec.name} currently has {spec.partitions} "
+                                                 f"partition(s); {topic.count} would not be an increase.")
+        added = topic.count - spec.partitions
+        if topic.assignments is not None:
+            if len(topic.assignments) != added:
+                raise AdminError(INVALID_REPLICA_ASSIGNMENT, f"Attempted to add {added} additional partition(s), but "
+                                                             f"only {len(topic.assignments)} assignment(s) were "
+                                                             "specified.")
+            for i, a in enumerate(topic.assignments):
+                self._check_local_replica(spec.partitions + i, list(a.broker_ids), INVALID_REPLICA_ASSIGNMENT)
+        return dataclasses.replace(spec, partitions=topic.count)
+
+    # -- DescribeCluster and DescribeLogDirs -----------------------------------------------------
+
+    async def _describe_cluster(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        """The nodes Metadata names and its controller id; a node serves the broker endpoint only."""
+        version, body = request.api_version, request.body
+        endpoint = body.endpoint_type if version >= 1 else ENDPOINT_BROKERS
+        if endpoint not in (ENDPOINT_BROKERS, ENDPOINT_CONTROLLERS):
+            return {"error_code": INVALID_REQUEST if version == 0 else UNSUPPORTED_ENDPOINT_TYPE,
+                    "error_message": f"Unsupported endpoint type {endpoint}", "cluster_id": self.cluster_id}
+        if endpoint != ENDPOINT_BROKERS:
+            return {"error_code": INVALID_REQUEST if version == 0 else MISMATCHED_ENDPOINT_TYPE,
+                    "error_message": "The request was sent to an endpoint of type BROKER, but we wanted an endpoint "
+                                     "of type CONTROLLER", "cluster_id": self.cluster_id}
+        nodes = self.registry.nodes()
+        return {
+            "throttle_time_ms": 0, "error_code": NONE, "error_message": None, "endpoint_type": ENDPOINT_BROKERS,
+            "cluster_id": self.cluster_id, "controller_id": controller_id(self.registry),
+            "brokers": [{"broker_id": n.node_id, "host": n.host, "port": n.port, "rack": None, "is_fenced": False}
+                        for n in sorted(nodes.values(), key=lambda n: n.node_id)],
+            "authorized_operations": CLUSTER_OPERATIONS if body.include_cluster_authorized_operations else None,
+        }
+
+    async def _describe_log_dirs(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        """Kafka's ReplicaManager.describeLogDirs over the one data directory: each partition's size, lag 0."""
+        body = request.body
+        log_dir = self.registry.log_dir
+        with log_dir.lock:
+            logs = dict(log_dir.logs)
+        if body.topics is not None:
+            wanted = {(t.topic, p) for t in body.topics for p in t.partitions}
+            logs = {tp: log for tp, log in logs.items() if (tp.topic, tp.partition) in wanted}
+        result: dict[str, Any] = {"error_code": NONE, "log_dir": log_dir.path}
+        try:
+            fs = os.statvfs(log_dir.path)
+        except OSError as exc:
+            logger.error("DescribeLogDirs: cannot read the file system of %s: %s", log_dir.path, exc)
+            return {"throttle_time_ms": 0, "error_code": NONE,
+                    "results": [{**result, "error_code": KAFKA_STORAGE_ERROR}]}
+        by_topic: dict[str, list[dict]] = {}
+        for tp, log in sorted(logs.items(), key=lambda item: (item[0].topic, item[0].partition)):
+            with log.lock:
+                size = log.size_in_bytes
+            # One replica, so the high watermark is the log end: no offset lag, never a future log.
+            by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition, "partition_size": size,
+                                                      "offset_lag": 0, "is_future_key": False})
+        result.update(topics=[{"name": name, "partitions": parts} for name, parts in by_topic.items()],
+                      total_bytes=fs.f_blocks * fs.f_frsize, usable_bytes=fs.f_bavail * fs.f_frsize)
+        return {"throttle_time_ms": 0, "error_code": NONE, "results": [result]}
 
     # -- DescribeConfigs -------------------------------------------------------------------------
 
@@ -411,14 +617,9 @@ class AdminApis:
         if name == "":
             raise AdminError(INVALID_REQUEST, "Default topic resources are not allowed.")
         spec = self._existing_topic(name)
-        if spec.origin.startswith(ORIGIN_PREFIX):
-            path = spec.origin[len(ORIGIN_PREFIX):]
-            raise AdminError(POLICY_VIOLATION, f"Topic '{name}' is declared by the Topic manifest {path}: edit the "
-                                               "manifest (kubectl apply) to change its config; changes made through "
-                                               "the Kafka API would be reverted by the manifest")
-        if spec.origin != "api":
-            raise AdminError(POLICY_VIOLATION, f"Topic '{name}' is an internal topic ({spec.origin}); its config is "
-                                               "set by the node")
+        self._check_api_owned(spec, "edit the manifest (kubectl apply) to change its config; changes made through the "
+                                    "Kafka API would be reverted by the manifest",
+                              "its config is set by the node")
         config = _parse_config(compute(spec, list(configs)))
         if validate_only or config == spec.config:
             return
@@ -475,6 +676,11 @@ def _topic_entries(config: TopicConfig, wanted: set[str] | None) -> list[tuple[s
     overrides = config.overrides()
     return [(name, value, DYNAMIC_TOPIC_CONFIG if name in overrides else DEFAULT_CONFIG)
             for name, value in sorted(config.as_kafka_strings().items()) if wanted is None or name in wanted]
+
+
+def _given_id(topic_id: uuid.UUID | None) -> uuid.UUID | None:
+    """A DeleteTopics v6 entry's id, None when it names the topic instead (the zero UUID)."""
+    return None if topic_id is None or topic_id.int == 0 else topic_id
 
 
 def _client(conn: ConnectionInfo) -> str:

@@ -17,8 +17,10 @@ Fetch or JoinGroup that waits does not reorder the replies to pipelined requests
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import socket
 import struct
 import time
 from dataclasses import dataclass
@@ -28,13 +30,15 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import (
     CorruptRecordError,
     InvalidRecordError,
+    KafkaStorageError,
     LogError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
 )
 from shale.sidecar.log.errors import InvalidTimestampError
 from shale.sidecar.protocol import codec
-from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange
+from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
+from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
 from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_SERVER_ERROR, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION,
@@ -47,6 +51,11 @@ logger = logging.getLogger(__name__)
 # Fetched record sets at least this big go out with sendfile; smaller ones are read and sent inline,
 # where the few loop iterations of a sendfile would cost more than the copy they save.
 SENDFILE_MIN_BYTES = 64 * 1024
+
+# accept() failing for lack of descriptors or memory: wait before the next try, doubling up to a second
+# (the connections wait in the listen backlog meanwhile), and log it at most once a minute.
+ACCEPT_RETRY_FIRST_S, ACCEPT_RETRY_MAX_S, ACCEPT_LOG_EVERY_S = 0.01, 1.0, 60.0
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA, API_API_VERSIONS = 0, 1, 2, 3, 18
@@ -68,6 +77,11 @@ class ConnectionInfo:
 Handler = Callable[[codec.Request, ConnectionInfo], Awaitable[Any]]
 
 
+def controller_id(registry: TopicRegistry) -> int:
+    """The node Metadata and DescribeCluster name as controller: the lowest node id, which also coordinates groups."""
+    return min(registry.nodes())
+
+
 def advertised_range(api_key: int) -> tuple[int, int]:
     lo, hi = codec.SUPPORTED_VERSIONS[api_key]
     return lo, min(hi, VERSION_CAPS.get(api_key, hi))
@@ -85,7 +99,7 @@ def _append_error_code(exc: Exception) -> int:
         return INVALID_TIMESTAMP
     if isinstance(exc, InvalidRecordError):
         return INVALID_RECORD
-    if isinstance(exc, LogError):
+    if isinstance(exc, (LogError, OSError)):  # Kafka: an IOException becomes KafkaStorageException
         return KAFKA_STORAGE_ERROR
     return UNKNOWN_SERVER_ERROR
 
@@ -152,13 +166,22 @@ class Broker:
         handlers: Mapping[int, Handler] | None = None,
         cluster_id: str = "shale",
         observe: Callable[[str, float], None] | None = None,
+        max_request_bytes: int = MAX_FRAME_BYTES,
+        queued_max_request_bytes: int = -1,
     ) -> None:
         self.registry = registry
         self.host = host
         self.port = port
         self.cluster_id = cluster_id
         self._observe = observe  # (api name, seconds) of every answered request, for the metrics
-        self._server: asyncio.Server | None = None
+        self.max_request_bytes = max_request_bytes  # socket.request.max.bytes
+        # queued.max.request.bytes; -1 (or 0) bounds the requests in flight by one largest request instead
+        self.memory = RequestMemory(queued_max_request_bytes if queued_max_request_bytes > 0 else max_request_bytes)
+        self.accept_errors = 0  # accept() calls that failed for lack of descriptors or memory
+        self._listener: socket.socket | None = None
+        self._accept_retry: asyncio.TimerHandle | None = None
+        self._accept_delay = 0.0
+        self._accept_logged = (float("-inf"), 0)  # (loop time of the last log line, accept_errors then)
         self._events: dict[TopicPartition, asyncio.Event] = {}
         self._connections: set[asyncio.Task] = set()
         self.handlers: dict[int, Handler] = {
@@ -178,30 +201,77 @@ class Broker:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Connection(self._accept), self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        """Listen, with our own accept loop: asyncio's retries accept() 100 times per wakeup when it fails with
+        EMFILE and logs each (tens of MB of log a minute), and turns a listening socket it could not create
+        into a server with no sockets."""
+        self._listener = socket.create_server((self.host, self.port), backlog=1024)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept_ready)
         node = self.registry.node
         logger.info("broker %d listening on %s:%d (advertised %s:%d)", node.node_id, self.host, self.port,
                     node.host, node.port)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            if self._accept_retry is not None:
+                self._accept_retry.cancel()
+            self._listener.close()
+            self._listener = None
         for task in list(self._connections):
             task.cancel()
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
 
     # -- connections -------------------------------------------------------------------------
 
-    def _accept(self, conn: Connection) -> None:
-        task = asyncio.get_running_loop().create_task(self._on_connect(conn))
-        self._connections.add(task)
-        task.add_done_callback(self._connections.discard)
+    def _accept_ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(64):  # a burst of connections is taken in one wakeup, as asyncio does
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    logger.error("accepting a connection on %s:%d failed: %s", self.host, self.port, exc)
+                    return
+                self._accept_failed(loop, exc)
+                return
+            self._accept_delay = 0.0
+            sock.setblocking(False)
+            task = loop.create_task(self._connect(loop, sock))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    def _accept_failed(self, loop: asyncio.AbstractEventLoop, exc: OSError) -> None:
+        """Stop accepting for a while (the descriptor stays readable, so retrying at once would spin)."""
+        self.accept_errors += 1
+        loop.remove_reader(self._listener.fileno())
+        self._accept_delay = min(ACCEPT_RETRY_MAX_S, max(ACCEPT_RETRY_FIRST_S, 2 * self._accept_delay))
+        self._accept_retry = loop.call_later(self._accept_delay, self._resume_accepting)
+        last, errors_then = self._accept_logged
+        if loop.time() - last >= ACCEPT_LOG_EVERY_S:
+            logger.error("cannot accept connections on %s:%d: %s (%d failures since the last report; open "
+                         "descriptors: %s); retrying, next in %.2f s", self.host, self.port, exc,
+                         self.accept_errors - errors_then, _open_descriptors(), self._accept_delay)
+            self._accept_logged = (loop.time(), self.accept_errors)
+
+    def _resume_accepting(self) -> None:
+        self._accept_retry = None
+        if self._listener is not None:
+            asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept_ready)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        try:
+            _, conn = await loop.connect_accepted_socket(
+                lambda: Connection(self.memory, self.max_request_bytes), sock)
+        except OSError as exc:
+            logger.error("dropping a connection accepted on %s:%d: %s", self.host, self.port, exc)
+            sock.close()
+            return
+        await self._on_connect(conn)
 
     async def _on_connect(self, conn: Connection) -> None:
         try:
@@ -227,48 +297,55 @@ class Broker:
                 received = await conn.next_frame()
                 if received is None:
                     break
-                size, frame = received.size, received.head
-                if size < 0 or size > MAX_FRAME_BYTES:
-                    logger.error("closing connection of %s: frame size %d outside 0..%d bytes", client(), size,
-                                 MAX_FRAME_BYTES)
-                    clean = False
-                    break
-                try:
-                    if received.error is not None:
-                        raise received.error
-                    request = received.request
-                except codec.UnsupportedVersionError as exc:
-                    if exc.api_key == API_API_VERSIONS:  # KIP-511: tell the client what we do support, at v0
-                        lo, hi = self.advertised[API_API_VERSIONS]
-                        body = {"error_code": UNSUPPORTED_VERSION,
-                                "api_keys": [{"api_key": API_API_VERSIONS, "min_version": lo, "max_version": hi}]}
-                        out = codec.encode_response(API_API_VERSIONS, 0, exc.correlation_id, body, framed=True)
-                        await pending.put(asyncio.create_task(_ready(out)))
-                        continue
-                    state["client_id"] = state["client_id"] or _peek_client_id(frame)
-                    logger.error("closing connection of %s: %s", client(), exc)
-                    clean = False
-                    break
-                except codec.ProtocolError as exc:
-                    state["client_id"] = state["client_id"] or _peek_client_id(frame)
-                    logger.error("closing connection of %s: malformed request frame (%d bytes): %s", client(),
-                                 size, exc)
-                    clean = False
-                    break
-                state["client_id"] = request.client_id
-                if request.api_key not in self.handlers:
-                    logger.error("closing connection of %s: %s v%d is not implemented", client(),
-                                 request.api_name, request.api_version)
-                    clean = False
-                    break
-                lo, hi = self.advertised[request.api_key]
-                if not lo <= request.api_version <= hi:  # Kafka closes on a version it does not serve
-                    logger.error("closing connection of %s: %s v%d is not supported (supported %d-%d)", client(),
-                                 request.api_name, request.api_version, lo, hi)
-                    clean = False
-                    break
-                info = ConnectionInfo(request.client_id, host)  # not `conn`: that is the Connection read above
-                await pending.put(asyncio.create_task(self._dispatch(request, info)))
+                try:  # the frame's bytes count as in flight until its handler is done
+                    size, frame = received.size, received.head
+                    if size < 0 or size > self.max_request_bytes:  # Kafka's InvalidReceiveException
+                        logger.error("closing connection of %s: frame size %d outside 0..%d bytes "
+                                     "(socket.request.max.bytes)", client(), size, self.max_request_bytes)
+                        clean = False
+                        break
+                    try:
+                        if received.error is not None:
+                            raise received.error
+                        request = received.request
+                    except codec.UnsupportedVersionError as exc:
+                        if exc.api_key == API_API_VERSIONS:  # KIP-511: tell the client what we do support, at v0
+                            lo, hi = self.advertised[API_API_VERSIONS]
+                            body = {"error_code": UNSUPPORTED_VERSION, "api_keys": [
+                                {"api_key": API_API_VERSIONS, "min_version": lo, "max_version": hi}]}
+                            out = codec.encode_response(API_API_VERSIONS, 0, exc.correlation_id, body, framed=True)
+                            await pending.put(asyncio.create_task(_ready(out)))
+                            continue
+                        state["client_id"] = state["client_id"] or _peek_client_id(frame)
+                        logger.error("closing connection of %s: %s", client(), exc)
+                        clean = False
+                        break
+                    except codec.ProtocolError as exc:
+                        state["client_id"] = state["client_id"] or _peek_client_id(frame)
+                        logger.error("closing connection of %s: malformed request frame (%d bytes): %s", client(),
+                                     size, exc)
+                        clean = False
+                        break
+                    state["client_id"] = request.client_id
+                    if request.api_key not in self.handlers:
+                        logger.error("closing connection of %s: %s v%d is not implemented", client(),
+                                     request.api_name, request.api_version)
+                        clean = False
+                        break
+                    lo, hi = self.advertised[request.api_key]
+                    if not lo <= request.api_version <= hi:  # Kafka closes on a version it does not serve
+                        logger.error("closing connection of %s: %s v%d is not supported (supported %d-%d)", client(),
+                                     request.api_name, request.api_version, lo, hi)
+                        clean = False
+                        break
+                    info = ConnectionInfo(request.client_id, host)  # not `conn`: that is the Connection read above
+                    task = asyncio.create_task(self._dispatch(request, info))
+                    task.add_done_callback(lambda _task, held=received: conn.done(held))
+                    received = None
+                    await pending.put(task)
+                finally:
+                    if received is not None:
+                        conn.done(received)
         finally:
             if clean:
                 await pending.put(None)
@@ -277,12 +354,12 @@ class Broker:
                 except Exception:  # noqa: BLE001 - already logged by the write loop
                     pass
             else:
-                conn.stop_reading()
                 write_task.cancel()
                 while not pending.empty():
                     t = pending.get_nowait()
                     if t is not None:
                         t.cancel()
+            conn.stop_reading()  # frames never taken release their memory
             try:
                 await conn.close()
             except Exception:  # noqa: BLE001 - the peer may be gone already
@@ -384,6 +461,12 @@ class Broker:
         """Wake fetches waiting on a partition (after an append by another component)."""
         self._poke(tp)
 
+    def topic_changed(self, name: str) -> None:
+        """Wake the fetches waiting on a topic that changed: a deleted or moved partition answers now, as Kafka's
+        DelayedFetch completes when its partition goes, not at the fetch's max wait."""
+        for tp in [tp for tp in self._events if tp.topic == name]:
+            self._poke(tp)
+
     def _event(self, tp: TopicPartition) -> asyncio.Event:
         ev = self._events.get(tp)
         if ev is None:
@@ -408,6 +491,8 @@ class Broker:
     async def _metadata(self, request: codec.Request, conn: ConnectionInfo) -> dict:
         version, body = request.api_version, request.body
         registry = self.registry
+        cluster_operations = 8 <= version <= 10 and body.include_cluster_authorized_operations
+        topic_operations = version >= 8 and body.include_topic_authorized_operations
         if body.topics is None or (version == 0 and not body.topics):
             wanted = list(registry.topics)
         else:
@@ -426,14 +511,16 @@ class Broker:
                                    "leader_epoch": -1, "replica_nodes": [leader], "isr_nodes": [leader],
                                    "offline_replicas": []})
             topics.append({"error_code": NONE, "name": name, "topic_id": topic_uuid(registry.topic_id(name)),
-                           "is_internal": spec.internal, "partitions": partitions})
+                           "is_internal": spec.internal, "partitions": partitions,
+                           "authorized_operations": TOPIC_OPERATIONS if topic_operations else None})
         return {
             "throttle_time_ms": 0,
             "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": None}
                         for n in sorted(registry.nodes().values(), key=lambda n: n.node_id)],
             "cluster_id": self.cluster_id,
-            "controller_id": min(registry.nodes()),
+            "controller_id": controller_id(registry),
             "topics": topics,
+            "authorized_operations": CLUSTER_OPERATIONS if cluster_operations else None,
         }
 
     async def _produce(self, request: codec.Request, conn: ConnectionInfo) -> dict:
@@ -482,8 +569,8 @@ class Broker:
             info = log.append(records)
         except Exception as exc:  # noqa: BLE001 - mapped to a per-partition error code
             code = _append_error_code(exc)
-            if code in (UNKNOWN_SERVER_ERROR, KAFKA_STORAGE_ERROR):
-                logger.exception("append to %s-%d failed", topic, partition)
+            if code in (UNKNOWN_SERVER_ERROR, KAFKA_STORAGE_ERROR) and not isinstance(exc, KafkaStorageError):
+                logger.exception("append to %s-%d failed", topic, partition)  # the engine logged its own reason
             return fail(code, str(exc))
         self._poke(TopicPartition(topic, partition))
         out.update(base_offset=info.first_offset, log_append_time_ms=info.log_append_time,
@@ -539,8 +626,13 @@ class Broker:
                         found = log.read(p.fetch_offset, max(limit, 0), max_offset=lso if read_committed else hw,
                                          min_one_message=(total == 0))
                         if found is not None and found.size >= SENDFILE_MIN_BYTES:
-                            out["records"] = FileRange(os.dup(found.segment.fileno()), found.position, found.size,
-                                                        f"{t.topic}-{p.partition} {found.segment.log_path}")
+                            try:
+                                out["records"] = FileRange(found.segment.dup_fd(), found.position, found.size,
+                                                            f"{t.topic}-{p.partition} {found.segment.log_path}")
+                            except OSError as exc:  # out of descriptors: the bytes go inline instead
+                                if exc.errno not in _OUT_OF_RESOURCES:
+                                    raise
+                                out["records"] = found.read()
                 except OffsetOutOfRangeError:
                     out["error_code"] = OFFSET_OUT_OF_RANGE
                     errors = True

@@ -1,9 +1,10 @@
 """The socket edge of the Kafka server: request frames in, response bytes and file ranges out.
 
 `Connection` is an asyncio protocol that receives size-prefixed request frames into one reused buffer
-and decodes each as it completes (the broker's connection task takes them in order); `FileRange` is a
-fetched record set still in its segment file, which the broker sends with `sendfile`; `tune_malloc`
-keeps request-sized buffers on glibc's heap. Nothing here knows what a request means.
+and decodes each as it completes (the broker's connection task takes them in order); `RequestMemory`
+bounds the bytes of requests in flight over all connections; `FileRange` is a fetched record set still
+in its segment file, which the broker sends with `sendfile`; `tune_malloc` keeps request-sized buffers
+on glibc's heap. Nothing here knows what a request means.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import collections
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable
 
 from shale.sidecar.protocol import codec
 
@@ -44,14 +44,88 @@ def tune_malloc(mmap_threshold: int = 64 << 20, trim_threshold: int = 128 << 20)
     return bool(mallopt(m_mmap_threshold, mmap_threshold)) and bool(mallopt(m_trim_threshold, trim_threshold))
 
 
+class RequestMemory:
+    """Bytes of requests received and not yet handled, over all connections (Kafka's queued.max.request.bytes).
+
+    Bytes are charged as they arrive, never ahead of them: a frame header announcing 100 MiB costs its 4
+    bytes, not 100 MiB. A request's bytes are released when its handler is done. When the total reaches
+    `limit`, every connection stops reading (back-pressure: the kernel's socket buffers, then the clients,
+    hold the rest) except the one whose partial frame began first, which reads on to the end of that frame:
+    half-received frames can then never wait on each other, and the total stays within `limit` plus that
+    frame and the read that crossed the limit. Kafka reserves a whole frame when its header arrives instead,
+    which lets one stalled client hold the whole budget with 4 bytes. Used on the event loop only.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.paused_total = 0  # times a connection stopped reading for memory (a counter for /metrics)
+        self._reading: set[Connection] = set()  # live connections not held back for memory
+        self._paused: set[Connection] = set()
+        self._partial: dict[Connection, None] = {}  # connections inside a frame, in the order their frames began
+
+    def may_read(self, conn: "Connection") -> bool:
+        return self.used < self.limit or next(iter(self._partial), None) is conn
+
+    def add(self, conn: "Connection") -> None:
+        self._reading.add(conn)
+
+    def charge(self, n: int) -> None:
+        below = self.used < self.limit
+        self.used += n
+        if below and self.used >= self.limit:  # stop the others now, not after one more read each
+            for conn in [c for c in self._reading if not self.may_read(c)]:
+                conn.set_memory_spent(True)
+
+    def release(self, n: int) -> None:
+        if n:
+            self.used -= n
+            self._wake()
+
+    def frame_state(self, conn: "Connection", inside: bool, new_frame: bool) -> None:
+        """Track whether `conn` holds part of a frame (`new_frame`: a frame completed, the rest is a new one)."""
+        if inside and not new_frame and conn in self._partial:
+            return
+        if conn in self._partial:
+            del self._partial[conn]
+            if not inside:
+                self._wake()  # the oldest partial frame may have changed
+        if inside:
+            self._partial[conn] = None
+
+    def paused(self, conn: "Connection", paused: bool) -> None:
+        """`conn` stopped reading for memory (it is called back with `set_memory_spent(False)`), or reads again."""
+        if paused and conn in self._reading:
+            self._reading.discard(conn)
+            self._paused.add(conn)
+            self.paused_total += 1
+        elif not paused and conn in self._paused:
+            self._paused.discard(conn)
+            self._reading.add(conn)
+
+    def forget(self, conn: "Connection") -> None:
+        """`conn` is gone: it holds no frame and waits for nothing."""
+        self._reading.discard(conn)
+        self._paused.discard(conn)
+        self.frame_state(conn, False, False)
+
+    def _wake(self) -> None:
+        for conn in [c for c in self._paused if self.may_read(c)]:
+            conn.set_memory_spent(False)
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One received request frame: decoded, or why not (`size` alone: a size outside 0..MAX_FRAME_BYTES)."""
+    """One received request frame: decoded, or why not (`size` alone: a size outside 0..the frame limit).
+
+    `charge` is what the frame holds of the connection's `RequestMemory`; `Connection.done(frame)` releases it.
+    """
 
     size: int
     request: codec.Request | None = None
     error: Exception | None = None
     head: bytes = b""  # the frame's first bytes, to name the client of a frame that did not decode
+    charge: int = 0
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -59,9 +133,11 @@ class Connection(asyncio.BufferedProtocol):
 
     asyncio's StreamReader copied every byte twice (into its buffer, then out as the frame) and paused and
     resumed the socket every 128 KiB of a large Produce. Here the socket reads straight into the free end
-    of the buffer (grown to hold the largest frame, so a frame is never reassembled), and each complete
-    frame is decoded from a view of it; decoded values own their bytes, so the space is reused at once.
-    The connection's task takes the decoded frames in order with `next_frame()`.
+    of the buffer, and each complete frame is decoded from a view of it; decoded values own their bytes,
+    so the space is reused at once. The buffer grows with the bytes that arrive (at most doubling what is
+    there), never to the size a header announces, and is kept for the next frames up to KEEP_BYTES.
+    A frame larger than `max_frame` ends the connection before any of it is buffered (Kafka's
+    InvalidReceiveException). The connection's task takes the decoded frames in order with `next_frame()`.
     """
 
     MIN_READ = 64 * 1024  # free space offered to each recv_into
@@ -69,8 +145,9 @@ class Connection(asyncio.BufferedProtocol):
     MAX_QUEUED = 64  # decoded frames the task has not taken yet before reading pauses (backpressure)
     HEAD_BYTES = 10 + 32767  # request header v1/v2 up to the end of the longest client_id
 
-    def __init__(self, on_connect: Callable[["Connection"], None]) -> None:
-        self._on_connect = on_connect
+    def __init__(self, memory: RequestMemory, max_frame: int = MAX_FRAME_BYTES) -> None:
+        self._memory = memory
+        self.max_frame = max_frame
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray(self.MIN_READ)
         self._start = 0  # first byte not consumed yet
@@ -78,7 +155,9 @@ class Connection(asyncio.BufferedProtocol):
         self._frames: collections.deque[Frame] = collections.deque()
         self._waiter: asyncio.Future | None = None
         self._eof = False  # no more frames: end of stream, connection lost, or a frame that ends the connection
-        self._reading_paused = False
+        self._reading_paused = False  # the transport's state: paused for either reason below
+        self._queue_full = False  # MAX_QUEUED frames not taken yet
+        self._memory_spent = False  # the node's RequestMemory is spent
         self._writing_paused = False
         self._drain_waiters: list[asyncio.Future] = []
         self._lost = False
@@ -89,7 +168,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._closed = asyncio.get_running_loop().create_future()
-        self._on_connect(self)
+        self._memory.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
@@ -111,15 +190,16 @@ class Connection(asyncio.BufferedProtocol):
         frame = 4
         if pending >= 4:
             size = int.from_bytes(buf[start:start + 4], "big", signed=True)
-            if 0 <= size <= MAX_FRAME_BYTES:
+            if 0 <= size <= self.max_frame:
                 frame = 4 + size
-        # The whole current frame must fit from `start`, with room to read on.
-        wanted = max(frame, pending + self.MIN_READ)
+        # Room from `start` for what is here and MIN_READ more, or double what is here while the current frame
+        # is longer: the buffer follows the bytes that arrive, a header alone never reserves its frame.
+        wanted = max(pending + self.MIN_READ, min(frame, 2 * pending))
         if len(buf) - start < wanted:
             if wanted <= len(buf):
                 buf[:pending] = buf[start:end]  # same length: moves the partial frame to the front in place
             else:
-                new = bytearray(max(wanted, min(2 * len(buf), self.KEEP_BYTES)))
+                new = bytearray(wanted)
                 new[:pending] = buf[start:end]
                 self._buf = buf = new
             self._start, self._end = start, end = 0, pending
@@ -131,34 +211,60 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
+        self._memory.charge(nbytes)
         buf, start, end = self._buf, self._start, self._end
+        completed = False
         with memoryview(buf) as view:
             while end - start >= 4 and not self._eof:
                 size = int.from_bytes(buf[start:start + 4], "big", signed=True)
-                if size < 0 or size > MAX_FRAME_BYTES:
+                if size < 0 or size > self.max_frame:
                     self._push(Frame(size))
-                    self._finish()
+                    self._eof = True
                     break
                 if end - start - 4 < size:
                     break
                 frame = view[start + 4:start + 4 + size]
                 try:
-                    self._push(Frame(size, codec.decode_request(frame)))
+                    self._push(Frame(size, codec.decode_request(frame), charge=4 + size))
                 except Exception as exc:  # noqa: BLE001 - handed to the connection's task, which logs and decides
-                    self._push(Frame(size, error=exc, head=bytes(frame[:self.HEAD_BYTES])))
+                    self._push(Frame(size, error=exc, head=bytes(frame[:self.HEAD_BYTES]), charge=4 + size))
                     if not isinstance(exc, codec.UnsupportedVersionError):
-                        self._finish()
+                        self._eof = True
                 finally:
                     frame.release()
                 start += 4 + size
+                completed = True
         if start == end:
             start = end = 0
             if len(buf) > self.KEEP_BYTES:
                 self._buf = bytearray(self.MIN_READ)
         self._start, self._end = start, end
-        if len(self._frames) >= self.MAX_QUEUED and not self._reading_paused and not self._eof:
-            self._reading_paused = True
-            self.transport.pause_reading()
+        if self._eof:  # a frame that ends the connection: nothing after it is read or handled
+            self._finish()
+            self._set_reading(queue_full=True)
+            return
+        self._memory.frame_state(self, start < end, completed)
+        self._set_reading(queue_full=len(self._frames) >= self.MAX_QUEUED,
+                          memory_spent=not self._memory.may_read(self))
+
+    def _set_reading(self, *, queue_full: bool | None = None, memory_spent: bool | None = None) -> None:
+        """Pause or resume the transport for the two reasons to stop reading: frames not taken, memory spent."""
+        if queue_full is not None:
+            self._queue_full = queue_full
+        if memory_spent is not None:
+            self._memory.paused(self, memory_spent)
+            self._memory_spent = memory_spent
+        paused = self._queue_full or self._memory_spent
+        if paused != self._reading_paused and not self._lost:
+            self._reading_paused = paused
+            if paused:
+                self.transport.pause_reading()
+            elif not self._eof:
+                self.transport.resume_reading()
+
+    def set_memory_spent(self, spent: bool) -> None:
+        """RequestMemory's call: stop reading until the bytes in flight fall below the limit, or read again."""
+        self._set_reading(memory_spent=spent)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -178,12 +284,17 @@ class Connection(asyncio.BufferedProtocol):
             self._waiter.set_result(None)
 
     def _finish(self) -> None:
+        """No more frames: the bytes of an incomplete frame are dropped and their memory released."""
         self._eof = True
+        self._memory.release(self._end - self._start)
+        self._start = self._end = 0
+        self._set_reading(memory_spent=False)
+        self._memory.forget(self)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     async def next_frame(self) -> Frame | None:
-        """The next frame in arrival order; None at the end of the stream."""
+        """The next frame in arrival order; None at the end of the stream. Hand it back with `done()`."""
         while not self._frames:
             if self._eof:
                 return None
@@ -193,14 +304,18 @@ class Connection(asyncio.BufferedProtocol):
             finally:
                 self._waiter = None
         frame = self._frames.popleft()
-        if self._reading_paused and len(self._frames) <= self.MAX_QUEUED // 2 and not self._eof:
-            self._reading_paused = False
-            self.transport.resume_reading()
+        if self._queue_full and len(self._frames) <= self.MAX_QUEUED // 2 and not self._eof:
+            self._set_reading(queue_full=False)
         return frame
 
+    def done(self, frame: Frame) -> None:
+        """The frame's request is handled (or dropped): its bytes no longer count as in flight."""
+        self._memory.release(frame.charge)
+
     def stop_reading(self) -> None:
-        """Take no more frames (the connection is being closed after an error)."""
-        self._eof = True
+        """Take no more frames (the connection is being closed)."""
+        self._finish()
+        self._memory.release(sum(f.charge for f in self._frames))
         self._frames.clear()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:

@@ -2,8 +2,9 @@
 
 Clients find the coordinator of a group (FindCoordinator), join it (JoinGroup/SyncGroup: the leader's
 assignment is handed to every member), keep their membership alive (Heartbeat), leave (LeaveGroup) and
-commit/fetch offsets (OffsetCommit/OffsetFetch). The group state machine follows Kafka's `ClassicGroup`
-and `GroupMetadataManager`: Empty -> PreparingRebalance -> CompletingRebalance -> Stable, with the
+commit/fetch offsets (OffsetCommit/OffsetFetch); admin tools list, describe and delete groups (ListGroups,
+DescribeGroups, DeleteGroups) and delete committed offsets (OffsetDelete). The group state machine follows
+Kafka's `ClassicGroup` and `GroupMetadataManager`: Empty -> PreparingRebalance -> CompletingRebalance -> Stable, with the
 initial rebalance delay, rebalance and session timeouts, MEMBER_ID_REQUIRED, pending-sync expiry and
 basic static membership (KIP-345).
 
@@ -30,7 +31,9 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import LogError, RecordTooLargeError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import BATCH_OVERHEAD, BatchHeader, Record, decode_batch, encode_batch
+from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
+from shale.sidecar.server.authorized_operations import GROUP_OPERATIONS
 from shale.sidecar.server.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
@@ -55,7 +58,8 @@ from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_METADATA_TOO_LARGE,
     COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL,
     INVALID_GROUP_ID, UNKNOWN_MEMBER_ID, INVALID_SESSION_TIMEOUT, REBALANCE_IN_PROGRESS,
-    INVALID_COMMIT_OFFSET_SIZE, INVALID_REQUEST, GROUP_ID_NOT_FOUND, MEMBER_ID_REQUIRED, FENCED_INSTANCE_ID,
+    INVALID_COMMIT_OFFSET_SIZE, INVALID_REQUEST, NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND, MEMBER_ID_REQUIRED,
+    FENCED_INSTANCE_ID, GROUP_SUBSCRIBED_TO_TOPIC,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,8 +67,10 @@ logger = logging.getLogger(__name__)
 
 API_OFFSET_COMMIT, API_OFFSET_FETCH, API_FIND_COORDINATOR = 8, 9, 10
 API_JOIN_GROUP, API_HEARTBEAT, API_LEAVE_GROUP, API_SYNC_GROUP = 11, 12, 13, 14
+API_DESCRIBE_GROUPS, API_LIST_GROUPS, API_DELETE_GROUPS, API_OFFSET_DELETE = 15, 16, 42, 47
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
+CLASSIC_GROUP_TYPE = "classic"  # ListGroups v5 group type: every group here uses the classic protocol
 OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024  # offsets.topic.segment.bytes
 # GroupCoordinatorService.groupMetadataTopicConfigs(): what Kafka gives `__consumer_offsets`.
 OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "compact", "compression.type": "producer",
@@ -186,6 +192,18 @@ class Group:
         order = {name: i for i, (name, _) in enumerate(leader.protocols)}
         return max(votes, key=lambda n: (votes[n], -order.get(n, len(order))))
 
+    def subscribed_to(self, topic: str) -> bool:
+        """Kafka's isSubscribedToTopic: OffsetDelete refuses the topics a live consumer group reads.
+
+        Without members nothing is subscribed; with members whose subscriptions cannot be read, a consumer
+        group counts as subscribed to everything (the safe answer), any other protocol to nothing.
+        """
+        if not self.members:
+            return False
+        if self.subscribed_topics is None:
+            return self.protocol_type == CONSUMER_PROTOCOL_TYPE
+        return topic in self.subscribed_topics
+
     def member_error(self, member_id: str, group_instance_id: str | None) -> int:
         """Kafka's validateCurrentMember: a fenced static member, or an unknown member id."""
         if group_instance_id is not None:
@@ -303,6 +321,10 @@ class GroupCoordinator:
             API_HEARTBEAT: self._handle_heartbeat,
             API_LEAVE_GROUP: self._handle_leave_group,
             API_SYNC_GROUP: self._handle_sync_group,
+            API_DESCRIBE_GROUPS: self._handle_describe_groups,
+            API_LIST_GROUPS: self._handle_list_groups,
+            API_DELETE_GROUPS: self._handle_delete_groups,
+            API_OFFSET_DELETE: self._handle_offset_delete,
         }
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -313,8 +335,8 @@ class GroupCoordinator:
         if on_disk and max(on_disk) + 1 != self.offsets_partitions:
             # As in Kafka, offsets.topic.num.partitions only applies when the topic is created: groups hash onto
             # the partitions their records are in, so the count never changes afterwards.
-            logger.warning("%s has %d partitions on disk; keeping them (offsets.topic.num.partitions is %d)",
-                           OFFSETS_TOPIC, max(on_disk) + 1, self.offsets_partitions)
+            logger.warning("%s has %s on disk; keeping them (offsets.topic.num.partitions is %d)",
+                           OFFSETS_TOPIC, plural(max(on_disk) + 1, "partition"), self.offsets_partitions)
             self.offsets_partitions = max(on_disk) + 1
         self.registry.put(TopicSpec(OFFSETS_TOPIC, self.offsets_partitions,
                                     TopicConfig.from_mapping(OFFSETS_TOPIC_CONFIG), origin="internal", internal=True))
@@ -328,8 +350,8 @@ class GroupCoordinator:
             self._finish_loading(group)
         self.active = True
         self._schedule_expiry()
-        logger.info("group coordinator loaded %d groups (%d records) from %s in %.0f ms", len(self.groups), records,
-                    OFFSETS_TOPIC, (time.monotonic() - started) * 1000)
+        logger.info("group coordinator loaded %s (%s) from %s in %.0f ms", plural(len(self.groups), "group"),
+                    plural(records, "record"), OFFSETS_TOPIC, (time.monotonic() - started) * 1000)
 
     def close(self) -> None:
         """Stop all timers and answer waiting JoinGroup/SyncGroup requests with NOT_COORDINATOR."""
@@ -435,8 +457,9 @@ class GroupCoordinator:
         group.subscribed_topics = self._subscriptions(group)
         for m in group.members.values():
             self._schedule_session(group, m, m.session_timeout_ms)
-        logger.info("loaded group %s: %s, generation %d, %d members, %d committed offsets", group.group_id,
-                    group.state.value, group.generation, len(group.members), len(group.offsets))
+        logger.info("loaded group %s: %s, generation %d, %s, %s", group.group_id, group.state.value,
+                    group.generation, plural(len(group.members), "member"),
+                    plural(len(group.offsets), "committed offset"))
 
     # -- persistence ------------------------------------------------------------------------------------------
 
@@ -455,7 +478,7 @@ class GroupCoordinator:
         try:
             log.append(batch)
         except Exception as exc:  # noqa: BLE001 - mapped to the error code Kafka would answer
-            logger.error("append of %d records for group %s to %s-%d failed: %s", len(entries), group_id,
+            logger.error("append of %s for group %s to %s-%d failed: %s", plural(len(entries), "record"), group_id,
                          OFFSETS_TOPIC, p, exc)
             return exc
         self.on_append(TopicPartition(OFFSETS_TOPIC, p))
@@ -653,8 +676,8 @@ class GroupCoordinator:
         group.protocol_name = group.select_protocol()
         group.subscribed_topics = self._subscriptions(group)
         group.state = GroupState.COMPLETING_REBALANCE
-        logger.info("stabilized group %s generation %d (protocol %s, %d members, leader %s)", group.group_id,
-                    group.generation, group.protocol_name, len(group.members), group.leader_id)
+        logger.info("stabilized group %s generation %d (protocol %s, %s, leader %s)", group.group_id,
+                    group.generation, group.protocol_name, plural(len(group.members), "member"), group.leader_id)
         for m in list(group.members.values()):
             respond, m.awaiting_join, m.is_new = m.awaiting_join, None, False
             respond(self._join_result(group, m.member_id))
@@ -1051,8 +1074,7 @@ class GroupCoordinator:
             expired = self._expired(group, now)
             dead = (group.state is GroupState.EMPTY and len(expired) == len(group.offsets)
                     and not group.pending_members)
-            tombstones: list[tuple[bytes, bytes | None]] = [
-                (encode_key(OffsetCommitKey(group.group_id, t, p)), None) for t, p in expired]
+            tombstones = self._tombstones(group.group_id, expired)
             if dead and group.generation > 0:
                 tombstones.append((encode_key(GroupMetadataKey(group.group_id)), None))
             if tombstones and self._append(group.group_id, tombstones, now) is not None:
@@ -1061,23 +1083,140 @@ class GroupCoordinator:
                 del group.offsets[tp]
             removed += len(expired)
             if expired:
-                logger.info("removed %d expired offsets of group %s", len(expired), group.group_id)
+                logger.info("removed %s of group %s", plural(len(expired), "expired offset"), group.group_id)
             if dead:
-                self._cancel_group_timers(group)
-                group.state = GroupState.DEAD
-                del self.groups[group.group_id]
+                self._remove_group(group)
                 logger.info("group %s is empty with no offsets left; removed", group.group_id)
         return removed
 
+    def _remove_group(self, group: Group) -> None:
+        """Forget a group whose tombstones are written: Dead, no timers left."""
+        self._cancel_group_timers(group)
+        group.state = GroupState.DEAD
+        del self.groups[group.group_id]
+
+    @staticmethod
+    def _tombstones(group_id: str, partitions: Iterable[tuple[str, int]]) -> list[tuple[bytes, bytes | None]]:
+        return [(encode_key(OffsetCommitKey(group_id, topic, p)), None) for topic, p in partitions]
+
+    def topic_deleted(self, topic: str) -> None:
+        """Kafka's onPartitionsDeleted: a deleted topic's committed offsets go from every group (tombstones).
+
+        A topic created again under the same name then starts without the old offsets, and lag tools stop
+        showing a topic that is gone.
+        """
+        if not self.active:
+            return
+        for group in list(self.groups.values()):
+            doomed = [tp for tp in group.offsets if tp[0] == topic]
+            if not doomed or self._append(group.group_id, self._tombstones(group.group_id, doomed)) is not None:
+                continue  # a failed append is logged; the offsets stay until the next deletion or expiry
+            for tp in doomed:
+                del group.offsets[tp]
+            logger.info("removed %s of deleted topic %s from group %s", plural(len(doomed), "committed offset"),
+                        topic, group.group_id)
+
+    # -- ListGroups, DescribeGroups, DeleteGroups, OffsetDelete -----------------------------------------------
+
+    def list_groups(self, states: Iterable[str] = (), types: Iterable[str] = ()) -> tuple[int, list[Group]]:
+        """Kafka's listGroups: the groups coordinated here, filtered by state and by type (case-insensitive)."""
+        if not self.active:
+            return COORDINATOR_NOT_AVAILABLE, []
+        wanted_states = {s.strip().lower() for s in states}
+        wanted_types = {t.lower() for t in types}
+        return NONE, [g for g in self.groups.values() if self.coordinates(g.group_id)
+                      and (not wanted_states or g.state.value.lower() in wanted_states)
+                      and (not wanted_types or CLASSIC_GROUP_TYPE in wanted_types)]
+
+    def describe_group(self, group_id: str | None, version: int) -> dict:
+        """Kafka's describeGroups for one group: members with their subscription and assignment once Stable."""
+        code = self._group_error(group_id, allow_empty=True)
+        if code != NONE:
+            return {"group_id": group_id, "error_code": code}
+        group = self.groups.get(group_id)
+        if group is None:  # v6 (KIP-1043) says so; older versions describe a Dead group
+            if version >= 6:
+                return {"group_id": group_id, "error_code": GROUP_ID_NOT_FOUND,
+                        "error_message": f"Group {group_id} not found.", "group_state": GroupState.DEAD.value}
+            return {"group_id": group_id, "error_code": NONE, "group_state": GroupState.DEAD.value}
+        stable = group.state is GroupState.STABLE
+        return {
+            "group_id": group_id, "error_code": NONE, "group_state": group.state.value,
+            "protocol_type": group.protocol_type or "", "protocol_data": group.protocol_name if stable else "",
+            "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                         "client_id": m.client_id, "client_host": m.client_host,
+                         "member_metadata": m.metadata(group.protocol_name) if stable else b"",
+                         "member_assignment": m.assignment if stable else b""} for m in group.members.values()],
+        }
+
+    def delete_groups(self, group_ids: Iterable[str | None]) -> list[tuple[str | None, int]]:
+        """Kafka's deleteGroups: only an Empty group goes, with its committed offsets (tombstones first)."""
+        results = []
+        for group_id in dict.fromkeys(group_ids):
+            code = self._group_error(group_id, allow_empty=True)
+            group = self.groups.get(group_id) if code == NONE else None
+            if code == NONE and group is None:
+                code = GROUP_ID_NOT_FOUND
+            elif group is not None and group.state is not GroupState.EMPTY:
+                code = NON_EMPTY_GROUP
+            elif group is not None:
+                offsets = len(group.offsets)
+                exc = self._append(group.group_id, [*self._tombstones(group.group_id, group.offsets),
+                                                    (encode_key(GroupMetadataKey(group.group_id)), None)])
+                if exc is not None:
+                    code = self._store_error(exc, commit=False)
+                else:
+                    self._remove_group(group)
+                    logger.info("group %s deleted with its %s", group_id, plural(offsets, "committed offset"))
+            results.append((group_id, code))
+        return results
+
+    def delete_offsets(self, group_id: str | None, topics: list[tuple[str, list[int]]]
+                       ) -> tuple[int, list[tuple[str, list[tuple[int, int]]]]]:
+        """Kafka's OffsetDelete: the group's error code, or the error code of each requested partition."""
+        code = INVALID_GROUP_ID if not group_id else self._group_error(group_id, allow_empty=False)
+        group = self.groups.get(group_id) if code == NONE else None
+        if code == NONE and group is None:
+            code = GROUP_ID_NOT_FOUND
+        elif (group is not None and group.state is not GroupState.EMPTY
+              and group.protocol_type != CONSUMER_PROTOCOL_TYPE):
+            code = NON_EMPTY_GROUP
+        if code != NONE:
+            return code, []
+        results: list[tuple[str, list[tuple[int, int]]]] = []
+        doomed: list[tuple[str, int]] = []
+        for topic, partitions in topics:
+            codes = []
+            for p in partitions:
+                if self.registry.leader(topic, p) is None:
+                    codes.append((p, UNKNOWN_TOPIC_OR_PARTITION))
+                elif group.subscribed_to(topic):
+                    codes.append((p, GROUP_SUBSCRIBED_TO_TOPIC))
+                else:
+                    codes.append((p, NONE))
+                    if (topic, p) in group.offsets:
+                        doomed.append((topic, p))
+            results.append((topic, codes))
+        if doomed:
+            exc = self._append(group.group_id, self._tombstones(group.group_id, doomed))
+            if exc is not None:
+                return self._store_error(exc, commit=False), []
+            for tp in doomed:
+                del group.offsets[tp]
+            logger.info("deleted %s of group %s", plural(len(doomed), "committed offset"), group_id)
+        return NONE, results
+
     # -- FindCoordinator --------------------------------------------------------------------------------------
 
-    def find_coordinator(self, key: str, key_type: int) -> dict:
+    def find_coordinator(self, key: str | None, key_type: int) -> dict:
         out = {"error_code": NONE, "error_message": None, "node_id": -1, "host": "", "port": -1}
         if key_type == 1:
             return {**out, "error_code": COORDINATOR_NOT_AVAILABLE,
                     "error_message": "transactions are not supported by this server"}
         if key_type != 0:
             return {**out, "error_code": INVALID_REQUEST, "error_message": f"unknown coordinator type {key_type}"}
+        if key is None:  # a null string where the schema has none; a null group id is INVALID_GROUP_ID everywhere
+            return {**out, "error_code": INVALID_GROUP_ID, "error_message": "the coordinator key (group id) is null"}
         if not self.active:
             return {**out, "error_code": COORDINATOR_NOT_AVAILABLE, "error_message": "the coordinator is not active"}
         leader = self.registry.leader(OFFSETS_TOPIC, self.partition_for(key))
@@ -1183,6 +1322,38 @@ class GroupCoordinator:
         # v1: no top-level error code, so a group error goes in every partition (Kafka's getErrorResponse).
         code, topics = self._fetch_topics(b.group_id, b.topics, v, per_partition_error=v < 2)
         return {"throttle_time_ms": 0, "topics": topics, "error_code": code}
+
+    async def _handle_list_groups(self, request: codec.Request, conn) -> dict:
+        v, b = request.api_version, request.body
+        code, groups = self.list_groups(b.states_filter if v >= 4 else (), b.types_filter if v >= 5 else ())
+        return {"throttle_time_ms": 0, "error_code": code,
+                "groups": [{"group_id": g.group_id, "protocol_type": g.protocol_type or "",
+                            "group_state": g.state.value, "group_type": CLASSIC_GROUP_TYPE} for g in groups]}
+
+    async def _handle_describe_groups(self, request: codec.Request, conn) -> dict:
+        v, b = request.api_version, request.body
+        groups = [self.describe_group(group_id, v) for group_id in b.groups]
+        if v >= 3 and b.include_authorized_operations:
+            for g in groups:
+                if g["error_code"] == NONE:
+                    g["authorized_operations"] = GROUP_OPERATIONS
+        return {"throttle_time_ms": 0, "groups": groups}
+
+    async def _handle_delete_groups(self, request: codec.Request, conn) -> dict:
+        results = self.delete_groups(request.body.groups_names)
+        for group_id, code in results:
+            if code != NONE:
+                logger.info("DeleteGroups from client %r at %s refused for group %s with error %d", conn.client_id,
+                            conn.host, group_id, code)
+        return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": c} for g, c in results]}
+
+    async def _handle_offset_delete(self, request: codec.Request, conn) -> dict:
+        b = request.body
+        code, topics = self.delete_offsets(b.group_id, [(t.name, [p.partition_index for p in t.partitions])
+                                                        for t in b.topics])
+        return {"error_code": code, "throttle_time_ms": 0,
+                "topics": [{"name": name, "partitions": [{"partition_index": p, "error_code": c} for p, c in parts]}
+                           for name, parts in topics]}
 
     @staticmethod
     async def _wait(start: Callable[[Respond], None]) -> dict:

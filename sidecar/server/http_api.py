@@ -51,7 +51,7 @@ def status_document(f: NodeFigures, spec_digests: Mapping[str, str] | None = Non
     for p in f.partitions:
         topics.setdefault(p.topic, {"spec_digest": None, "partitions": []})["partitions"].append(
             _partition_document(p, f.now_ms))
-    c = f.cleaner
+    c, m = f.cleaner, f.manifests
     return {
         "version": STATUS_VERSION,
         "node_id": f.node_id,
@@ -59,7 +59,8 @@ def status_document(f: NodeFigures, spec_digests: Mapping[str, str] | None = Non
         "ready": f.ready,
         "time_ms": f.now_ms,
         "data_dir": {"path": f.data_dir, "bytes_used": f.bytes_used, "bytes_free": f.bytes_free,
-                     "bytes_total": f.bytes_total, "had_clean_shutdown": f.had_clean_shutdown},
+                     "bytes_total": f.bytes_total, "had_clean_shutdown": f.had_clean_shutdown,
+                     "storage_failing_partitions": len(f.storage_failing)},
         "topics": topics,
         "cleaner": None if c is None else {
             "enabled": c.enabled,
@@ -81,6 +82,13 @@ def status_document(f: NodeFigures, spec_digests: Mapping[str, str] | None = Non
                       for t in f.tasks},
         },
         "errors": {"manifests": f.manifest_errors, "topics": f.topic_errors},
+        "manifests": None if m is None else {
+            "path": m.path,
+            "files": m.files,
+            "missing": m.missing,
+            "held": {name: {"reason": reason, "message": message} for name, (reason, message) in sorted(m.held.items())},
+            "refusals": m.refusals,
+        },
     }
 
 
@@ -104,6 +112,10 @@ def _partition_document(p: PartitionFigures, now: int) -> dict:
         "dirty_ratio": p.dirty_ratio,
         "min_cleanable_dirty_ratio": p.min_cleanable_dirty_ratio,
         "last_clean_ms": p.last_clean_ms,
+        "storage_error": None if p.storage_failure is None else {
+            "errno": p.storage_failure.errno, "reason": p.storage_failure.reason,
+            "since_ms": p.storage_failure.since_ms, "failures": p.storage_failure.failures,
+            "appends_stopped": p.storage_failure.appends_stopped},
     }
 
 

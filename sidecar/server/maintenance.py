@@ -45,6 +45,7 @@ from shale.sidecar.log.log import Log, now_ms
 from shale.sidecar.log.log_cleaner import LogCleaner
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.retention import delete_old_segments
+from shale.sidecar.plural import plural
 from shale.sidecar.server.server_config import ServerConfig
 from shale.sidecar.server.topics import TopicRegistry
 
@@ -182,8 +183,9 @@ class Maintenance:
     def start(self) -> None:
         self.scheduler.start()
         self.cleaner.start()
-        logger.info("maintenance started: %d cleaner thread(s)%s, retention every %d ms, checkpoints every %d ms",
-                    len(self.cleaner.cleaners), "" if self.config.log_cleaner_enable else " (log.cleaner.enable=false)",
+        logger.info("maintenance started: %s%s, retention every %d ms, checkpoints every %d ms",
+                    plural(len(self.cleaner.cleaners), "cleaner thread"),
+                    "" if self.config.log_cleaner_enable else " (log.cleaner.enable=false)",
                     self.config.log_retention_check_interval_ms, self.config.log_flush_offset_checkpoint_interval_ms)
 
     def shutdown(self) -> None:

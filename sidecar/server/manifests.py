@@ -1,9 +1,29 @@
 """`Topic` manifests (the objects users `kubectl apply`) read from a file or directory, and watched.
 
-`ManifestSource.reload()` turns the YAML under PATH into `TopicSpec`s. A file that does not parse,
-or a Topic in it that is invalid, is refused with a message naming the file and topic; the topics
-that file declared before keep their last good spec, so a typo never deletes a topic or reverts its
-config. `watch()` calls back (debounced) whenever anything under PATH changes.
+`ManifestSource.reload()` turns the YAML under PATH into `TopicSpec`s, and decides which topics the
+manifests no longer declare may be deleted. Only an explicit act deletes a topic; everything else is
+refused or held, and the topic keeps its last good spec and its data:
+
+- *Refused* (logged at ERROR with file and reason, in `/status` `errors.manifests`, counted by
+  `shale_manifest_refusals_total`): a file that cannot be read, does not parse, is empty, or is its
+  last applied content cut short (truncated: a strict prefix of it); a document that is not a
+  `Topic` of this `apiVersion`, or fails validation. A refused document keeps its topic's last good
+  spec; a file with any refusal (a duplicate declaration too) deletes none of the topics it declared
+  before. Its valid documents still apply, and a new file's refused documents declare nothing.
+- *Deleted* (Kafka's way, by `TopicRegistry.remove`): a topic whose manifest file was removed, or
+  whose document was removed from a file that still reads cleanly, when the reload saw PATH whole.
+- *Held* (in `/status` `manifests.held`; deletes nothing): a removal while `delete.topic.enable` is
+  false (logged at WARN), or a mass disappearance (logged at ERROR, `shale_manifests_missing` 1, the
+  alert ShaleManifestsMissing): PATH missing or not fully listable, or none of the files that declared
+  topics left — an unmounted ConfigMap volume, a wrong `--topics`, a directory swapped out. A held
+  topic stays held, served at its last good spec, until a manifest declares it again or it is
+  deleted through `TopicRegistry.remove` (DeleteTopics); after a restart it is a stray log (kept,
+  unserved, like any log no topic claims). So the last manifest file cannot delete its topics by
+  disappearing: that looks exactly like an unmounted volume.
+
+A kubelet ConfigMap update swaps the `..data` symlink in one rename, so every key's file reads either
+its old or its new content, never missing. `watch()` calls back (debounced) whenever anything under
+PATH changes, and again when PATH itself is replaced or mounted over.
 
 Manifest layout (`apiVersion: shale.dev/v1alpha1`, `kind: Topic`; several per file with `---`):
 
@@ -30,6 +50,7 @@ from typing import Any, Callable
 
 import yaml
 
+from shale.sidecar.plural import plural
 from shale.sidecar.server.topics import TopicSpec
 from shale.sidecar.topic_config import InvalidConfigError, TopicConfig
 
@@ -41,9 +62,37 @@ ORIGIN_PREFIX = "manifest:"
 _LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 RESERVED = frozenset({"__consumer_offsets", "__transaction_state"})
 
+HELD_MISSING = "manifests-missing"  # the reasons a removal is held (`ManifestSource.held`, /status, metrics)
+HELD_DELETION_DISABLED = "deletion-disabled"
+HELD_REASONS = (HELD_MISSING, HELD_DELETION_DISABLED)
+
 
 class ManifestError(ValueError):
     """One manifest that cannot be applied; the message names the file and, when known, the topic."""
+
+
+def require_path(path: str) -> None:
+    """`--topics` must exist when the node starts: a typo must not start a node that declares nothing."""
+    if not os.path.exists(path):
+        raise ManifestError(f"--topics {path}: no such file or directory (create it, even empty, or fix the path)")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A topic the manifests no longer declare, kept with its last good spec because its removal was not explicit."""
+
+    spec: TopicSpec
+    reason: str  # one of HELD_REASONS
+    message: str
+
+
+@dataclass
+class _File:
+    """One manifest file as read now: its good specs, its refusals, and whether it may delete topics."""
+
+    specs: dict[str, TopicSpec]
+    errors: dict[str, str]  # "file" or "file: topic" -> message
+    content: bytes | None  # None when the file is refused as a whole (the last good content stays)
 
 
 @dataclass
@@ -51,61 +100,160 @@ class ManifestSource:
     """The Topic manifests under one path, with the last good spec of every topic they declare."""
 
     path: str
+    delete_topic_enable: bool = True  # the broker's delete.topic.enable
     errors: dict[str, str] = field(default_factory=dict)  # "file" or "file: topic" -> message
+    held: dict[str, Held] = field(default_factory=dict)  # topic -> why its removal is held
+    refusals: int = 0  # refusals logged since the start (each new message once): shale_manifest_refusals_total
+    files_found: int = 0  # manifest files at the last reload
+    _unlisted: str | None = None  # why the last reload could not list PATH (missing, unreadable), or None
+    _stray_problem: str | None = None  # no manifest at all, but logs of undeclared topics on disk
     _good: dict[str, dict[str, TopicSpec]] = field(default_factory=dict)  # file -> topic -> spec
+    _content: dict[str, bytes] = field(default_factory=dict)  # file -> its last applied bytes
 
-    def files(self) -> list[str]:
+    @property
+    def missing(self) -> str | None:
+        """Why the manifests look missing (shale_manifests_missing, the alert), or None."""
+        if self._unlisted:
+            return self._unlisted
+        held = sorted(name for name, h in self.held.items() if h.reason == HELD_MISSING)
+        if held:
+            return self.held[held[0]].message
+        return self._stray_problem
+
+    def files(self) -> tuple[list[str], str | None]:
+        """The manifest files under PATH, and why the listing is incomplete (None when it is whole)."""
         if os.path.isfile(self.path):
-            return [self.path]
+            return [self.path], None
+        if not os.path.isdir(self.path):
+            return [], (f"{self.path} does not exist" if not os.path.lexists(self.path)
+                        else f"{self.path} is neither a readable file nor a directory")
+        problems: list[str] = []
         found = []
-        for root, dirs, names in os.walk(self.path):
+        for root, dirs, names in os.walk(self.path, onerror=lambda exc: problems.append(
+                f"cannot list {exc.filename}: {exc.strerror}")):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # skips ConfigMap's ..data links
             found += [os.path.join(root, n) for n in sorted(names)
                       if n.endswith((".yaml", ".yml")) and not n.startswith(".")]
-        return found
+        return found, problems[0] if problems else None
 
     def reload(self) -> list[TopicSpec]:
-        """Every topic the manifests declare now (refused ones at their last good spec)."""
-        errors: dict[str, str] = {}
-        good: dict[str, dict[str, TopicSpec]] = {}
-        for path in self.files():
-            try:
-                with open(path, encoding="utf-8") as f:
-                    documents = [d for d in yaml.safe_load_all(f) if d is not None]
-            except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-                errors[path] = f"{path}: not readable as YAML: {exc}"
-                good[path] = dict(self._good.get(path, {}))  # keep what it declared before
-                continue
-            specs: dict[str, TopicSpec] = {}
-            for doc in documents:
-                if not (isinstance(doc, dict) and doc.get("kind") == KIND):
-                    continue  # other objects may share a ConfigMap
-                try:
-                    spec = parse_topic(doc, origin=ORIGIN_PREFIX + path)
-                except ManifestError as exc:
-                    name = _name_of(doc)
-                    errors[f"{path}: {name}" if name else path] = f"{path}: {exc}"
-                    previous = self._good.get(path, {}).get(name or "")
-                    if previous is not None:
-                        specs[previous.name] = previous
-                    continue
-                specs[spec.name] = spec
-            good[path] = specs
-        # A topic declared twice stays with the file that declared it before, so that adding a duplicate
-        # (in a file that sorts first) never takes a topic over; new names go to the first file in order.
-        seen = {name: path for path, specs in self._good.items() for name in specs if name in good.get(path, {})}
-        for path, specs in good.items():
-            for name in list(specs):
-                owner = seen.setdefault(name, path)
-                if owner != path:
-                    errors[f"{path}: {name}"] = (f"{path}: topic {name} is already declared in {owner}; "
-                                                 "this declaration is ignored")
-                    del specs[name]
+        """Every topic the manifests declare now, plus the refused and held ones at their last good spec."""
+        paths, unlisted = self.files()
+        read = {path: self._read(path) for path in paths}
+        self._refuse_duplicates(read)
+        claimed = {name for f in read.values() for name in f.specs}
+        for path, f in read.items():
+            if f.errors:  # a refused file or document deletes nothing its file declared before
+                f.specs.update((n, s) for n, s in self._good.get(path, {}).items() if n not in claimed)
+        good = {path: f.specs for path, f in read.items()}
+        declared = {name for specs in good.values() for name in specs}
+        previous = {name: (path, spec) for path, specs in self._good.items() for name, spec in specs.items()}
+        vanished = {name: ps for name, ps in previous.items() if name not in declared and name not in self.held}
+        declaring = {path for path, specs in self._good.items() if specs}
+        problem = unlisted
+        if problem is None and vanished and declaring and not declaring & set(paths):
+            problem = (f"every manifest file that declared topics is gone from {self.path} "
+                       f"({plural(len(declaring), 'file')})")
+        held = {name: h for name, h in self.held.items() if name not in declared}
+        for name in set(self.held) - set(held):
+            logger.info("topic %s is declared by a manifest again: no longer held", name)
+        for name, (path, spec) in sorted(vanished.items()):
+            if problem is not None:
+                held[name] = Held(spec, HELD_MISSING, problem)
+            elif not self.delete_topic_enable:
+                held[name] = Held(spec, HELD_DELETION_DISABLED,
+                                  f"topic {name}: its manifest was removed from {path}, but delete.topic.enable is "
+                                  "false: the topic and its data are kept")
+                logger.warning("%s", held[name].message)
+            else:
+                logger.info("topic %s: its manifest was removed from %s: deleting the topic", name, path)
+        if problem is not None and (problem != self._unlisted or set(vanished) & set(held)):
+            logger.error("manifests missing: %s; deleting nothing (%s held: %s)", problem,
+                         plural(len([h for h in held.values() if h.reason == HELD_MISSING]), "topic"),
+                         ", ".join(sorted(n for n, h in held.items() if h.reason == HELD_MISSING)) or "none")
+        errors = {key: message for f in read.values() for key, message in f.errors.items()}
         for key, message in errors.items():
             if self.errors.get(key) != message:
-                logger.error("refused manifest: %s (the topic keeps its last good config)", message)
-        self.errors, self._good = errors, good
-        return [spec for specs in good.values() for spec in specs.values()]
+                self.refusals += 1
+                logger.error("refused manifest: %s (what it declared before keeps its last good spec and its data)",
+                             message)
+        self.errors, self.held, self._good, self._unlisted = errors, held, good, unlisted
+        self.files_found = len(paths)
+        self._content = {path: f.content if f.content is not None else self._content[path]
+                         for path, f in read.items() if f.content is not None or path in self._content}
+        return [spec for specs in good.values() for spec in specs.values()] + [h.spec for h in held.values()]
+
+    def check_strays(self, topics: set[str]) -> None:
+        """After a reload: no manifest file at all while the data dir holds logs no topic claims is a wrong
+        or unmounted `--topics` too (after a restart nothing is held: those logs are the only trace)."""
+        problem = None
+        if self.files_found == 0 and topics:
+            problem = (f"no manifest file under {self.path}, but the data directory holds logs of "
+                       f"{plural(len(topics), 'topic')} no manifest declares ({', '.join(sorted(topics))}): "
+                       "kept, not served")
+        if problem is not None and problem != self._stray_problem:
+            logger.error("manifests missing: %s", problem)
+        self._stray_problem = problem
+
+    def forget(self, name: str) -> None:
+        """The topic was deleted another way (DeleteTopics): its last good spec must not bring it back."""
+        self.held.pop(name, None)
+        for specs in self._good.values():
+            specs.pop(name, None)
+
+    def _read(self, path: str) -> _File:
+        """One file: its valid documents and its refusals."""
+        before = self._good.get(path, {})
+
+        def refused(reason: str) -> _File:
+            return _File({}, {path: f"{path}: {reason}"}, None)
+
+        try:
+            with open(path, "rb") as f:
+                content = f.read()
+        except OSError as exc:
+            return refused(f"not readable: {exc.strerror}")
+        last = self._content.get(path)
+        truncated = (content and last is not None and len(content) < len(last) and last.startswith(content)
+                     and f"truncated: the file is the first {len(content)} of the {len(last)} bytes it held when "
+                         "last applied (to shorten it on purpose, change it in another way too)")
+        try:
+            documents = [d for d in yaml.safe_load_all(content.decode("utf-8")) if d is not None]
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            return refused(truncated or f"not readable as YAML: {exc}")
+        if not documents:
+            return refused("the file is empty: it declares no Topic (remove the file to delete its topics)")
+        specs: dict[str, TopicSpec] = {}
+        errors: dict[str, str] = {}
+        for number, doc in enumerate(documents, 1):
+            name = _name_of(doc) if isinstance(doc, dict) else None
+            try:
+                if not isinstance(doc, dict):
+                    raise ManifestError(f"document {number} is a YAML {type(doc).__name__}, not a {KIND}")
+                if doc.get("kind") != KIND:
+                    raise ManifestError(f"document {number}: kind must be {KIND}, got {doc.get('kind')!r} (every "
+                                        "YAML document under --topics must be a Topic)")
+                spec = parse_topic(doc, origin=ORIGIN_PREFIX + path)
+            except ManifestError as exc:
+                errors[f"{path}: {name}" if name else f"{path}: document {number}"] = f"{path}: {exc}"
+                continue
+            specs[spec.name] = spec
+        if truncated and (errors or specs != before):
+            return refused(truncated)
+        return _File(specs, errors, content)
+
+    def _refuse_duplicates(self, read: dict[str, _File]) -> None:
+        """A topic declared twice stays with the file that declared it before, so that adding a duplicate (in a
+        file that sorts first) never takes a topic over; new names go to the first file in order."""
+        owners = {name: path for path, specs in self._good.items() for name in specs
+                  if path in read and name in read[path].specs}
+        for path, f in read.items():
+            for name in list(f.specs):
+                owner = owners.setdefault(name, path)
+                if owner != path:
+                    f.errors[f"{path}: {name}"] = (f"{path}: topic {name} is already declared in {owner}; "
+                                                   "this declaration is ignored")
+                    del f.specs[name]
 
 
 def _name_of(doc: dict) -> str | None:
@@ -178,48 +326,89 @@ def _parse_assignment(name: str, raw: Any, partitions: int) -> tuple[tuple[int, 
     return tuple(owners), nodes
 
 
-def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2) -> Callable[[], None]:
-    """Call `on_change` (from a watchdog thread) shortly after anything under `path` changes; returns stop."""
+def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,
+          resync_s: float = 2.0) -> Callable[[], None]:
+    """Call `on_change` (from a watchdog thread) shortly after anything under `path` changes; returns stop.
+
+    inotify watches inodes: once `path` is renamed, replaced or mounted over, a watch on it sees nothing
+    more. So the parent directory is watched for `path` itself, and every `resync_s` the identity of `path`
+    (device, inode) is checked: when it changed, the watch moves to the new directory and `on_change` runs.
+    """
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
 
     timer: list[threading.Timer] = []
     lock = threading.Lock()
-
-    single_file = not os.path.isdir(path)
-    name = os.path.basename(path)
+    stopped = threading.Event()
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
 
     def relevant(event) -> bool:
         if event.event_type in ("opened", "closed_no_write"):
             return False
-        if not single_file:
+        touched = [p for p in (event.src_path, getattr(event, "dest_path", "")) if p]
+        if any(p == path or p.startswith(path + os.sep) for p in touched):
             return True
-        # A single file is watched through its directory (editors and ConfigMaps replace files by rename),
-        # which may hold busy neighbours, e.g. the data directory: only the file itself, or the `..data`
-        # link a ConfigMap swaps, counts.
-        touched = [os.path.basename(p) for p in (event.src_path, getattr(event, "dest_path", "")) if p]
-        return any(t == name or t.startswith("..") for t in touched)
+        # Beside a single file (editors and ConfigMaps replace files by rename) only the `..data` link a
+        # ConfigMap swaps counts: the neighbours may be busy, e.g. the data directory.
+        return not os.path.isdir(path) and any(os.path.dirname(p) == parent and os.path.basename(p).startswith("..")
+                                               for p in touched)
+
+    def trigger() -> None:
+        with lock:  # editors write in bursts; reload once the burst is over
+            if timer:
+                timer[0].cancel()
+            timer[:] = [threading.Timer(debounce_s, on_change)]
+            timer[0].daemon = True
+            timer[0].start()
 
     class _Handler(FileSystemEventHandler):
         def on_any_event(self, event) -> None:
-            if not relevant(event):
-                return
-            with lock:  # editors write in bursts; reload once the burst is over
-                if timer:
-                    timer[0].cancel()
-                timer[:] = [threading.Timer(debounce_s, on_change)]
-                timer[0].daemon = True
-                timer[0].start()
+            if relevant(event):
+                trigger()
 
+    handler = _Handler()
     observer = Observer()
-    if single_file:
-        observer.schedule(_Handler(), os.path.dirname(os.path.abspath(path)), recursive=False)
-    else:
-        observer.schedule(_Handler(), path, recursive=True)
+    observer.schedule(handler, parent, recursive=False)
+    watched: list = [None, None]  # [identity, watch] of `path` as a directory
+
+    def follow() -> bool:
+        """Watch the directory now at `path`; True if it is not the one watched before."""
+        try:
+            st = os.stat(path)
+            identity = (st.st_dev, st.st_ino) if os.path.isdir(path) else None
+        except OSError:
+            identity = None
+        if identity == watched[0]:
+            return False
+        if watched[1] is not None:
+            try:
+                observer.unschedule(watched[1])
+            except (KeyError, OSError):  # already gone with its directory
+                pass
+        watched[:] = [identity, None]
+        if identity is not None:
+            try:
+                watched[1] = observer.schedule(handler, path, recursive=True)
+            except OSError as exc:  # replaced again meanwhile, or unreadable: the next look retries
+                logger.warning("cannot watch %s: %s", path, exc)
+                watched[0] = None
+        return True
+
+    def resync() -> None:
+        while not stopped.wait(resync_s):
+            if follow():
+                trigger()
+
+    follow()
     observer.daemon = True
     observer.start()
+    resyncer = threading.Thread(target=resync, name="shale-manifest-resync", daemon=True)
+    resyncer.start()
 
     def stop() -> None:
+        stopped.set()
+        resyncer.join(5)
         observer.stop()
         observer.join(5)
         with lock:

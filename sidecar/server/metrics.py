@@ -24,7 +24,9 @@ from prometheus_client.registry import Collector
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.cleaner_manager import CleaningState, PartitionCleaning
-from shale.sidecar.log.log import now_ms
+from shale.sidecar.log.log import StorageFailure, now_ms
+from shale.sidecar.log.open_files import SEGMENT_FILES
+from shale.sidecar.server.manifests import HELD_REASONS
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class PartitionFigures:
     dirty_ratio: float | None  # compacted logs only
     min_cleanable_dirty_ratio: float | None  # compacted logs only
     last_clean_ms: int | None  # the last clean by this process, if any
+    storage_failure: StorageFailure | None = None  # the last write the filesystem refused, until one succeeds
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,17 @@ class TaskFigures:
 
 
 @dataclass(frozen=True)
+class ManifestFigures:
+    """What the manifests under --topics look like to the node (ManifestSource)."""
+
+    path: str
+    files: int
+    missing: str | None  # why they look missing (an unmounted volume, a wrong path), or None
+    held: dict[str, tuple[str, str]]  # topic -> (reason, message): kept although no manifest declares it
+    refusals: int  # refusals logged since the start
+
+
+@dataclass(frozen=True)
 class NodeFigures:
     node_id: int
     phase: str
@@ -123,6 +137,11 @@ class NodeFigures:
     tasks: tuple[TaskFigures, ...] = ()
     manifest_errors: dict[str, str] = field(default_factory=dict)
     topic_errors: dict[str, str] = field(default_factory=dict)
+    manifests: ManifestFigures | None = None
+
+    @property
+    def storage_failing(self) -> list[PartitionFigures]:
+        return [p for p in self.partitions if p.storage_failure is not None]
 
     @property
     def uncleanable(self) -> list[PartitionFigures]:
@@ -186,7 +205,11 @@ def gather(node) -> NodeFigures:
                    had_clean_shutdown=log_dir.had_clean_shutdown, partitions=tuple(partitions),
                    cleaner=cleaner_figures, scheduler_alive=maintenance.scheduler.alive, tasks=tasks,
                    manifest_errors=dict(getattr(manifests, "errors", {}) or {}),
-                   topic_errors=dict(getattr(node, "topic_errors", {}) or {}))
+                   topic_errors=dict(getattr(node, "topic_errors", {}) or {}),
+                   manifests=None if manifests is None else ManifestFigures(
+                       manifests.path, manifests.files_found, manifests.missing,
+                       {name: (h.reason, h.message) for name, h in dict(manifests.held).items()},
+                       manifests.refusals))
 
 
 def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | None,
@@ -195,7 +218,7 @@ def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | Non
     config = log.config
     with log.lock:
         start, end, recovery = log.log_start_offset, log.log_end_offset, log.recovery_point
-        size, segments = log.size_in_bytes, len(log.segments)
+        size, segments, storage_failure = log.size_in_bytes, len(log.segments), log.storage_failure
     dirty = min_ratio = None
     if config.compact:  # the cleaner's own figures: the ratio it ranks this log by
         ltc = manager.log_to_clean(log, manager.cleanable_offsets(tp, log, checkpoint, now), now)
@@ -206,7 +229,7 @@ def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | Non
         log_start_offset=start, log_end_offset=end, recovery_point=recovery, size_bytes=size, segments=segments,
         cleanup_policy=tuple(config.cleanup_policy), cleaning=manager.state(tp),
         uncleanable_reason=mark.reason if mark is not None else None, dirty_ratio=dirty,
-        min_cleanable_dirty_ratio=min_ratio, last_clean_ms=last_clean_ms,
+        min_cleanable_dirty_ratio=min_ratio, last_clean_ms=last_clean_ms, storage_failure=storage_failure,
     )
 
 
@@ -227,6 +250,7 @@ class NodeCollector(Collector):
         yield from _cleaner_families(f)
         yield from _task_families(f)
         yield from _request_families(self.requests)
+        yield from _limit_families(getattr(self.node, "broker", None))
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -251,6 +275,9 @@ def _partition_families(f: NodeFigures) -> Iterator[Metric]:
                        "The compacted partition's min.cleanable.dirty.ratio.", PARTITION_LABELS)
     last_clean = _gauge("shale_log_last_clean_timestamp_seconds",
                         "Unix time of the partition's last completed cleaning pass by this process.", PARTITION_LABELS)
+    storage = _gauge("shale_log_storage_failing",
+                     "1 while the partition's last write was refused by the filesystem (e.g. a full disk).",
+                     PARTITION_LABELS)
     for p in f.partitions:
         labels = [p.topic, str(p.partition)]
         size.add_metric(labels, p.size_bytes)
@@ -267,7 +294,8 @@ def _partition_families(f: NodeFigures) -> Iterator[Metric]:
             min_dirty.add_metric(labels, p.min_cleanable_dirty_ratio)
         if p.last_clean_ms is not None:
             last_clean.add_metric(labels, p.last_clean_ms / 1000)
-    yield from (size, segments, start, end, state, seconds, pauses, uncleanable, dirty, min_dirty, last_clean)
+        storage.add_metric(labels, 0.0 if p.storage_failure is None else 1.0)
+    yield from (size, segments, start, end, state, seconds, pauses, uncleanable, dirty, min_dirty, last_clean, storage)
 
 
 def _node_families(f: NodeFigures) -> Iterator[Metric]:
@@ -279,10 +307,24 @@ def _node_families(f: NodeFigures) -> Iterator[Metric]:
                             value=f.bytes_free)
     yield GaugeMetricFamily("shale_data_dir_bytes_total", "Size of the data directory's filesystem.",
                             value=f.bytes_total)
+    yield GaugeMetricFamily("shale_data_dir_storage_failing_partitions",
+                            "Partitions whose last write the filesystem refused (Kafka would take the dir offline).",
+                            value=len(f.storage_failing))
     yield GaugeMetricFamily("shale_manifest_errors", "Topic manifest files or documents that could not be applied.",
                             value=len(f.manifest_errors))
     yield GaugeMetricFamily("shale_topic_errors", "Declared topic changes that were refused.",
                             value=len(f.topic_errors))
+    m = f.manifests
+    yield CounterMetricFamily("shale_manifest_refusals", "Manifest files or documents refused (each new refusal "
+                              "once); the topic keeps its last good spec and data.", value=m.refusals if m else 0)
+    yield GaugeMetricFamily("shale_manifests_missing", "1 while the manifests look missing (PATH gone or not "
+                            "listable, every declaring file gone): the node deletes nothing.",
+                            value=1.0 if m and m.missing else 0.0)
+    held = _gauge("shale_topics_held", "Topics no manifest declares any more, kept with their data, by reason.",
+                  ["reason"])
+    for reason in HELD_REASONS:
+        held.add_metric([reason], sum(1 for r, _ in (m.held.values() if m else ()) if r == reason))
+    yield held
 
 
 def _cleaner_families(f: NodeFigures) -> Iterator[Metric]:
@@ -361,3 +403,24 @@ class NodeMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _limit_families(broker) -> Iterator[Metric]:
+    """The bounds on memory and descriptors (queued.max.request.bytes, the open segment files), read live."""
+    memory = broker.memory if broker is not None else None
+    yield GaugeMetricFamily("shale_request_bytes_in_flight", "Bytes of requests received and not yet handled, "
+                            "over all connections.", value=memory.used if memory else 0)
+    yield GaugeMetricFamily("shale_request_bytes_limit", "Bytes of requests in flight above which connections "
+                            "stop reading (queued.max.request.bytes).", value=memory.limit if memory else 0)
+    yield CounterMetricFamily("shale_request_memory_waits", "Times a connection stopped reading because the bytes "
+                              "in flight reached the limit.", value=memory.paused_total if memory else 0)
+    yield CounterMetricFamily("shale_accept_errors", "accept() calls that failed for lack of descriptors or "
+                              "memory (EMFILE, ENFILE, ENOBUFS, ENOMEM); accepting backs off meanwhile.",
+                              value=broker.accept_errors if broker is not None else 0)
+    yield GaugeMetricFamily("shale_open_segment_files", "Segment .log files open now.",
+                            value=SEGMENT_FILES.open_count)
+    yield GaugeMetricFamily("shale_open_segment_files_limit", "Segment .log files kept open at most (half the "
+                            "descriptor limit); the least recently used is closed first.",
+                            value=SEGMENT_FILES.capacity)
+    yield CounterMetricFamily("shale_segment_file_evictions", "Segment .log files closed to stay within the limit.",
+                              value=SEGMENT_FILES.evictions)

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
+from contextlib import ExitStack
 
 from shale.sidecar.log.log_dir import LogDirLockedError
 from shale.sidecar.server.connection import tune_malloc
@@ -21,11 +23,43 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
                         node_id=args.node_id, overrides=parse_overrides(getattr(args, "override", None) or []))
 
 
+class ListenError(OSError):
+    """An address `shale serve` is told to listen on cannot be bound (taken, not local, not permitted)."""
+
+
+def check_listeners(options: ServeOptions) -> None:
+    """Bind and listen on every address the node will serve, then let go of them all.
+
+    Run before the node exists: a taken port is then reported before the data directory, the topics or any
+    thread are created, so a failed start leaves the disk as it was. Every socket stays open until all are
+    checked, so `--listen` and `--http` on the same port are refused too. Port 0 (any free port) always works.
+    """
+    listeners = [("the Kafka listener", "--listen", options.listen, socket.AF_UNSPEC),  # asyncio resolves the host
+                 ("the HTTP endpoints", "--http", options.http, socket.AF_INET)]  # HTTPServer is IPv4 only
+    with ExitStack() as held:
+        for what, flag, (host, port), family in listeners:
+            if port == 0:
+                continue
+            try:
+                for fam, kind, proto, _, address in socket.getaddrinfo(host or None, port, family, socket.SOCK_STREAM,
+                                                                       flags=socket.AI_PASSIVE):
+                    sock = held.enter_context(socket.socket(fam, kind, proto))
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as both servers do
+                    if fam == socket.AF_INET6:
+                        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    sock.bind(address)
+                    sock.listen(1)
+            except OSError as exc:
+                raise ListenError(f"{what} {host}:{port} ({flag}): {exc.strerror}") from None
+
+
 def serve_forever(args: argparse.Namespace) -> int:
     tune_malloc()  # before the first large buffer: see its docstring (a third of the CPU per produced MB)
     try:
-        node = StorageNode(options_from_args(args))
-    except (LogDirLockedError, ValueError, OSError) as exc:  # OSError: e.g. the HTTP port is taken
+        options = options_from_args(args)
+        check_listeners(options)  # exit 1, and nothing created, when a port is taken
+        node = StorageNode(options)
+    except (LogDirLockedError, ValueError, OSError) as exc:  # ListenError and others: one line, exit 1
         logger.error("cannot start: %s", exc)
         return 1
 
@@ -36,4 +70,4 @@ def serve_forever(args: argparse.Namespace) -> int:
         await node.run()
 
     asyncio.run(main())
-    return 0
+    return 0 if node.clean_shutdown else 1

@@ -28,6 +28,8 @@ from shale.sidecar.log.atomic_file import atomic_write
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.server.capacity import partitions_refusal
+from shale.sidecar.plural import plural
 from shale.sidecar.topic_config import TopicConfig
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,10 @@ _TOPIC_ID_NAMESPACE = uuid.UUID("6f1c3c2e-8a2b-4d0e-9a53-5ad0c0ffee00")
 
 class TopicError(ValueError):
     """A topic change that cannot be applied (e.g. fewer partitions); the message names the topic."""
+
+
+class CapacityError(TopicError):
+    """A topic change refused because this node cannot hold its new partitions (`capacity`); nothing was created."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,15 +153,18 @@ class TopicRegistry:
                              f"for {spec.partitions} partitions")
         if old == spec:
             return False
+        missing = [TopicPartition(spec.name, p) for p in self.local_partitions(spec)
+                   if TopicPartition(spec.name, p) not in self.log_dir.logs]
+        refusal = partitions_refusal(len(missing), spec.config.segment_index_bytes) if missing else None
+        if refusal is not None:
+            raise CapacityError(f"topic {spec.name}: {refusal}")
         topic_id = self._resolve_id(spec)
+        self._create_logs(spec, missing, topic_id)
         self.topics[spec.name] = spec
         self._ids[spec.name] = topic_id
         for p in self.local_partitions(spec):
-            tp = TopicPartition(spec.name, p)
-            log = self.log_dir.logs.get(tp)
-            if log is None:
-                self.log_dir.get_or_create(tp, topic_id)
-            elif log.config != spec.config:
+            log = self.log_dir.logs[TopicPartition(spec.name, p)]
+            if log.config != spec.config:
                 log.config = spec.config  # read at every append/roll/retention check: takes effect now
         for p in range(spec.partitions):  # partitions moved away from this node stay on disk, unserved
             tp = TopicPartition(spec.name, p)
@@ -164,14 +173,34 @@ class TopicRegistry:
                                tp, spec.node_of(p, self.node.node_id))
         if spec.origin == "api" or (old is not None and old.origin == "api"):
             self._save_api_topics()
-        logger.info("topic %s %s: %d partitions (%d here), config overrides %s", spec.name,
-                    "created" if old is None else "updated", spec.partitions, len(self.local_partitions(spec)),
+        logger.info("topic %s %s: %s (%d here), config overrides %s", spec.name,
+                    "created" if old is None else "updated", plural(spec.partitions, "partition"),
+                    len(self.local_partitions(spec)),
                     spec.config.overrides())
         self._on_change(spec.name)
         return True
 
+    def _create_logs(self, spec: TopicSpec, missing: list[TopicPartition], topic_id: str) -> None:
+        """Create the partitions' logs, all or none: a failure (out of descriptors, maps or disk despite the
+        capacity check) deletes the ones this call created and raises CapacityError."""
+        created: list[TopicPartition] = []
+        try:
+            for tp in missing:
+                self.log_dir.get_or_create(tp, topic_id, spec.config)  # not yet config_for's
+                created.append(tp)
+        except OSError as exc:
+            for tp in created:
+                self.log_dir.delete(tp)
+            failed = missing[len(created)]
+            raise CapacityError(f"topic {spec.name}: creating partition {failed.partition} failed ({exc}); the "
+                                f"{len(created)} partitions created before it were removed") from exc
+
     def remove(self, name: str) -> bool:
-        """Delete a topic Kafka's way: each local partition directory is renamed `-delete`, then removed."""
+        """Delete a topic Kafka's way: each local partition directory is renamed `-delete`, then removed.
+
+        The one way a topic and its data go; False if no such topic. Whether a deletion is allowed (an explicit
+        act, `delete.topic.enable`) is the caller's decision: ManifestSource for manifests, DeleteTopics for the
+        admin API. Listeners (`on_change`) learn of it, so the manifests forget the topic's last good spec."""
         spec = self.topics.pop(name, None)
         if spec is None:
             return False
@@ -191,7 +220,8 @@ class TopicRegistry:
     def sync_origin(self, origin_prefix: str, specs: Iterable[TopicSpec]) -> dict[str, str]:
         """Make the topics declared by one source (e.g. the manifests) exactly `specs`.
 
-        Returns {topic: message} for the specs that could not be applied; those topics stay as they were.
+        A topic of the source missing from `specs` is deleted: the source must list every topic it keeps (the
+        manifests list refused and held topics at their last good spec). Returns {topic: message} for the specs that could not be applied; those topics stay as they were.
         A name another source already owns (CreateTopics, internal) is refused the same way.
         """
         wanted = {s.name: s for s in specs}

@@ -47,6 +47,7 @@ def test_parse_splits_on_whitespace_and_accepts_an_empty_file() -> None:
     (b"0\n1\nt 0\n", "malformed line"),
     (b"0\n1\nt zero 1\n", "malformed line"),
     (b"0\n1\nt 0 1 extra\n", "malformed line"),
+    (b"0\n1\n\xff 0 1\n", "is not UTF-8 text"),
 ])
 def test_malformed_checkpoints_are_refused(data: bytes, match: str) -> None:
     with pytest.raises(CheckpointError, match=match):
@@ -95,7 +96,8 @@ def test_new_topic_ids_are_kafka_uuid_text() -> None:
         assert len(encode_partition_metadata(tid)) == 43
 
 
-@pytest.mark.parametrize("data", [b"version: 1\ntopic_id: B3_HiNPgSQ6oxG9ZZ6ED5A", b"version: 0\n"])
+@pytest.mark.parametrize("data", [b"version: 1\ntopic_id: B3_HiNPgSQ6oxG9ZZ6ED5A", b"version: 0\n",
+                                  b"version 0\ntopic_id B3_HiNPgSQ6oxG9ZZ6ED5A", b"version: 0\ntopic_id: \xff"])
 def test_bad_partition_metadata_is_refused(data: bytes) -> None:
     with pytest.raises(CheckpointError):
         parse_partition_metadata(data)

@@ -9,7 +9,9 @@ testSegmentWithOffsetOverflow and testCleanCorruptMessageSet (v0/v1 only), the J
 
 from __future__ import annotations
 
+import io
 import os
+import random
 import struct
 
 import pytest
@@ -44,6 +46,7 @@ from cleaner_util import (
 )
 from logtest_util import T0, dir_snapshot, drop_unclosed, make_config
 
+from shale.sidecar.dump_log import dump_files
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, TopicPartition
 from shale.sidecar.log.cleaner import (
     CHUNK_BYTES,
@@ -61,6 +64,7 @@ from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import (
     BATCH_OVERHEAD,
     DELETE_HORIZON_BIT,
+    BatchHeader,
     ControlType,
     Record,
     check_batch,
@@ -1257,3 +1261,47 @@ def test_offset_map_is_cleared_between_passes_and_reports_utilization(tmp_path, 
     cleaner.clean(to_clean(log, 6))
     assert cleaner.map.size == 2 and cleaner.map.get(k(0)).offset == -1
     assert BIG_OFFSET == 2**32 - 2
+
+
+def _tight(seg) -> list[tuple[int, int]]:
+    """Every `.index` entry of a segment with the last offset of the batch that starts at its position."""
+    out = []
+    for slot in range(seg.offset_index.entries):
+        offset, position = seg.offset_index.entry(slot)
+        out.append((offset, BatchHeader.parse(raw_header(seg, position)).last_offset))
+    return out
+
+
+@pytest.mark.parametrize("per_batch", [1, 10])
+def test_cleaned_segments_pass_kafkas_index_checks(tmp_path, clock, per_batch) -> None:
+    """A cleaned segment's indexes agree with its log by Kafka's DumpLogSegments rules (`shale dump-log
+    --verify-index-only` exits 0 and reports nothing), and the index is as dense as `index.interval.bytes` says.
+
+    The cleaner appends its output in chunks of up to CHUNK_BYTES; one index entry per chunk mapped the
+    chunk's last offset to its first batch (Kafka's own cleaner before KAFKA-806): a "Mismatch" per chunk.
+    """
+    log = open_log(tmp_path, clock, **{"segment.bytes": 10_000_000, "segment.index.bytes": 10_485_760,
+                                       "index.interval.bytes": 4096})
+    keys, pick = 8000, random.Random(7).randrange
+    for i in range(0, 5 * keys, per_batch):
+        # Keys at random, so that batches of many records keep some of them (rebuilt batches); timestamps
+        # vary inside a batch and the largest is often dropped: a rebuilt batch must index its own.
+        recs = [Record(j, clock() + (j * 7919) % 1000, k(pick(keys) if per_batch > 1 else j % keys), b"value-%d" % j)
+                for j in range(i, i + per_batch)]
+        log.append(encode_batch(recs))
+        clock.now += 1
+    log.roll()
+    cleaner = make_cleaner(2 * keys, clock=clock)
+    cleaner.clean(to_clean(log))
+    cleaned = log.segments[0]
+    assert cleaned.size > CHUNK_BYTES  # more than one chunk
+    entries = _tight(cleaned)
+    assert entries and all(offset == last for offset, last in entries)
+    positions = [cleaned.offset_index.entry(s)[1] for s in range(cleaned.offset_index.entries)]
+    biggest = max(b.size for b in cleaned.batches())
+    assert max(b - a for a, b in zip([0, *positions], positions)) <= 4096 + 2 * biggest
+    log.close()
+    files = sorted(str(p) for p in (tmp_path / "test-0").iterdir() if p.suffix in (".index", ".timeindex"))
+    out, err = io.StringIO(), io.StringIO()
+    assert dump_files(files, verify_index_only=True, out=out, err=err) == 0
+    assert err.getvalue() == ""

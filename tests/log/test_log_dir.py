@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from logtest_util import T0, FakeClock, all_records, drop_unclosed, records_batch
 
 from shale.sidecar.log.checkpoint import TopicPartition, parse_offsets
-from shale.sidecar.log.log_dir import LogDir, LogDirLockedError
+from shale.sidecar.log.log_dir import LogDir, LogDirLockedError, delete_dir_name
 from shale.sidecar.topic_config import TopicConfig
 
 A = TopicPartition("alpha", 0)
@@ -149,6 +150,43 @@ def test_delete_dirs_and_non_partition_dirs_at_load(tmp_path, cfg) -> None:
     assert not (tmp_path / "alpha-0.0123456789abcdef0123456789abcdef-delete").exists()
     assert (tmp_path / "not_a_partition").exists() and d.logs == {}
     d.close()
+
+
+LONGEST = TopicPartition("n" + "o" * 248, 5)  # Kafka's longest topic name: 249 characters
+
+
+def test_delete_dir_name_is_cut_to_255_characters_as_kafka_does() -> None:
+    """Kafka's LocalLogTest.testLogDeleteDirName: the topic is cut, the partition, uuid and suffix kept."""
+    assert re.fullmatch(r"foo-3\.[0-9a-f]{32}-delete", delete_dir_name(TopicPartition("foo", 3)))
+    name = delete_dir_name(LONGEST)
+    assert len(name.encode()) == 255
+    assert re.fullmatch(r"no{212}-5\.[0-9a-f]{32}-delete", name)
+
+
+def test_deleting_a_topic_with_the_longest_name_removes_it_for_good(tmp_path, cfg) -> None:
+    """Uncut, the `-delete` rename passed 255 bytes: ENAMETOOLONG, and the topic came back at the next start."""
+    d = open_dir(tmp_path, cfg)
+    append_n(d.get_or_create(LONGEST), 3)
+    append_n(d.get_or_create(A), 1)
+    d.delete(LONGEST)
+    assert LONGEST not in d.logs
+    assert sorted(n for n in os.listdir(tmp_path) if os.path.isdir(tmp_path / n)) == ["alpha-0"]
+    d.close()
+    again = open_dir(tmp_path, cfg)
+    assert set(again.logs) == {A}
+    again.close()
+
+
+def test_a_cut_delete_dir_left_by_a_crash_is_removed_at_load(tmp_path, cfg) -> None:
+    """A crash between the rename and the removal leaves the cut name: the next start removes it, data and all."""
+    d = open_dir(tmp_path, cfg)
+    append_n(d.get_or_create(LONGEST), 3)
+    crash(d)
+    doomed = tmp_path / delete_dir_name(LONGEST)
+    os.rename(tmp_path / str(LONGEST), doomed)
+    again = open_dir(tmp_path, cfg)
+    assert again.logs == {} and not doomed.exists()
+    again.close()
 
 
 def test_failed_open_releases_the_lock(tmp_path) -> None:

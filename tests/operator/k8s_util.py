@@ -8,8 +8,9 @@ new `metadata.resourceVersion` (and a create a uid, generation 1, creationTimest
 merge patch that names a resourceVersion other than the stored one is refused with 409 Conflict —
 the precondition the operator's ConfigMap writes use — while a JSON patch whose `test` op fails
 (kopf guards its finalizer patches so) gets 422, both as kube-apiserver answers them. Tests can also
-make it refuse an action on a resource (`refuse`, as RBAC would) and read every request it served
-(`requests`). Everything else is kmock's.
+make it refuse an action on a resource to the operator (`refuse`/`allow`, as RBAC would; the tests'
+own client, an administrator, is never refused) and read every request it served (`requests`).
+Everything else is kmock's.
 
 The server runs on its own event loop in a background thread, so tests stay synchronous and talk to
 it over HTTP with the `kubernetes` client, as a user with kubectl would.
@@ -47,7 +48,8 @@ class ApiServer(kmock.KubernetesEmulator):
     refusals: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False)
 
     async def _handle(self, request: kmock.Request) -> Any:
-        known = request.resource is not None and request.action is not None
+        known = request.resource is not None and request.action is not None \
+            and request.headers.get("User-Agent") != TEST_USER_AGENT
         refused = self.refusals.get((request.action.value, request.resource.plural)) if known else None
         if refused is not None:
             return await self._render_error(kmock.KubernetesError(
@@ -160,9 +162,14 @@ class ApiServerThread:
         self._thread.join(15)
 
     def refuse(self, action: str, plural: str, status: int = 403) -> None:
-        """Answer every `action` (LIST, FETCH, CREATE, UPDATE, DELETE) on `plural` with `status` from now on."""
+        """Answer the operator's `action` (LIST, FETCH, CREATE, UPDATE, DELETE) on `plural` with `status` from now on."""
         assert self.server is not None
         self.server.refusals[(action, plural)] = status  # one dict store: safe from the test thread
+
+    def allow(self, action: str, plural: str) -> None:
+        """Undo `refuse`."""
+        assert self.server is not None
+        self.server.refusals.pop((action, plural), None)
 
     def write_kubeconfig(self, path: Path) -> Path:
         """A kubeconfig for this server, as `kubectl config` would write it."""

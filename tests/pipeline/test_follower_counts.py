@@ -1,12 +1,20 @@
 """The example pipeline against a real `shale serve`: the stream job's counts in the compacted topic, and
 the restore job rebuilding them from the latest view (over the wire and from the files, before and
-after the cleaner compacted the topic), equal the counts computed from the events."""
+after the cleaner compacted the topic), equal the counts computed from the events; and its `demo`
+command as a reader runs it: readable output, nothing left behind, also after Ctrl-C."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
+from node_util import wait_for
 from spark_util import consume_all, set_cleaning, start_serve, wait_for_clean
 
 from shale.pipeline.follower_counts import (
@@ -70,3 +78,66 @@ def test_stream_then_restore_equals_the_model(spark, node, tmp_path):
     assert len(consume_all(node.bootstrap, COUNTS_TOPIC)) < len(written), "compaction dropped old counts"
     assert restored({"bootstrap.servers": node.bootstrap}) == model
     assert restored({"path": node.data_dir}) == model
+
+
+# The one line of a run that nothing can silence: the JVM prints it when Spark's launcher adds the incubator
+# module Spark uses (`--add-modules=jdk.incubator.vector`), before any logging exists.
+JVM_INCUBATOR_LINE = "WARNING: Using incubator modules: jdk.incubator.vector"
+
+
+def _demo_env(tmp) -> dict:
+    """The demo's environment: temporary files (ours: TMPDIR; Spark's: SPARK_LOCAL_DIRS) in a directory of
+    the test, so that anything left behind is seen; stdout unbuffered, so that lines come as printed."""
+    tmp.mkdir()
+    return {**os.environ, "TMPDIR": str(tmp), "SPARK_LOCAL_DIRS": str(tmp), "PYTHONUNBUFFERED": "1"}
+
+
+def _nothing_left(tmp) -> None:
+    assert not list(tmp.glob("shale-follower-counts-*")), "the demo's temporary directory is removed before it exits"
+    # Spark's own directories go in the JVM's shutdown hook, which may finish just after the driver exits.
+    wait_for(lambda: not any(tmp.iterdir()), 30, what=f"Spark's temporary files in {tmp} to go")
+
+
+def test_demo_prints_its_results_alone_and_leaves_nothing_behind(tmp_path):
+    tmp = tmp_path / "tmp"
+    run = subprocess.run([sys.executable, "-m", "shale.pipeline.follower_counts", "demo", "--events", "2000",
+                          "--users", "40"], env=_demo_env(tmp), capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout + run.stderr
+    patterns = [r"shale serve on 127\.0\.0\.1:\d+ \(data in .*/shale-follower-counts-[^/]+/data\); "
+                r"producing 1000 events",
+                r"stream run 1 done; producing 1000 more events \(the stream would run every few minutes\)",
+                r"stream run 2 done; restoring the counts from the latest view of follower-counts",
+                r"top users by followers: (u\d+=\d+, ){9}u\d+=\d+",
+                r"restored \d+ users over the wire; equal to the counts computed from the events: True",
+                r"shale serve killed; restored \d+ users from its data directory alone; equal: True"]
+    lines = run.stdout.splitlines()
+    assert len(lines) == len(patterns) and all(re.fullmatch(p, line) for p, line in zip(patterns, lines)), run.stdout
+    # Spark says nothing between the results: no WARN lines, no progress bars, no startup banner.
+    assert [line for line in run.stderr.splitlines() if line != JVM_INCUBATOR_LINE] == [], run.stderr
+    _nothing_left(tmp)
+
+
+def test_demo_interrupted_by_ctrl_c_stops_everything_and_leaves_nothing_behind(tmp_path):
+    tmp = tmp_path / "tmp"
+    # Its own process group, signalled as a terminal's Ctrl-C is: the demo and Spark's JVM (shale serve, in a
+    # session of its own, is the demo's to stop).
+    demo = subprocess.Popen([sys.executable, "-m", "shale.pipeline.follower_counts", "demo"], env=_demo_env(tmp),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        first = demo.stdout.readline()  # printed once the server listens and the SparkSession exists
+        port = int(re.match(r"shale serve on 127\.0\.0\.1:(\d+) ", first).group(1))
+        # In the middle of the first stream run: a call into the JVM is what Ctrl-C interrupts.
+        wait_for(lambda: list(tmp.glob("shale-follower-counts-*/checkpoint/offsets/*")), 120,
+                 what="the stream run to start")
+        os.killpg(demo.pid, signal.SIGINT)
+        out, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+    assert demo.returncode == 130, first + out + err
+    # One word, no traceback of ours, py4j's or Spark's.
+    assert [line for line in err.splitlines() if line != JVM_INCUBATOR_LINE] == ["interrupted"], err
+    with pytest.raises(ConnectionRefusedError):  # the server it started is gone
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    _nothing_left(tmp)

@@ -124,7 +124,7 @@ def test_status_has_a_stable_documented_shape_and_the_engines_values(node):
     status, doc = get_json(node.node.http_port, "/status")
     assert status == 200
     assert set(doc) == {"version", "node_id", "phase", "ready", "time_ms", "data_dir", "topics", "cleaner",
-                        "uncleanable_partitions", "maintenance", "errors"}
+                        "uncleanable_partitions", "maintenance", "errors", "manifests"}
     assert (doc["version"], doc["node_id"], doc["phase"], doc["ready"]) == (1, 3, "serving", True)
     logs = node.node.log_dir.logs
     assert doc["data_dir"]["path"] == node.node.log_dir.path
@@ -137,7 +137,8 @@ def test_status_has_a_stable_documented_shape_and_the_engines_values(node):
     p0 = events[0]
     assert set(p0) == {"partition", "served", "log_start_offset", "log_end_offset", "recovery_point", "size_bytes",
                        "segments", "cleanup_policy", "cleaning", "dirty_ratio", "min_cleanable_dirty_ratio",
-                       "last_clean_ms"}
+                       "last_clean_ms", "storage_error"}
+    assert p0["storage_error"] is None and doc["data_dir"]["storage_failing_partitions"] == 0
     log = logs[TopicPartition("events", 0)]
     assert (p0["log_start_offset"], p0["log_end_offset"], p0["size_bytes"], p0["segments"]) == (
         log.log_start_offset, 12, log.size_in_bytes, len(log.segments))
@@ -154,6 +155,8 @@ def test_status_has_a_stable_documented_shape_and_the_engines_values(node):
     assert doc["maintenance"]["tasks"]["kafka-log-retention"]["interval_ms"] == 300000
     assert [k for k in doc["errors"]["manifests"] if "broken.yaml" in k], doc["errors"]
     assert doc["errors"]["topics"] == {}
+    assert doc["manifests"] == {"path": node.node.options.topics, "files": 2, "missing": None, "held": {},
+                                "refusals": len(doc["errors"]["manifests"])}
 
 
 def test_pause_and_resume_through_http_show_in_status_and_metrics(node):

@@ -170,6 +170,7 @@ class _Moves(FileSystemEventHandler):
 
 def test_removing_a_manifest_deletes_the_topic_kafkas_way(node, dirs):
     manifest = write_manifests(dirs[1] / "doomed.yaml", topic_manifest("doomed", 2))
+    write_manifests(dirs[1] / "neighbour.yaml", topic_manifest("neighbour"))  # the last file would be held
     wait_for(lambda: spec(node, "doomed") and settled(node), what="the topic to be created")
     produce_one_batch_each(node.bootstrap, "doomed", [b"x", b"y"], partition=1)
     data = Path(node.node.log_dir.path)
@@ -221,6 +222,7 @@ def test_shale_serve_follows_its_manifests(tmp_path):
     topics = tmp_path / "topics"
     topics.mkdir()
     overrides = [arg for key, value in FAST.items() for arg in ("--override", f"{key}={value}")]
+    write_manifests(topics / "neighbour.yaml", topic_manifest("neighbour"))  # the last file would be held
     with ServeProcess(tmp_path / "data", topics, *overrides) as server:
         manifest = write_manifests(topics / "served.yaml",
                                    topic_manifest("served", 1, {"retention.ms": 3600000, **SMALL_SEGMENTS}))
@@ -238,6 +240,7 @@ def test_shale_serve_follows_its_manifests(tmp_path):
         wait_for(lambda: not partition_dir.exists(), what="the topic's directory to be deleted")
         assert topic_error(server.bootstrap, "served") == KafkaError.UNKNOWN_TOPIC_OR_PART
         assert server.terminate() == 0
+    assert f"topic served: its manifest was removed from {manifest}: deleting the topic" in server.log()
     assert "topic served deleted" in server.log()
 
 
@@ -252,3 +255,22 @@ def test_a_manifest_cannot_take_over_a_topic_created_through_the_api(node, dirs)
     assert node.node.topic_errors["owned"] == "topic owned already exists (created by api)"
     owned = spec(node, "owned")
     assert (owned.origin, owned.partitions, log_of(node, "owned").config.retention_ms) == ("api", 1, 1000)
+
+
+def test_a_held_topic_deleted_through_the_registry_stays_deleted(node, dirs):
+    """The last manifest removed is held (it looks like an unmounted volume); TopicRegistry.remove — what
+    DeleteTopics calls — is then the explicit act, and the manifests forget the topic's last good spec."""
+    manifest = write_manifests(dirs[1] / "last.yaml", topic_manifest("last", 2))
+    wait_for(lambda: spec(node, "last") and settled(node), what="the topic to be created")
+    produce_one_batch_each(node.bootstrap, "last", [b"kept"])
+    manifest.unlink()
+    wait_for(lambda: node.node.manifests.held and settled(node), what="the removal to be held")
+    assert node.node.manifests.held["last"].reason == "manifests-missing"
+    assert log_of(node, "last").log_end_offset == 1 and topic_error(node.bootstrap, "last") is None
+
+    assert node.call(node.node.registry.remove, "last") is True
+    assert node.node.manifests.held == {} and node.node.manifests.missing is None
+    write_manifests(dirs[1] / "other.yaml", topic_manifest("other"))  # a reload: "last" does not come back
+    wait_for(lambda: spec(node, "other") and settled(node), what="the next reload")
+    assert spec(node, "last") is None and log_of(node, "last") is None
+    assert not any(p.name.startswith("last-") for p in Path(node.node.log_dir.path).iterdir())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import shutil
 import threading
 import uuid
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 import yaml
 
 from shale.sidecar.server.manifests import (
-    API_VERSION, ORIGIN_PREFIX, ManifestError, ManifestSource, parse_topic, watch,
+    API_VERSION, HELD_DELETION_DISABLED, HELD_MISSING, ORIGIN_PREFIX, ManifestError, ManifestSource, parse_topic,
+    require_path, watch,
 )
 from shale.sidecar.topic_config import TopicConfig
 
@@ -123,20 +125,32 @@ def test_a_multi_document_file_declares_every_topic_in_it(tmp_path):
     assert source.errors == {}
 
 
-def test_a_directory_is_read_recursively_skipping_other_objects_hidden_entries_and_other_files(tmp_path):
+def test_a_directory_is_read_recursively_skipping_hidden_entries_and_other_files(tmp_path):
     root = tmp_path / "topics"
     write_manifests(root / "a.yaml", topic_manifest("top"))
-    write_manifests(root / "team" / "billing" / "b.yml", topic_manifest("nested", 2),
-                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "unrelated"}})
+    write_manifests(root / "team" / "billing" / "b.yml", topic_manifest("nested", 2))
     (root / "team" / "notes.txt").write_text("kind: Topic\n")  # not YAML by name: ignored
-    (root / "team" / "list.yaml").write_text("- 1\n- 2\n")  # YAML, but no objects
     write_manifests(root / "..2024_01_01" / "c.yaml", topic_manifest("configmap-internal"))  # ConfigMap's ..data
     write_manifests(root / ".hidden.yaml", topic_manifest("hidden"))
     source = ManifestSource(str(root))
     specs = by_name(source.reload())
     assert sorted(specs) == ["nested", "top"]
     assert specs["nested"].origin == ORIGIN_PREFIX + str(root / "team" / "billing" / "b.yml")
-    assert source.errors == {}
+    assert source.errors == {} and source.files_found == 2 and source.missing is None
+
+
+def test_a_document_that_is_not_a_topic_is_refused_and_its_neighbours_apply(tmp_path):
+    path = write_manifests(tmp_path / "b.yaml", topic_manifest("nested", 2),
+                           {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "unrelated"}})
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    source = ManifestSource(str(tmp_path))
+    assert [s.name for s in source.reload()] == ["nested"]
+    assert source.errors == {
+        f"{path}: unrelated": f"{path}: document 2: kind must be Topic, got 'ConfigMap' (every YAML document under "
+                              "--topics must be a Topic)",
+        f"{tmp_path / 'list.yaml'}: document 1": f"{tmp_path / 'list.yaml'}: document 1 is a YAML list, not a Topic",
+    }
+    assert source.refusals == 2
 
 
 def test_broken_yaml_is_refused_naming_the_file_and_keeps_what_it_declared(tmp_path):
@@ -212,10 +226,191 @@ def test_two_new_declarations_of_one_name_go_to_the_first_file_in_order(tmp_path
 
 def test_removing_a_file_removes_its_topics(tmp_path):
     path = write_manifests(tmp_path / "t.yaml", topic_manifest("gone"))
+    write_manifests(tmp_path / "u.yaml", topic_manifest("stays"))
     source = ManifestSource(str(tmp_path))
-    assert [s.name for s in source.reload()] == ["gone"]
+    assert sorted(s.name for s in source.reload()) == ["gone", "stays"]
     path.unlink()
-    assert source.reload() == [] and source.errors == {}
+    assert [s.name for s in source.reload()] == ["stays"]
+    assert source.errors == {} and source.held == {} and source.missing is None
+
+
+def test_removing_a_document_from_a_clean_file_removes_its_topic(tmp_path):
+    path = write_manifests(tmp_path / "t.yaml", topic_manifest("a"), topic_manifest("b"))
+    source = ManifestSource(str(tmp_path))
+    assert sorted(s.name for s in source.reload()) == ["a", "b"]
+    write_manifests(path, topic_manifest("b"))  # an edit, not a truncation: the file does not start as before
+    assert [s.name for s in source.reload()] == ["b"] and source.errors == {}
+
+
+# -- What is refused: the topics keep their last good spec ---------------------------------------------
+
+
+def edited(tmp_path, change) -> tuple[ManifestSource, dict, Path]:
+    """A file declaring `orders` (3 partitions, compacted) and `audit`, read once, then changed by `change`."""
+    path = write_manifests(tmp_path / "orders.yaml",
+                           topic_manifest("orders", 3, {"cleanup.policy": "compact", "retention.ms": -1}),
+                           topic_manifest("audit", 1, {"retention.ms": 3600000}))
+    source = ManifestSource(str(tmp_path))
+    good = by_name(source.reload())
+    change(path)
+    return source, good, path
+
+
+BREAKAGES = {
+    "kind": lambda p: p.write_text(p.read_text().replace("kind: Topic", "kind: Topics")),
+    "api_version": lambda p: p.write_text(p.read_text().replace("shale.dev/v1alpha1", "shale.dev/v1")),
+    "empty": lambda p: p.write_bytes(b""),
+    "blank": lambda p: p.write_text("\n  \n"),
+    "comments_only": lambda p: p.write_text("# orders moved to another team\n"),
+    "not_yaml": lambda p: p.write_text("apiVersion: shale.dev/v1alpha1\nkind: Topic\nmetadata: {name: orders\n"),
+    "not_utf8": lambda p: p.write_bytes(b"\xff\xfe" + p.read_bytes()),
+    "a_list": lambda p: p.write_text("- orders\n- audit\n"),
+    "invalid_config": lambda p: p.write_text(p.read_text().replace("'-1'", "'-7'")),
+    "half": lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]),
+    "first_document_only": lambda p: p.write_bytes(p.read_bytes().split(b"---")[0]),
+    "a_directory_now": lambda p: (p.unlink(), p.mkdir()),
+}
+
+
+@pytest.mark.parametrize("breakage", BREAKAGES)
+def test_a_broken_file_is_refused_and_deletes_or_changes_nothing(tmp_path, breakage):
+    source, good, path = edited(tmp_path, BREAKAGES[breakage])
+    after = by_name(source.reload())
+    if breakage == "a_directory_now":  # the file is gone (a directory of that name holds nothing): held
+        assert source.held.keys() == {"orders", "audit"} and source.missing
+    else:
+        assert any(key.startswith(str(path)) for key in source.errors), source.errors
+        assert all(message.startswith(f"{path}: ") for message in source.errors.values())
+        assert source.refusals >= 1
+    assert after == good  # every topic at its last good spec: nothing deleted, nothing reverted
+
+
+def test_every_truncation_of_a_file_is_refused_or_harmless(tmp_path):
+    """Cut at every byte: the file is its last applied content's beginning, so nothing it declared changes."""
+    source, good, path = edited(tmp_path, lambda p: None)
+    full = path.read_bytes()
+    assert by_name(source.reload()) == good
+    refused = 0
+    for cut in range(len(full)):
+        path.write_bytes(full[:cut])
+        assert by_name(source.reload()) == good, f"cut at byte {cut}: {full[:cut]!r}"
+        # Refused, unless read afresh the cut file declares exactly the same (e.g. only a final newline or a
+        # default value's line is gone).
+        fresh = ManifestSource(str(tmp_path))
+        harmless = by_name(fresh.reload()) == good and fresh.errors == {}
+        assert bool(source.errors) != harmless, f"cut at byte {cut}: errors {source.errors}"
+        refused += bool(source.errors)
+        path.write_bytes(full)
+        assert by_name(source.reload()) == good and source.errors == {}
+    assert refused >= len(full) - 20  # nearly every cut changes what the file declares
+
+
+def test_a_truncated_file_names_the_cut_and_an_edit_that_shortens_it_differently_applies(tmp_path):
+    source, good, path = edited(tmp_path, lambda p: None)
+    full = path.read_bytes()
+    path.write_bytes(full[:40])
+    source.reload()
+    assert source.errors == {str(path): f"{path}: truncated: the file is the first 40 of the {len(full)} bytes it "
+                                        "held when last applied (to shorten it on purpose, change it in another "
+                                        "way too)"}
+    write_manifests(path, topic_manifest("audit", 1, {"retention.ms": 3600000}))  # orders' document removed
+    assert [s.name for s in source.reload()] == ["audit"] and source.errors == {}
+
+
+def test_a_refused_document_keeps_the_topics_its_file_declared_before_even_without_a_name(tmp_path):
+    path = write_manifests(tmp_path / "t.yaml", topic_manifest("a"), topic_manifest("b", 2))
+    source = ManifestSource(str(tmp_path))
+    good = by_name(source.reload())
+    broken = topic_manifest("b", 2)
+    del broken["metadata"]  # the name is gone with the damage
+    write_manifests(path, topic_manifest("a", 1, {"retention.ms": 5}), broken)
+    after = by_name(source.reload())
+    assert after["b"] == good["b"] and after["a"].config.retention_ms == 5  # the valid neighbour applies
+    assert list(source.errors) == [f"{path}: document 2"]
+
+
+# -- Mass disappearance and delete.topic.enable: held, never deleted -----------------------------------
+
+
+def test_every_manifest_file_gone_at_once_deletes_nothing(tmp_path):
+    root = tmp_path / "topics"
+    a = write_manifests(root / "a.yaml", topic_manifest("a"))
+    b = write_manifests(root / "team" / "b.yaml", topic_manifest("b", 2))
+    source = ManifestSource(str(root))
+    good = by_name(source.reload())
+    a.unlink()
+    b.unlink()
+    assert by_name(source.reload()) == good
+    assert {name: h.reason for name, h in source.held.items()} == {"a": HELD_MISSING, "b": HELD_MISSING}
+    assert source.missing == f"every manifest file that declared topics is gone from {root} (2 files)"
+    # A new file does not make the vanished ones deletable: they stay held until declared again.
+    write_manifests(root / "c.yaml", topic_manifest("c"))
+    assert sorted(s.name for s in source.reload()) == ["a", "b", "c"] and source.held.keys() == {"a", "b"}
+    write_manifests(a, topic_manifest("a"))
+    write_manifests(b, topic_manifest("b", 2))
+    assert sorted(s.name for s in source.reload()) == ["a", "b", "c"]
+    assert source.held == {} and source.missing is None
+
+
+@pytest.mark.parametrize("how", ["removed", "renamed", "emptied", "replaced_by_a_file"])
+def test_the_directory_itself_gone_deletes_nothing(tmp_path, how):
+    root = tmp_path / "topics"
+    write_manifests(root / "a.yaml", topic_manifest("a"))
+    source = ManifestSource(str(root))
+    good = by_name(source.reload())
+    if how == "removed":
+        shutil.rmtree(root)
+    elif how == "renamed":
+        root.rename(tmp_path / "topics.old")
+    elif how == "emptied":
+        (root / "a.yaml").unlink()
+    else:
+        shutil.rmtree(root)
+        root.write_text("not a directory\n")
+    assert by_name(source.reload()) == good and source.held["a"].reason == HELD_MISSING
+    assert source.missing
+
+
+def test_a_single_file_path_removed_is_a_mass_disappearance(tmp_path):
+    path = write_manifests(tmp_path / "topics.yaml", topic_manifest("solo"))
+    source = ManifestSource(str(path))
+    good = by_name(source.reload())
+    path.unlink()
+    assert by_name(source.reload()) == good and source.missing == f"{path} does not exist"
+
+
+def test_with_delete_topic_enable_false_a_removed_manifest_is_held(tmp_path):
+    a = write_manifests(tmp_path / "a.yaml", topic_manifest("a", 2))
+    write_manifests(tmp_path / "b.yaml", topic_manifest("b"))
+    source = ManifestSource(str(tmp_path), delete_topic_enable=False)
+    good = by_name(source.reload())
+    a.unlink()
+    assert by_name(source.reload()) == good
+    assert source.held["a"].reason == HELD_DELETION_DISABLED and source.missing is None
+    assert source.held["a"].message == (f"topic a: its manifest was removed from {a}, but delete.topic.enable is "
+                                        "false: the topic and its data are kept")
+
+
+def test_a_held_topic_deleted_another_way_is_forgotten(tmp_path):
+    path = write_manifests(tmp_path / "a.yaml", topic_manifest("a"))
+    source = ManifestSource(str(tmp_path))
+    source.reload()
+    path.unlink()
+    assert [s.name for s in source.reload()] == ["a"]
+    source.forget("a")  # TopicRegistry.remove (DeleteTopics) tells the node, which tells the source
+    assert source.reload() == [] and source.held == {}
+
+
+def test_no_manifest_at_all_beside_undeclared_logs_is_reported(tmp_path):
+    source = ManifestSource(str(tmp_path))
+    source.reload()
+    source.check_strays({"orders"})
+    assert source.missing == (f"no manifest file under {tmp_path}, but the data directory holds logs of 1 topic "
+                              "no manifest declares (orders): kept, not served")
+    write_manifests(tmp_path / "orders.yaml", topic_manifest("orders"))
+    source.reload()
+    source.check_strays(set())
+    assert source.missing is None
 
 
 def test_a_single_file_path_is_a_source_too(tmp_path):
@@ -225,9 +420,17 @@ def test_a_single_file_path_is_a_source_too(tmp_path):
     assert [s.name for s in source.reload()] == ["solo"]
 
 
-def test_an_empty_or_missing_directory_declares_nothing(tmp_path):
-    assert ManifestSource(str(tmp_path)).reload() == []
-    assert ManifestSource(str(Path(tmp_path) / "absent")).reload() == []
+def test_an_empty_directory_declares_nothing_and_a_missing_one_is_reported(tmp_path):
+    empty = ManifestSource(str(tmp_path))
+    assert empty.reload() == [] and empty.missing is None and empty.errors == {}
+    absent = ManifestSource(str(Path(tmp_path) / "absent"))
+    assert absent.reload() == [] and absent.missing == f"{tmp_path / 'absent'} does not exist"
+
+
+def test_a_missing_path_cannot_start_a_node(tmp_path):
+    require_path(str(tmp_path))
+    with pytest.raises(ManifestError, match=f"--topics {tmp_path / 'typo'}: no such file or directory"):
+        require_path(str(tmp_path / "typo"))
 
 
 def test_watching_one_file_ignores_its_busy_neighbours(tmp_path):
@@ -246,5 +449,31 @@ def test_watching_one_file_ignores_its_busy_neighbours(tmp_path):
         replacement.write_text("kind: Topic\nmetadata: {name: x}\n")
         replacement.replace(manifest)  # as editors and kubectl-projected ConfigMaps replace files
         assert changed.wait(10), "replacing the watched file did not trigger a reload"
+    finally:
+        stop()
+
+
+def test_watching_a_directory_follows_it_when_it_is_replaced(tmp_path):
+    """inotify watches inodes: after `topics` is swapped for a new directory, changes in the new one count."""
+    root = tmp_path / "topics"
+    root.mkdir()
+    changed = threading.Event()
+    stop = watch(str(root), changed.set, debounce_s=0.05, resync_s=0.1)
+    try:
+        (root / "a.yaml").write_text("kind: Topic\n")
+        assert changed.wait(10), "a change in the directory did not trigger a reload"
+        changed.clear()
+        root.rename(tmp_path / "topics.old")
+        assert changed.wait(10), "the directory renamed away did not trigger a reload"
+        root.mkdir()
+        changed.clear()
+        (root / "b.yaml").write_text("kind: Topic\n")  # seen by the new watch, or by the look that moved it
+        assert changed.wait(10), "the new directory did not trigger a reload"
+        changed.clear()
+        (root / "c.yaml").write_text("kind: Topic\n")  # the watch has moved: only inotify can report this
+        assert changed.wait(10), "a change in the new directory did not trigger a reload"
+        changed.clear()
+        (tmp_path / "topics.old" / "d.yaml").write_text("kind: Topic\n")
+        assert not changed.wait(0.5), "a change in the old, renamed directory triggered a reload"
     finally:
         stop()
