@@ -12,10 +12,12 @@ racing a change handler, one lock per process serialises this operator's own Con
 writers are caught by the resourceVersion precondition).
 
 The Topics are the source of truth, and only deleting one deletes: a key that is missing although its
-Topic was applied (a ConfigMap emptied, deleted or edited by hand) is written back, by whichever
-Topic is reconciled next, for every such Topic in one write (`plan_restore`, from kopf's index of the
-Topics) — the pods see the whole set come back at once, never a part of it that would read as the
-deletion of the rest.
+Topic was applied (a ConfigMap emptied, deleted or edited by hand) is written back by whichever Topic
+is reconciled next, for every such Topic in one write (`plan_restore`, from kopf's index of the
+Topics), so the pods see the set come back at once. A Topic whose spec is refused now cannot be
+written back (its last good manifest went with the key): a Warning Event says so, once. Every write
+also keeps the placeholder key (`PLACEHOLDER_KEY`), without which the pods could not tell the
+deletion of the last Topic from a lost volume.
 
 Annotations (Strimzi's semantics): `shale.dev/paused-reconciliation: "true"` applies nothing and sets
 ReconciliationPaused=True; `shale.dev/managed: "false"` hands the topic back (Unmanaged=True), and
@@ -39,10 +41,10 @@ from shale.operator.conditions import PAUSED, READY, UNMANAGED, Condition, find,
 from shale.operator.configmap import ConflictError, Snapshot, TopicsConfigMap
 from shale.operator.crd import GROUP, MANAGED_ANNOTATION, PAUSE_ANNOTATION, PLURAL, VERSION
 from shale.operator.kube import connection_info
-from shale.operator.manifests import (DesiredTopic, SpecError, configmap_key, desired_topic, loaded_digest,
-                                      parse_applied)
+from shale.operator.manifests import (PLACEHOLDER_KEY, PLACEHOLDER_TEXT, DesiredTopic, SpecError, configmap_key,
+                                      desired_topic, loaded_digest, parse_applied)
 from shale.operator.metrics import OperatorMetrics
-from shale.operator.planning import plan, plan_restore
+from shale.operator.planning import Restore, plan, plan_restore
 from shale.operator.settings import Settings
 from shale.operator.status import Observation, ReportCache, fetch_reports, observe, placements
 from shale.operator.storage import Storage, StorageError, read_storage
@@ -63,6 +65,7 @@ class Context:
     topic_locks: dict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     reports: ReportCache = field(default_factory=lambda: ReportCache(0.0))
     deleted: set[str] = field(default_factory=set)  # uids whose key was removed: never written again
+    unrestorable: dict[str, str] = field(default_factory=dict)  # lost key → why it cannot be written back (reported)
 
     @classmethod
     def create(cls, settings: Settings, api: kubernetes.client.ApiClient) -> "Context":
@@ -134,7 +137,7 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: lo
         try:
             topic, observation = await _apply(ctx, body, logger, wait, topics)
         except (SpecError, StorageError) as exc:
-            reason = exc.reason
+            reason = exc.reason if isinstance(exc, SpecError) else "StorageNotReady"
             cond = Condition(READY, False, reason, str(exc))
             # Warn, and post a Warning Event (reason = the condition's) that `kubectl describe topic` shows,
             # when this becomes the Topic's state, not on every refresh.
@@ -175,12 +178,12 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
 
     def compute(snapshot: Snapshot) -> dict[str, str]:
         lost = lost_topics(ctx, every_topic, snapshot.data)
-        restored = plan_restore(lost, snapshot.data, storage, settings.node_address_template,
-                                lambda name: placements(name, reports))
-        text, owners = plan(topic, {**snapshot.data, **restored}, storage, settings.node_address_template, found)
+        restore = plan_restore(lost, snapshot.data, storage, settings.node_address_template,
+                               lambda name: placements(name, reports))
+        text, owners = plan(topic, {**snapshot.data, **restore.texts}, storage, settings.node_address_template, found)
         planned["owners"], planned["text"], planned["changed"] = owners, text, snapshot.data.get(topic.key) != text
-        planned["restored"] = lost
-        return {**restored, topic.key: text}
+        planned["lost"], planned["restore"] = lost, restore
+        return {PLACEHOLDER_KEY: PLACEHOLDER_TEXT, **restore.texts, topic.key: text}
 
     try:
         async with ctx.configmap_lock:
@@ -189,8 +192,7 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
         # so that lost keys come back soon after the cause is fixed
         raise kopf.TemporaryError(f"{ctx.configmap.ref}: writing {topic.key} failed: {exc.status} {exc.reason}",
                                   delay=settings.status_interval_seconds) from None
-    if planned["restored"]:
-        _report_restored(ctx, planned["restored"], logger)
+    _report_lost(ctx, planned["lost"], planned["restore"], logger)
     owners = planned["owners"]
     digest = loaded_digest(planned["text"])  # what the pods report once they have loaded this manifest
     if planned["changed"]:
@@ -210,17 +212,29 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
         await asyncio.sleep(_POLL_SECONDS)
 
 
-def _report_restored(ctx: Context, bodies: list[Mapping[str, Any]], logger: Any) -> None:
-    """Say loudly that keys came back: someone emptied, deleted or edited the ConfigMap."""
-    refs = [(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies]
-    keys = ", ".join(configmap_key(ns, name) for ns, name in refs)
-    logger.warning("%s had lost the keys of %d applied Topic(s) (emptied, deleted or edited by hand): wrote back %s "
-                   "from the Topics in one write", ctx.configmap.ref, len(refs), keys)
-    ctx.metrics.manifests_restored.inc(len(refs))
-    for body, (ns, name) in zip(bodies, refs):
-        kopf.warn(dict(body), reason="ManifestRestored",
-                  message=f"{configmap_key(ns, name)} was missing from {ctx.configmap.ref} (emptied, deleted or edited "
-                          "by hand) and was written back from this Topic; only deleting the Topic deletes the topic")
+def _report_lost(ctx: Context, lost: list[Mapping[str, Any]], restore: Restore, logger: Any) -> None:
+    """Say loudly that keys went missing (someone emptied, deleted or edited the ConfigMap): each key once."""
+    keys = {configmap_key(b["metadata"]["namespace"], b["metadata"]["name"]): b for b in lost}
+    if restore.texts:
+        logger.warning("%s had lost the keys of %d applied Topic(s) (emptied, deleted or edited by hand): wrote "
+                       "back %s from the Topics in one write", ctx.configmap.ref, len(restore.texts),
+                       ", ".join(sorted(restore.texts)))
+        ctx.metrics.manifests_restored.inc(len(restore.texts))
+    for key in sorted(restore.texts):
+        kopf.warn(dict(keys[key]), reason="ManifestRestored",
+                  message=f"{key} was missing from {ctx.configmap.ref} (emptied, deleted or edited by hand) and was "
+                          "written back from this Topic; only deleting the Topic deletes the topic")
+    for key in set(ctx.unrestorable) - set(restore.refused):  # written back, deleted, or put back by hand
+        del ctx.unrestorable[key]
+    for key, why in sorted(restore.refused.items()):
+        if ctx.unrestorable.get(key) == why:
+            continue
+        ctx.unrestorable[key] = why
+        message = (f"{key} is missing from {ctx.configmap.ref} (emptied, deleted or edited by hand) and cannot be "
+                   f"written back now: {why}. It is written back once the Topic can be applied; meanwhile the pods "
+                   "hold the topic if its manifest vanished with all the others")
+        logger.error("%s", message)
+        kopf.warn(dict(keys[key]), reason="ManifestLost", message=message)
 
 
 async def remove(ctx: Context, body: kopf.Body, logger: Any) -> None:

@@ -70,6 +70,16 @@ class AppliedTopic:
         return f"{self.namespace}/{self.name}"
 
 
+# A key beside the Topics' that declares nothing (a YAML comment). The pods take the vanishing of every
+# manifest file for a lost volume and delete nothing (sidecar/server/manifests.py); with this file
+# still there, removing the last Topic's key is an explicit deletion like any other. No '_' in it, so
+# it is never a Topic's key.
+PLACEHOLDER_KEY = "shale-operator.yaml"
+PLACEHOLDER_TEXT = ("# Written by the Shale operator; declares no topic. While it is here, removing the last Topic's\n"
+                    "# key deletes that topic on the pods. Do not edit this ConfigMap by hand: delete a Topic to\n"
+                    "# delete its topic (docs/operator.md).\n")
+
+
 def configmap_key(namespace: str, name: str) -> str:
     """`<namespace>_<name>.yaml`: '_' is in neither a namespace nor an object name, so keys never collide."""
     key = f"{namespace}_{name}.yaml"

@@ -3,13 +3,14 @@
 Pure, so every rule is tested without a cluster: one Topic per Kafka topic name (a second one is a
 ResourceConflict, as in Strimzi), no decrease of partitions and no change of topicName (NotSupported),
 existing partitions stay where they are (from the applied manifest, else from the logs the pods
-report), new ones go to the least loaded pods. `plan_restore` writes back, all together or not at
-all, the keys of Topics that were applied but are missing from the ConfigMap (emptied, deleted or
-edited by hand): the Topics are the source of truth, and a missing key is never taken as a deletion.
+report), new ones go to the least loaded pods. `plan_restore` writes back, together, the keys of
+Topics that were applied but are missing from the ConfigMap (emptied, deleted or edited by hand):
+the Topics are the source of truth, and a missing key is never taken as a deletion.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from shale.operator.assignment import assign, load_of
@@ -62,26 +63,32 @@ def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address
     return to_yaml(manifest), owners
 
 
+@dataclass(frozen=True)
+class Restore:
+    """What writing back lost keys comes to: the texts to write, and the keys that cannot be written back."""
+
+    texts: dict[str, str]
+    refused: dict[str, str]  # key → why: its Topic's spec is refused now
+
+
 def plan_restore(lost: Sequence[Mapping[str, Any]], data: Mapping[str, str], storage: Storage, address_template: str,
-                 found_of: Callable[[str], Mapping[int, int]]) -> dict[str, str]:
+                 found_of: Callable[[str], Mapping[int, int]]) -> Restore:
     """The texts that write back the keys of the `lost` Topic bodies, planned one after another.
 
-    Partitions stay where the pods' logs are (`found_of(topic name)`), as a lost key's placements can
-    only come from there. All or nothing: if one Topic cannot be planned (its spec is refused now, so
-    its last good manifest is gone with the key), StorageError("ManifestsLost") and nothing is
-    written — writing back the others would leave that one's key missing beside restored ones, which
-    reads as its deletion on the pods, while writing nothing leaves them all as they are.
+    Partitions stay where the pods' logs are (`found_of(topic name)`): a lost key's placements can
+    only come from there. A Topic whose spec is refused now cannot be written back (its last good
+    manifest went with the key); the others are, all in the write this plan is for. The pods hold a
+    topic whose manifest vanished with all the others until a manifest declares it again
+    (sidecar/server/manifests.py), so the one left out is not deleted meanwhile.
     """
-    working, restored = dict(data), {}
+    working, restore = dict(data), Restore({}, {})
     for body in sorted(lost, key=lambda b: configmap_key(b["metadata"]["namespace"], b["metadata"]["name"])):
+        key = configmap_key(body["metadata"]["namespace"], body["metadata"]["name"])
         try:
             topic = desired_topic(body)
             text, _ = plan(topic, working, storage, address_template, found_of(topic.topic_name))
         except (SpecError, StorageError) as exc:
-            meta = body["metadata"]
-            keys = ", ".join(sorted(configmap_key(b["metadata"]["namespace"], b["metadata"]["name"]) for b in lost))
-            raise StorageError(f"keys of applied Topics are missing from the topics ConfigMap ({keys}) and none is "
-                               f"written back while Topic {meta['namespace']}/{meta['name']} cannot be: {exc}",
-                               reason="ManifestsLost") from None
-        working[topic.key] = restored[topic.key] = text
-    return restored
+            restore.refused[key] = str(exc)
+            continue
+        working[key] = restore.texts[key] = text
+    return restore

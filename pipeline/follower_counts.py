@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import random
 import signal
 import subprocess
@@ -30,10 +29,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 EVENTS_TOPIC = "follow-events"
 COUNTS_TOPIC = "follower-counts"
 EVENT_SCHEMA = "follower string, followee string, op string"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -199,19 +200,22 @@ def demo(events: int, users: int, workdir: str | None) -> int:
         bootstrap = f"127.0.0.1:{port}"
         spark = local_session("follower-counts")
         cleanup.callback(_stop_spark, spark)
-        _plain_ctrl_c()
+        # PySpark's SIGINT handler cancels every job first, which fails the running stream query loudly;
+        # `_stop_spark` stops it in order instead.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         evs = generate_events(events, users)
         half = len(evs) // 2
         kept = "" if workdir is None else ", kept"
         print(f"shale serve on {bootstrap} (data in {work / 'data'}{kept}); producing {half} events", flush=True)
         produce_events(bootstrap, evs[:half])
-        count_stream(spark, bootstrap, str(work / "checkpoint"), every=None).awaitTermination()
+        checkpoint = str(work / "checkpoint")
+        _in_spark(lambda: count_stream(spark, bootstrap, checkpoint, every=None).awaitTermination())
         print(f"stream run 1 done; producing {len(evs) - half} more events (the stream would run every few minutes)",
               flush=True)
         produce_events(bootstrap, evs[half:])
-        count_stream(spark, bootstrap, str(work / "checkpoint"), every=None).awaitTermination()
+        _in_spark(lambda: count_stream(spark, bootstrap, checkpoint, every=None).awaitTermination())
         print("stream run 2 done; restoring the counts from the latest view of", COUNTS_TOPIC, flush=True)
-        restored = {r.user: r.followers for r in restore_counts(spark, {"bootstrap.servers": bootstrap}).collect()}
+        restored = _in_spark(lambda: _collect_counts(spark, {"bootstrap.servers": bootstrap}))
         model = expected_counts(evs)
         top = sorted(restored.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
         print("top users by followers:", ", ".join(f"{u}={n}" for u, n in top), flush=True)
@@ -220,38 +224,43 @@ def demo(events: int, users: int, workdir: str | None) -> int:
               f"{over_wire}", flush=True)
         server.kill()  # a crash: no flush, no clean shutdown
         server.wait(30)
-        from_files = {r.user: r.followers for r in restore_counts(spark, {"path": str(work / "data")}).collect()}
+        from_files = _in_spark(lambda: _collect_counts(spark, {"path": str(work / "data")}))
         print(f"shale serve killed; restored {len(from_files)} users from its data directory alone; equal: "
               f"{from_files == model}", flush=True)
         return 0 if over_wire and from_files == model else 1
 
 
+def _collect_counts(spark, source: dict[str, str]) -> dict[str, int]:
+    return {r.user: r.followers for r in restore_counts(spark, source).collect()}
+
+
+def _in_spark(call: Callable[[], T]) -> T:
+    """`call()`, made in a thread of its own while this one waits: Ctrl-C then interrupts the wait, never a
+    call into the JVM. py4j does not always survive an interrupted call (the next ones, such as stopping
+    Spark, can fail), and `_stop_spark` needs them."""
+    from pyspark import InheritableThread  # the thread of pinned-thread mode: the JVM thread ends with it
+
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the waiting thread
+            outcome["error"] = exc
+
+    worker = InheritableThread(run, name="spark-call", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def _stop_spark(spark) -> None:
-    """Stop the stream query an interrupted run leaves running, then the session."""
+    """Stop the stream query an interrupted run leaves running (its call returns), then the session."""
     for query in spark.streams.active:
         query.stop()
     spark.stop()
-
-
-class _Py4jInterruptFilter(logging.Filter):
-    """Drops the ERROR with a traceback that py4j logs on the root logger for a call into the JVM that Ctrl-C
-    interrupted; the demo says "interrupted" itself, once everything is stopped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != "KeyboardInterrupt while sending command."
-
-
-def _plain_ctrl_c() -> None:
-    """Ctrl-C raises KeyboardInterrupt and prints no tracebacks.
-
-    PySpark's own SIGINT handler cancels the jobs with a call into the JVM which, made from inside the
-    interrupted call, fails with tracebacks (`reentrant call`); the jobs end with the session anyway
-    (`_stop_spark`). py4j logs the interrupted call and the closing of its connection at ERROR with
-    tracebacks; its other errors are raised as exceptions too, so its own log says nothing more.
-    """
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    logging.getLogger().addFilter(_Py4jInterruptFilter())
-    logging.getLogger("py4j").setLevel(logging.CRITICAL)
 
 
 def _stop(server: subprocess.Popen) -> None:

@@ -22,12 +22,15 @@ KRaft control records print as Kafka's current tool prints them: SnapshotHeader,
 KRaftVersion, KRaftVoters (Kafka 3.3+) and LeaderChange (Kafka 3.x printed controlType:
 LEADER_CHANGE(2)) as the JSON of their values.
 
-Also unlike Kafka's tool: a preallocated .index or .timeindex that holds no entry yet (an
-active segment) is empty, not an entry for offset 0; checkpoint files and partition.metadata are
-dumped; a corrupt or unknown batch is named with its position instead of a stack trace; message
-format v0/v1 (Kafka before 0.11) is reported as corrupt, not decoded; there is no --files (files
-are arguments), and no decoder options: keys and payloads print as UTF-8 text, Kafka's default,
-and KRaft metadata records print as that text too (Kafka's --cluster-metadata-decoder is absent)."""
+Also unlike Kafka's tool: a preallocated .index or .timeindex that holds no entry yet (an active
+segment) is empty, not an entry for offset 0; a .timeindex entry at a batch the cleaner emptied
+(kept for its producer) is checked against the batch's own max timestamp, which Kafka's cleaner
+indexed, not against the -1 of a batch without records; checkpoint files and partition.metadata
+are dumped; a corrupt or unknown batch is named with its position instead of a stack trace;
+message format v0/v1 (Kafka before 0.11) is reported as corrupt, not decoded; there is no --files
+(files are arguments), and no decoder options: keys and payloads print as UTF-8 text, Kafka's
+default, and KRaft metadata records print as that text too (Kafka's --cluster-metadata-decoder is
+absent)."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,6 +150,32 @@ def group_segments_by_size(segments: list[LogSegment], max_size: int, max_index_
     return groups
 
 
+def _appends_for(size: int) -> int:
+    """The most chunk appends the retained part of `size` source bytes can take (one more for recompression)."""
+    return size // CHUNK_BYTES + 2
+
+
+@dataclass
+class _Destination:
+    """The `.cleaned` segment of a group, and whether its index entries are still kept tight.
+
+    Tight entries (a batch due one is appended alone) can outnumber the one-per-append entries of
+    chunks. Both indexes are sized for the group (Kafka's grouping sums its segments' index sizes),
+    so a batch is appended alone only while they keep room for every entry the group's remaining
+    chunk appends could still need; past that (a tiny `segment.index.bytes`), appends are whole chunks
+    again, whose entries may be loose but never overfill an index.
+    """
+
+    segment: LogSegment
+    tight: bool = True
+
+    def room(self) -> int:
+        """Entries both indexes can still take (the time index keeps its last slot for the roll)."""
+        seg = self.segment
+        return min(seg.offset_index.max_entries - seg.offset_index.entries,
+                   seg.time_index.max_entries - 1 - seg.time_index.entries)
+
+
 class _TxnMetadata:
     """Kafka's CleanedTransactionMetadata: which transactional batches and markers a pass may discard."""
 
@@ -285,9 +311,11 @@ class Cleaner:
         cleaned = log.create_cleaned_segment(group[0].base_offset)
         try:
             key_at = _KeyReader(log, self.map.base_offset, self.map.latest_offset)
-            for seg in group:
+            dest = _Destination(cleaned)
+            for i, seg in enumerate(group):
                 self.check_aborted(log)
-                self._clean_into(log, seg, cleaned, now, stats, txn_meta, producers, upper_bound, key_at)
+                later = sum(_appends_for(s.size) for s in group[i + 1:])
+                self._clean_into(log, seg, dest, later, now, stats, txn_meta, producers, upper_bound, key_at)
             cleaned.on_become_inactive()
             cleaned.flush()
             mtime = os.stat(group[-1].log_path).st_mtime
@@ -299,24 +327,28 @@ class Cleaner:
             cleaned.delete_files()
             raise
 
-    def _clean_into(self, log, seg: LogSegment, dest: LogSegment, now: int, stats: CleanerStats,
-                    txn_meta: _TxnMetadata, producers: dict[int, int], upper_bound: int, key_at: "_KeyReader") -> None:
+    def _clean_into(self, log, seg: LogSegment, dest: "_Destination", later_appends: int, now: int,
+                    stats: CleanerStats, txn_meta: _TxnMetadata, producers: dict[int, int], upper_bound: int,
+                    key_at: "_KeyReader") -> None:
         """Recopy `seg`'s retained batches into `dest`, in appends of up to a chunk.
 
         An append gets at most one index entry, mapping its *last* offset to its *first* batch's position:
         for a chunk of many batches that entry is loose, which Kafka's DumpLogSegments reports as a
         mismatch (Kafka's own cleaner wrote such entries until KAFKA-806 made LogSegment.append index
         batch by batch). So a batch that is due an index entry starts an append of its own: every entry
-        then maps a batch's last offset to that batch's position, as often as `index.interval.bytes` says.
+        then maps a batch's last offset to that batch's position, as often as `index.interval.bytes` says
+        — while the indexes have room for it (`_Destination`); `later_appends` bounds the appends that
+        the group's later segments may need.
         """
         out: list[bytes] = []
         out_size = 0
         max_ts, max_ts_offset, max_offset = NO_TIMESTAMP, -1, -1
+        target = dest.segment
 
         def flush() -> None:
             nonlocal out, out_size, max_ts, max_ts_offset
             if out:
-                dest.append(max_offset, max_ts, max_ts_offset, b"".join(out))
+                target.append(max_offset, max_ts, max_ts_offset, b"".join(out))
                 self.throttle(out_size)
                 out, out_size, max_ts, max_ts_offset = [], 0, NO_TIMESTAMP, -1
 
@@ -336,7 +368,10 @@ class Cleaner:
             stats.bytes_written += len(kept)
             kh = BatchHeader.parse(kept)
             stats.messages_written += kh.records_count
-            index_due = dest.bytes_since_last_index_entry + out_size > dest.index_interval_bytes
+            index_due = target.bytes_since_last_index_entry + out_size > target.index_interval_bytes
+            if index_due and dest.tight:
+                dest.tight = dest.room() > later_appends + _appends_for(seg.size - b.end)
+            index_due = index_due and dest.tight
             if index_due:
                 flush()  # the pending batches end before this one; their append is due no entry
             out.append(kept)

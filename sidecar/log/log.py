@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..plural import plural
 from .atomic_file import fsync_dir
 from .checkpoint import TopicPartition
 from .errors import (
@@ -286,8 +287,8 @@ class Log:
             self.producer_state.apply(update)
             self.log_end_offset = last_offset + 1
             if self.storage_failure is not None:
-                logger.warning("%s: appends succeed again (log end offset %d) after %d failed writes",
-                               self.name, self.log_end_offset, self.storage_failure.failures)
+                logger.warning("%s: appends succeed again (log end offset %d) after %s",
+                               self.name, self.log_end_offset, plural(self.storage_failure.failures, "failed write"))
                 self.storage_failure = None
             if self.log_end_offset - self.recovery_point >= self.config.flush_messages:
                 try:
@@ -646,11 +647,10 @@ class Log:
                 self.producer_state.take_snapshot(self.log_end_offset)
             except OSError as e:
                 older = self.producer_state.snapshot_offsets  # take_snapshot writes nothing with neither
-                logger.log(logging.WARNING if older else logging.ERROR,
-                           "%s: cannot write the producer snapshot at offset %d in %s: %s; %s", self.name,
-                           self.log_end_offset, self.dir, e,
-                           f"a clean start rebuilds the producers from the snapshot at offset {older[-1]}"
-                           if older else "no older snapshot holds the producers: the next start must recover")
+                logger.warning("%s: cannot write the producer snapshot at offset %d in %s: %s; %s", self.name,
+                               self.log_end_offset, self.dir, e,
+                               f"the snapshot at offset {older[-1]} and the log after it hold them"
+                               if older else "no other snapshot holds the producers")
                 return bool(older)
             return True
 

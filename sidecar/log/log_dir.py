@@ -177,7 +177,12 @@ class LogDir:
             doomed = os.path.join(self.path, delete_dir_name(tp))
             os.replace(log.dir, doomed)
             fsync_dir(self.path)
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except OSError as e:  # a full disk: deleting is how space comes back, so delete first, then retry
+                logger.warning("cannot write the checkpoints before removing %s (%s); removing it first", doomed, e)
+                shutil.rmtree(doomed, ignore_errors=True)
+                self.checkpoint()
         shutil.rmtree(doomed, ignore_errors=True)
 
     def checkpoint(self) -> None:
@@ -208,7 +213,9 @@ class LogDir:
             clean = True
             for tp, log in self.logs.items():
                 try:
-                    clean = log.close() and clean
+                    if not log.close():
+                        logger.error("%s: its producers are in no snapshot, so the next start must recover", tp)
+                        clean = False
                 except (OSError, LogError) as e:
                     logger.error("%s: not closed cleanly (%s): %s", tp, log.dir, e)
                     clean = False

@@ -106,6 +106,8 @@ class OpenFiles:
     def acquire(self, f: OpenFile) -> int:
         """The file's descriptor, opened if needed and pinned until `release(f)`."""
         with self._lock:
+            if f.closed:
+                raise OSError(errno.EBADF, "segment file is closed", f.path)
             if f.fd < 0:
                 self._open(f)
             else:
@@ -116,9 +118,12 @@ class OpenFiles:
     def release(self, f: OpenFile) -> None:
         with self._lock:
             f.pins -= 1
-            if not f.pins:  # over the capacity while every file was held: back under it as they are let go
-                while len(self._lru) > self._limit and self._evict_one():
-                    pass
+            if f.pins:
+                return
+            if f.closed:  # closed while in use: the descriptor goes now that its last user is done
+                self._close_now(f)
+            while len(self._lru) > self._limit and self._evict_one():
+                pass  # over the capacity while every file was held: back under it as they are let go
 
     @contextmanager
     def use(self, f: OpenFile) -> Iterator[int]:
@@ -129,13 +134,18 @@ class OpenFiles:
             self.release(f)
 
     def close(self, f: OpenFile) -> None:
-        """Close the file for good: a later use is an error (EBADF), as with a closed descriptor."""
+        """Close the file for good: a later use is an error (EBADF), as with a closed descriptor. A user holding
+        it keeps a working descriptor until it lets go (its number is never reused under it)."""
         with self._lock:
             f.closed = True
-            if f.fd >= 0:
-                self._lru.pop(f, None)
-                os.close(f.fd)
-                f.fd = -1
+            if not f.pins:
+                self._close_now(f)
+
+    def _close_now(self, f: OpenFile) -> None:
+        if f.fd >= 0:
+            self._lru.pop(f, None)
+            os.close(f.fd)
+            f.fd = -1
 
     def rename(self, f: OpenFile, path: str) -> None:
         """Rename the file, with no open by its old name in between (an open happens under the same lock)."""
@@ -144,8 +154,6 @@ class OpenFiles:
             f.path = path
 
     def _open(self, f: OpenFile) -> None:
-        if f.closed:
-            raise OSError(errno.EBADF, "segment file is closed", f.path)
         self._limit = capacity = self.capacity
         while len(self._lru) >= capacity and self._evict_one():
             pass
@@ -164,9 +172,7 @@ class OpenFiles:
         """Close the least recently used descriptor nobody holds; False if every one is held."""
         for g in self._lru:
             if g.pins == 0:
-                del self._lru[g]
-                os.close(g.fd)
-                g.fd = -1
+                self._close_now(g)
                 self.evictions += 1
                 return True
         return False

@@ -13,7 +13,8 @@ API: they are changed live and persisted by the registry. Topics declared by a T
 to the manifest, because Kubernetes is declarative: a change made over the wire would be silently
 reverted by the next reload of the manifest (or the next restart), and `kubectl get topic` would no
 longer show the truth. Altering, deleting or growing them is refused with POLICY_VIOLATION and a message
-saying which manifest to edit. Internal topics (`__consumer_offsets`) belong to the node and are refused alike.
+saying which manifest to edit; once their manifest is gone and the removal is only held (see `manifests`),
+DeleteTopics deletes them. Internal topics (`__consumer_offsets`) belong to the node and are refused alike.
 DeleteTopics honours the broker setting `delete.topic.enable` (TOPIC_DELETION_DISABLED when false).
 
 Shale keeps one replica of each partition on the node that leads it, so a replication factor above 1
@@ -166,10 +167,13 @@ class AdminApis:
     """The admin handlers a `Broker` serves; every topic change goes through `registry.put`."""
 
     def __init__(self, registry: TopicRegistry, server_config: ServerConfig | None = None,
-                 cluster_id: str = "shale") -> None:
+                 cluster_id: str = "shale", removal_held: Callable[[str], bool] = lambda _name: False) -> None:
         self.registry = registry
         self.server_config = server_config
         self.cluster_id = cluster_id
+        # A topic whose manifest is gone but whose removal the manifests hold (`ManifestSource.held`, e.g. an
+        # unmounted volume): no manifest declares it any more, so DeleteTopics is the explicit act that deletes it.
+        self.removal_held = removal_held
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -364,10 +368,11 @@ class AdminApis:
         return name, topic_uuid(self.registry.topic_id(name))
 
     def _delete_topic(self, name: str) -> None:
-        self._check_api_owned(self.registry.topics[name],
-                              "delete the manifest (kubectl delete) to delete the topic; a deletion through the "
-                              "Kafka API would be undone by the manifest",
-                              "the node keeps it")
+        if not self.removal_held(name):
+            self._check_api_owned(self.registry.topics[name],
+                                  "delete the manifest (kubectl delete) to delete the topic; a deletion through the "
+                                  "Kafka API would be undone by the manifest",
+                                  "the node keeps it")
         try:
             self.registry.remove(name)
         except OSError as exc:

@@ -20,6 +20,7 @@ import asyncio
 import errno
 import logging
 import os
+import resource
 import socket
 import struct
 import time
@@ -36,6 +37,7 @@ from shale.sidecar.log.errors import (
     RecordTooLargeError,
 )
 from shale.sidecar.log.errors import InvalidTimestampError
+from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
@@ -204,7 +206,8 @@ class Broker:
         """Listen, with our own accept loop: asyncio's retries accept() 100 times per wakeup when it fails with
         EMFILE and logs each (tens of MB of log a minute), and turns a listening socket it could not create
         into a server with no sockets."""
-        self._listener = socket.create_server((self.host, self.port), backlog=1024)
+        family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][0]  # an IPv6 host too
+        self._listener = socket.create_server((self.host, self.port), family=family, backlog=1024)
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept_ready)
@@ -253,9 +256,10 @@ class Broker:
         self._accept_retry = loop.call_later(self._accept_delay, self._resume_accepting)
         last, errors_then = self._accept_logged
         if loop.time() - last >= ACCEPT_LOG_EVERY_S:
-            logger.error("cannot accept connections on %s:%d: %s (%d failures since the last report; open "
-                         "descriptors: %s); retrying, next in %.2f s", self.host, self.port, exc,
-                         self.accept_errors - errors_then, _open_descriptors(), self._accept_delay)
+            logger.error("cannot accept connections on %s:%d: %s (%s since the last report; descriptor "
+                         "limit %d); retrying, next in %.2f s", self.host, self.port, exc,
+                         plural(self.accept_errors - errors_then, "failure"),
+                         resource.getrlimit(resource.RLIMIT_NOFILE)[0], self._accept_delay)
             self._accept_logged = (loop.time(), self.accept_errors)
 
     def _resume_accepting(self) -> None:
@@ -271,6 +275,9 @@ class Broker:
             logger.error("dropping a connection accepted on %s:%d: %s", self.host, self.port, exc)
             sock.close()
             return
+        except asyncio.CancelledError:  # the broker closes
+            sock.close()
+            raise
         await self._on_connect(conn)
 
     async def _on_connect(self, conn: Connection) -> None:

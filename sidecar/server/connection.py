@@ -141,7 +141,7 @@ class Connection(asyncio.BufferedProtocol):
     """
 
     MIN_READ = 64 * 1024  # free space offered to each recv_into
-    KEEP_BYTES = 4 * 1024 * 1024  # a buffer grown beyond this for one huge frame is dropped once it is empty
+    KEEP_BYTES = 4 * 1024 * 1024  # a buffer grown beyond this for one huge frame is cut back once it is empty
     MAX_QUEUED = 64  # decoded frames the task has not taken yet before reading pauses (backpressure)
     HEAD_BYTES = 10 + 32767  # request header v1/v2 up to the end of the longest client_id
 
@@ -187,6 +187,10 @@ class Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         buf, start, end = self._buf, self._start, self._end
         pending = end - start
+        if not pending and len(buf) > self.KEEP_BYTES:
+            # Cut back after a huge frame, in place (no view of the buffer is held between reads); the next
+            # huge frame regrows from here.
+            del buf[self.KEEP_BYTES:]
         frame = 4
         if pending >= 4:
             size = int.from_bytes(buf[start:start + 4], "big", signed=True)
@@ -236,8 +240,6 @@ class Connection(asyncio.BufferedProtocol):
                 completed = True
         if start == end:
             start = end = 0
-            if len(buf) > self.KEEP_BYTES:
-                self._buf = bytearray(self.MIN_READ)
         self._start, self._end = start, end
         if self._eof:  # a frame that ends the connection: nothing after it is read or handled
             self._finish()

@@ -1122,8 +1122,8 @@ class GroupCoordinator:
         """Kafka's listGroups: the groups coordinated here, filtered by state and by type (case-insensitive)."""
         if not self.active:
             return COORDINATOR_NOT_AVAILABLE, []
-        wanted_states = {s.strip().lower() for s in states}
-        wanted_types = {t.lower() for t in types}
+        wanted_states = {(s or "").strip().lower() for s in states}  # a null filter entry matches nothing
+        wanted_types = {(t or "").lower() for t in types}
         return NONE, [g for g in self.groups.values() if self.coordinates(g.group_id)
                       and (not wanted_states or g.state.value.lower() in wanted_states)
                       and (not wanted_types or CLASSIC_GROUP_TYPE in wanted_types)]

@@ -5,21 +5,24 @@ manifests no longer declare may be deleted. Only an explicit act deletes a topic
 refused or held, and the topic keeps its last good spec and its data:
 
 - *Refused* (logged at ERROR with file and reason, in `/status` `errors.manifests`, counted by
-  `shale_manifest_refusals_total`): a file that cannot be read, does not parse, is empty, or is its
-  last applied content cut short (truncated: a strict prefix of it); a document that is not a
-  `Topic` of this `apiVersion`, or fails validation. A refused document keeps its topic's last good
+  `shale_manifest_refusals_total`): a file that cannot be read, does not parse, is emptied (no
+  document left where topics were declared), or is its last applied content cut short (truncated: a
+  strict prefix of it); a document that is not a `Topic` of this `apiVersion`, or fails validation.
+  A refused document keeps its topic's last good
   spec; a file with any refusal (a duplicate declaration too) deletes none of the topics it declared
   before. Its valid documents still apply, and a new file's refused documents declare nothing.
 - *Deleted* (Kafka's way, by `TopicRegistry.remove`): a topic whose manifest file was removed, or
   whose document was removed from a file that still reads cleanly, when the reload saw PATH whole.
 - *Held* (in `/status` `manifests.held`; deletes nothing): a removal while `delete.topic.enable` is
   false (logged at WARN), or a mass disappearance (logged at ERROR, `shale_manifests_missing` 1, the
-  alert ShaleManifestsMissing): PATH missing or not fully listable, or none of the files that declared
-  topics left — an unmounted ConfigMap volume, a wrong `--topics`, a directory swapped out. A held
-  topic stays held, served at its last good spec, until a manifest declares it again or it is
-  deleted through `TopicRegistry.remove` (DeleteTopics); after a restart it is a stray log (kept,
-  unserved, like any log no topic claims). So the last manifest file cannot delete its topics by
-  disappearing: that looks exactly like an unmounted volume.
+  alert ShaleManifestsMissing): PATH missing or not fully listable, no manifest file left under it, or
+  none of the files read before left (a directory swapped for another) — an unmounted or emptied
+  ConfigMap volume, a wrong `--topics`, a directory swapped out. A held topic stays held,
+  served at its last good spec, until a manifest declares it again or it is deleted through
+  `TopicRegistry.remove` (DeleteTopics); after a restart it is a stray log (kept, unserved, like any
+  log no topic claims). So the last manifest file cannot delete its topics by disappearing: that looks
+  exactly like an unmounted volume. A file that declares nothing and never did (e.g. only a comment)
+  is no refusal: kept beside the manifests as a placeholder, it makes removing the last one explicit.
 
 A kubelet ConfigMap update swaps the `..data` symlink in one rename, so every key's file reads either
 its old or its new content, never missing. `watch()` calls back (debounced) whenever anything under
@@ -88,7 +91,7 @@ class Held:
 
 @dataclass
 class _File:
-    """One manifest file as read now: its good specs, its refusals, and whether it may delete topics."""
+    """One manifest file as read now: the topics its valid documents declare, its refusals, its bytes."""
 
     specs: dict[str, TopicSpec]
     errors: dict[str, str]  # "file" or "file: topic" -> message
@@ -149,11 +152,12 @@ class ManifestSource:
         declared = {name for specs in good.values() for name in specs}
         previous = {name: (path, spec) for path, specs in self._good.items() for name, spec in specs.items()}
         vanished = {name: ps for name, ps in previous.items() if name not in declared and name not in self.held}
-        declaring = {path for path, specs in self._good.items() if specs}
         problem = unlisted
-        if problem is None and vanished and declaring and not declaring & set(paths):
-            problem = (f"every manifest file that declared topics is gone from {self.path} "
-                       f"({plural(len(declaring), 'file')})")
+        if problem is None and vanished and not paths:
+            problem = f"no manifest file left under {self.path}"
+        elif problem is None and vanished and not set(self._good) & set(paths):
+            problem = (f"none of the {plural(len(self._good), 'manifest file')} read before is left under "
+                       f"{self.path} (replaced?)")
         held = {name: h for name, h in self.held.items() if name not in declared}
         for name in set(self.held) - set(held):
             logger.info("topic %s is declared by a manifest again: no longer held", name)
@@ -213,16 +217,18 @@ class ManifestSource:
                 content = f.read()
         except OSError as exc:
             return refused(f"not readable: {exc.strerror}")
-        last = self._content.get(path)
-        truncated = (content and last is not None and len(content) < len(last) and last.startswith(content)
-                     and f"truncated: the file is the first {len(content)} of the {len(last)} bytes it held when "
+        last = self._content.get(path, b"")
+        truncated = None
+        if 0 < len(content) < len(last) and last.startswith(content):  # what an interrupted write leaves
+            truncated = (f"truncated: the file is the first {len(content)} of the {len(last)} bytes it held when "
                          "last applied (to shorten it on purpose, change it in another way too)")
         try:
             documents = [d for d in yaml.safe_load_all(content.decode("utf-8")) if d is not None]
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             return refused(truncated or f"not readable as YAML: {exc}")
-        if not documents:
-            return refused("the file is empty: it declares no Topic (remove the file to delete its topics)")
+        if not documents:  # refused if it declared topics: emptied or cut to nothing; else a placeholder
+            return refused("the file is empty: it declares no Topic (remove the file to delete its topics)") \
+                if before else _File({}, {}, content)
         specs: dict[str, TopicSpec] = {}
         errors: dict[str, str] = {}
         for number, doc in enumerate(documents, 1):
@@ -254,6 +260,14 @@ class ManifestSource:
                     f.errors[f"{path}: {name}"] = (f"{path}: topic {name} is already declared in {owner}; "
                                                    "this declaration is ignored")
                     del f.specs[name]
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _name_of(doc: dict) -> str | None:
@@ -332,7 +346,9 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,
 
     inotify watches inodes: once `path` is renamed, replaced or mounted over, a watch on it sees nothing
     more. So the parent directory is watched for `path` itself, and every `resync_s` the identity of `path`
-    (device, inode) is checked: when it changed, the watch moves to the new directory and `on_change` runs.
+    (device, inode; a mount changes the device) is checked: when it changed, or the parent saw `path`
+    replaced (a new directory may get the old inode number), the watch moves to the directory now there
+    and `on_change` runs.
     """
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
@@ -364,21 +380,19 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,
 
     class _Handler(FileSystemEventHandler):
         def on_any_event(self, event) -> None:
+            if path in (event.src_path, getattr(event, "dest_path", "")) and event.event_type != "modified":
+                watched[0] = ("replaced",)  # a new directory may reuse the old inode: follow it at the next look
             if relevant(event):
                 trigger()
 
+    watched: list = [None, None]  # [identity, watch] of `path` as a directory
     handler = _Handler()
     observer = Observer()
     observer.schedule(handler, parent, recursive=False)
-    watched: list = [None, None]  # [identity, watch] of `path` as a directory
 
     def follow() -> bool:
         """Watch the directory now at `path`; True if it is not the one watched before."""
-        try:
-            st = os.stat(path)
-            identity = (st.st_dev, st.st_ino) if os.path.isdir(path) else None
-        except OSError:
-            identity = None
+        identity = _identity(path) if os.path.isdir(path) else None
         if identity == watched[0]:
             return False
         if watched[1] is not None:
@@ -391,8 +405,9 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,
             try:
                 watched[1] = observer.schedule(handler, path, recursive=True)
             except OSError as exc:  # replaced again meanwhile, or unreadable: the next look retries
-                logger.warning("cannot watch %s: %s", path, exc)
-                watched[0] = None
+                if watched[0] != ("unwatched", exc.errno):
+                    logger.warning("cannot watch %s: %s", path, exc)
+                watched[0] = ("unwatched", exc.errno)
         return True
 
     def resync() -> None:

@@ -89,7 +89,8 @@ class StorageNode:
         self.maintenance = Maintenance(self.log_dir, self.registry, self.server_config)
         self.manifests = ManifestSource(options.topics, delete_topic_enable=self.server_config.delete_topic_enable)
         self.topic_errors: dict[str, str] = {}  # topic -> why its declared change was not applied
-        self.admin = AdminApis(self.registry, self.server_config, options.cluster_id)
+        self.admin = AdminApis(self.registry, self.server_config, options.cluster_id,
+                               removal_held=lambda name: name in self.manifests.held)
         self.groups = GroupCoordinator(self.registry,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
                                        initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms)

@@ -34,21 +34,18 @@ def check_listeners(options: ServeOptions) -> None:
     thread are created, so a failed start leaves the disk as it was. Every socket stays open until all are
     checked, so `--listen` and `--http` on the same port are refused too. Port 0 (any free port) always works.
     """
-    listeners = [("the Kafka listener", "--listen", options.listen, socket.AF_UNSPEC),  # asyncio resolves the host
+    listeners = [("the Kafka listener", "--listen", options.listen, socket.AF_UNSPEC),  # the broker resolves
                  ("the HTTP endpoints", "--http", options.http, socket.AF_INET)]  # HTTPServer is IPv4 only
     with ExitStack() as held:
         for what, flag, (host, port), family in listeners:
             if port == 0:
                 continue
-            try:
-                for fam, kind, proto, _, address in socket.getaddrinfo(host or None, port, family, socket.SOCK_STREAM,
-                                                                       flags=socket.AI_PASSIVE):
-                    sock = held.enter_context(socket.socket(fam, kind, proto))
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as both servers do
-                    if fam == socket.AF_INET6:
-                        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                    sock.bind(address)
-                    sock.listen(1)
+            try:  # the address each server binds: the first one the host resolves to
+                resolved, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0]
+                sock = held.enter_context(socket.socket(resolved, kind, proto))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as both servers do
+                sock.bind(address)
+                sock.listen(1)
             except OSError as exc:
                 raise ListenError(f"{what} {host}:{port} ({flag}): {exc.strerror}") from None
 

@@ -63,9 +63,9 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "The largest request frame a connection may announce; a larger one closes the connection "
               "before any of it is buffered."),
     ConfigKey("queued.max.request.bytes", LONG, -1, None,
-              "Bytes of requests read but not yet answered, over all connections, before the node stops "
-              "reading from sockets (back-pressure); -1 (Kafka's default) bounds it by "
-              "socket.request.max.bytes instead of leaving it unbounded."),
+              "Bytes of requests received and not yet handled, over all connections, before the node stops "
+              "reading from sockets (back-pressure); counted as they arrive, never as announced. -1 (Kafka's "
+              "default; any value <= 0) bounds it by socket.request.max.bytes instead of leaving it unbounded."),
 )  # fmt: skip
 
 SERVER_CONFIG_KEYS_BY_NAME: Mapping[str, ConfigKey] = MappingProxyType({k.name: k for k in SERVER_CONFIG_KEYS})

@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from fs_util import PAGE, fill, small_fs
 from logtest_util import T0, all_records, drop_unclosed, make_config, read_batch_at, segment_batches, simple_batch
 
+from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.log import Log
+from shale.sidecar.log.log_dir import CLEAN_SHUTDOWN_FILE, LogDir
 from shale.sidecar.log.offset_index import OffsetIndex
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.log.time_index import TimeIndex
@@ -340,3 +342,42 @@ def test_any_mix_of_full_disks_and_restarts_keeps_exactly_the_acknowledged_batch
                 assert_files_end_at_the_log_end(log)
         finally:
             drop_unclosed(log)
+
+
+# -- the clean-shutdown marker ----------------------------------------------------------------------------
+
+
+def test_a_log_dir_closed_on_a_full_disk_writes_an_empty_marker_only_when_it_is_honest(tmp_path, clock):
+    """Two partitions on a full disk: one has rolled (an older producer snapshot covers it), one has not.
+
+    The second one's producers live only in memory and its snapshot at the log end does not fit, so a clean
+    start would forget them: no marker, the close says unclean, and the next start recovers them from the log.
+    Without that partition the marker is written, empty, since no block is left for its JSON.
+    """
+    def batches(log_dir, tp, count):
+        log = log_dir.get_or_create(tp)
+        return [log.append(pbatch(seq)).first_offset for seq in range(count)]
+
+    with small_fs(tmp_path, "tmpfs", 512) as mnt:
+        rolled, single = TopicPartition("t", 0), TopicPartition("t", 1)
+        log_dir = LogDir(str(mnt / "data"), lambda topic: make_config(CONFIG), clock=clock)
+        batches(log_dir, rolled, 150)  # several segments of 3 pages
+        batches(log_dir, single, 5)
+        assert len(log_dir.logs[rolled].segments) > 1 and len(log_dir.logs[single].segments) == 1
+        fill(mnt)
+        assert log_dir.close() is False
+        assert not (mnt / "data" / CLEAN_SHUTDOWN_FILE).exists()
+
+        log_dir = LogDir(str(mnt / "data"), lambda topic: make_config(CONFIG), clock=clock)
+        assert not log_dir.had_clean_shutdown
+        assert log_dir.logs[single].append(pbatch(4)).duplicate  # recovered from the log
+        assert log_dir.logs[rolled].append(pbatch(149)).duplicate
+        log_dir.delete(single)  # its checkpoint fails on the full disk: the files go first, then it is retried
+        assert not [name for name in os.listdir(mnt / "data") if name.startswith("t-1")]
+        fill(mnt, "filler-2")  # full again
+        assert log_dir.close() is True
+        assert (mnt / "data" / CLEAN_SHUTDOWN_FILE).stat().st_size == 0  # Kafka's pre-3.7 empty marker
+
+        log_dir = LogDir(str(mnt / "data"), lambda topic: make_config(CONFIG), clock=clock)
+        assert log_dir.had_clean_shutdown and log_dir.logs[rolled].append(pbatch(149)).duplicate
+        assert log_dir.close() is True

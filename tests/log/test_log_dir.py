@@ -201,3 +201,23 @@ def test_failed_open_releases_the_lock(tmp_path) -> None:
     ok = LogDir(str(data), lambda topic: TopicConfig.from_mapping({}))
     assert list(ok.logs) and ok.logs[next(iter(ok.logs))].log_end_offset == 0
     ok.close()
+
+
+def test_a_directory_with_nothing_in_it_is_new_not_recovered(tmp_path, cfg) -> None:
+    # Missing, empty, or holding only the `.lock` of a start that wrote nothing: new (the node says so).
+    missing = open_dir(tmp_path / "missing", cfg)
+    assert missing.is_new and not missing.had_clean_shutdown
+    missing.close()  # writes the checkpoints and the marker: from now on it has a history
+    (tmp_path / "empty").mkdir()
+    empty = open_dir(tmp_path / "empty", cfg)
+    assert empty.is_new
+    crash(empty)  # leaves its `.lock` behind
+    assert os.listdir(tmp_path / "empty") == [".lock"]
+    assert open_dir(tmp_path / "empty", cfg).is_new
+
+    reopened = open_dir(tmp_path / "missing", cfg)
+    assert not reopened.is_new and reopened.had_clean_shutdown
+    append_n(reopened.get_or_create(A), 3)
+    crash(reopened)
+    after_crash = open_dir(tmp_path / "missing", cfg)  # a partition and no marker: a recovery
+    assert not after_crash.is_new and not after_crash.had_clean_shutdown

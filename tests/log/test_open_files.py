@@ -217,3 +217,24 @@ def test_index_maps_keep_no_descriptor(tmp_path):
         ro = map_file(f.fileno(), 8192, access=mmap_module.ACCESS_READ)
     assert ro[100:104] == b"abcd" and set(os.listdir("/proc/self/fd")) == fds_before
     ro.close()
+
+
+def test_a_file_closed_while_in_use_keeps_its_descriptor_until_let_go(tmp_path):
+    """Closing a segment while another thread reads it: the reader's descriptor stays valid (its number is
+    not reused by the next open), new users get EBADF, and the descriptor goes when the reader lets go."""
+    lru = OpenFiles(capacity=4)
+    path = tmp_path / "held"
+    path.write_bytes(b"held bytes")
+    f = OpenFile(str(path))
+    fd = lru.acquire(f)
+    lru.close(f)
+    other = tmp_path / "other"
+    other.write_bytes(b"other")
+    g = OpenFile(str(other))
+    assert lru.acquire(g) != fd
+    assert os.pread(fd, 10, 0) == b"held bytes"
+    with pytest.raises(OSError) as info:
+        lru.acquire(f)
+    assert info.value.errno == errno.EBADF
+    lru.release(f)
+    assert f.fd == -1 and lru.open_count == 1  # closed by the release; g stays open

@@ -1,11 +1,13 @@
 """The operator's test cluster: kmock's API server, two real `shale serve` pods, the operator in a thread.
 
-`storage_nodes` (one pair per module) are real `shale serve` processes with node ids 0 and 1 watching
-one topics directory. Each test gets a fresh `cluster`: an API server holding the StatefulSet `shale`
-and its pods `shale-0`/`shale-1` (podIP 127.0.0.1, named container ports `kafka` and `http` = the
-processes' ports), the ConfigMap projection into the watched directory, and `shale operator` running
-in a background thread against the API server through a kubeconfig — as kopf's KopfRunner runs an
-operator, but through our own entry point and settings.
+`storage_nodes` (a fresh pair per test) are real `shale serve` processes with node ids 0 and 1 watching
+one topics directory — fresh, because pods would hold what an earlier test left: the next test's empty
+ConfigMap empties their directory, which they take for a lost volume, deleting nothing. Each test gets
+a fresh `cluster`: an API server holding the StatefulSet `shale` and its pods `shale-0`/`shale-1`
+(podIP 127.0.0.1, named container ports `kafka` and `http` = the processes' ports), the ConfigMap
+projection into the watched directory, and `shale operator` running in a background thread against
+the API server through a kubeconfig — as kopf's KopfRunner runs an operator, but through our own
+entry point and settings.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from projection import ConfigMapProjection
 from shale.operator.settings import Settings
 
 
-@pytest.fixture(scope="module")
-def storage_nodes(tmp_path_factory) -> Iterator[StorageNodes]:
+@pytest.fixture
+def storage_nodes(tmp_path_factory, request) -> Iterator[StorageNodes]:
+    """Parametrize indirectly with broker overrides ("key=value", ...) for the pods."""
     base = tmp_path_factory.mktemp("storage")
     topics_dir = base / "topics"
     topics_dir.mkdir()
-    nodes = [ServeProcess(base / f"data{n}", topics_dir, "--override", "log.cleaner.backoff.ms=200", node_id=n)
+    overrides = ["log.cleaner.backoff.ms=200", *getattr(request, "param", ())]
+    nodes = [ServeProcess(base / f"data{n}", topics_dir, *(a for o in overrides for a in ("--override", o)), node_id=n)
              for n in (0, 1)]
     for node in nodes:
         node.start()

@@ -162,7 +162,7 @@ class ApiServerThread:
         self._thread.join(15)
 
     def refuse(self, action: str, plural: str, status: int = 403) -> None:
-        """Answer the operator's `action` (LIST, FETCH, CREATE, UPDATE, DELETE) on `plural` with `status` from now on."""
+        """Answer the operator's `action` (LIST, FETCH, CREATE, UPDATE, DELETE) on `plural` with `status` from now."""
         assert self.server is not None
         self.server.refusals[(action, plural)] = status  # one dict store: safe from the test thread
 

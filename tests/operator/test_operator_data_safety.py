@@ -1,6 +1,6 @@
 """Through the operator, only deleting a Topic deletes: bad specs and a lost ConfigMap leave the pods' data as it is.
 
-Each test has its own pair of real `shale serve` pods holding records acknowledged to a real client
+Each test has its own pair of real `shale serve` pods (conftest) holding records acknowledged to a real client
 (acks=all). Then the input the issue names — a Topic spec the CRD lets through but the operator
 refuses, a ConfigMap emptied by hand or deleted — and the checks: the pods' partition files byte for
 byte as before, the ConfigMap as it was (written back from the Topics, in one write), the Topic's
@@ -13,33 +13,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from cluster_util import (CONFIGMAP, REFRESH_SECONDS, STORAGE_NS, Cluster, OperatorThread, StorageNodes, crd_errors,
-                          describe, produce)
+from cluster_util import (CONFIGMAP, REFRESH_SECONDS, STORAGE_NS, Cluster, OperatorThread, crd_errors, describe,
+                          produce)
 from clients_util import file_state
 from k8s_util import TEST_USER_AGENT
-from node_util import ServeProcess, wait_for
-from shale.operator.manifests import configmap_key
+from node_util import wait_for
+from shale.operator.manifests import PLACEHOLDER_KEY, PLACEHOLDER_TEXT, configmap_key
 
 PRODUCED = {"ledger": {0: 20, 1: 30}, "alpha": {0: 12, 1: 9}, "beta": {0: 15}}
-
-
-@pytest.fixture
-def storage_nodes(tmp_path_factory) -> Iterator[StorageNodes]:
-    """Fresh pods for every test (conftest's pair lives for a module): each test starts from empty data dirs."""
-    base = tmp_path_factory.mktemp("storage")
-    topics_dir = base / "topics"
-    topics_dir.mkdir()
-    nodes = [ServeProcess(base / f"data{n}", topics_dir, node_id=n) for n in (0, 1)]
-    for node in nodes:
-        node.start()
-    yield StorageNodes(topics_dir, nodes)
-    for node in nodes:
-        assert node.terminate() == 0, node.log()
 
 
 def with_data(cluster: Cluster, name: str, partitions: int, config: dict | None = None) -> None:
@@ -195,7 +180,7 @@ def test_a_lost_configmap_is_written_back_from_the_topics_and_the_pods_delete_no
     with_data(cluster, "alpha", 2)
     with_data(cluster, "beta", 1, {"cleanup.policy": "compact"})
     manifests = cluster.configmap_data()
-    assert sorted(manifests) == [configmap_key("default", "alpha"), configmap_key("default", "beta")]
+    assert sorted(manifests) == [configmap_key("default", "alpha"), configmap_key("default", "beta"), PLACEHOLDER_KEY]
     files = partition_files(cluster, "alpha", "beta")
     topics_dir = cluster.storage.topics_dir
 
@@ -245,11 +230,18 @@ def test_a_lost_configmap_is_written_back_from_the_topics_and_the_pods_delete_no
     # The explicit act: deleting the Topic removes its key, and the pods delete that topic — only that one.
     cluster.delete_topic("alpha")
     wait_for(lambda: cluster.topic("alpha") is None, what="alpha's finalizer removed")
-    assert sorted(cluster.configmap_data()) == [configmap_key("default", "beta")]
+    assert sorted(cluster.configmap_data()) == [configmap_key("default", "beta"), PLACEHOLDER_KEY]
     wait_for(lambda: served(cluster, "alpha") is None and served(cluster, "beta") == PRODUCED["beta"], 20,
              what="alpha deleted on the pods, beta kept")
     wait_for(lambda: partition_files(cluster, "alpha") == {}, what="alpha's partition directories gone")
     assert logs_of(partition_files(cluster, "beta")) == logs_of(of_topic(files, "beta")) != {}
+    # ...the last one too: its key goes, the placeholder stays, so the pods do not take it for a lost volume.
+    cluster.delete_topic("beta")
+    wait_for(lambda: cluster.topic("beta") is None, what="beta's finalizer removed")
+    assert cluster.configmap_data() == {PLACEHOLDER_KEY: PLACEHOLDER_TEXT}
+    wait_for(lambda: served(cluster, "beta") is None, 20, what="beta deleted on the pods")
+    wait_for(lambda: partition_files(cluster, "beta") == {}, what="beta's partition directories gone")
+    assert [held(cluster, n) for n in (0, 1)] == [{}, {}]
 
 
 def test_a_restarted_operator_writes_back_a_configmap_lost_while_it_was_down(cluster: Cluster, tmp_path):
@@ -264,41 +256,62 @@ def test_a_restarted_operator_writes_back_a_configmap_lost_while_it_was_down(clu
     wait_held(cluster, {"alpha": "manifests-missing", "beta": "manifests-missing"})
     assert served(cluster, "alpha") == PRODUCED["alpha"] and served(cluster, "beta") == PRODUCED["beta"]
 
-    cluster.operator = OperatorThread(cluster.operator.settings).start()
-    wait_for(lambda: cluster.configmap_data() == manifests, 20, what="the ConfigMap written back on start")
-    writes = operator_configmap_writes(cluster, since)
-    assert len(writes) == 1 and sorted(writes[0]["data"]) == sorted(manifests)  # one create with every key
-    for name in ("alpha", "beta"):
-        cluster.wait_condition(name, "Ready", "True")
-    wait_held(cluster, {})
-    assert partition_files(cluster, "alpha", "beta") == files
+    restarted = OperatorThread(cluster.operator.settings).start()
+    try:
+        wait_for(lambda: cluster.configmap_data() == manifests, 20, what="the ConfigMap written back on start")
+        writes = operator_configmap_writes(cluster, since)
+        assert len(writes) == 1 and sorted(writes[0]["data"]) == sorted(manifests)  # one create with every key
+        for name in ("alpha", "beta"):
+            cluster.wait_condition(name, "Ready", "True")
+        wait_held(cluster, {})
+        assert partition_files(cluster, "alpha", "beta") == files
+    finally:
+        restarted.stop()
 
 
-def test_a_lost_key_of_a_topic_whose_spec_is_refused_now_holds_back_every_key(cluster: Cluster):
-    """Its last good manifest went with the key: writing back only the others would read as its deletion."""
+def test_a_lost_key_whose_topic_is_refused_now_comes_back_once_fixed_and_the_others_at_once(cluster: Cluster):
+    """Its last good manifest went with the key: it waits for a good spec, the pods hold its topic meanwhile."""
     with_data(cluster, "alpha", 2)
     with_data(cluster, "beta", 1)
     manifests = cluster.configmap_data()
     files = partition_files(cluster, "alpha", "beta")
     cluster.patch_topic("beta", {"spec": {"config": {"min.cleanable.dirty.ratio": [0.5]}}})
-    cluster.wait_condition("beta", "Ready", "False", "InvalidConfig")
+    refused = cluster.wait_condition("beta", "Ready", "False", "InvalidConfig")["message"]
 
     _empty_by_removing_every_key(cluster)
-    cond = cluster.wait_condition("alpha", "Ready", "False", "ManifestsLost")
-    assert cond["message"] == ("keys of applied Topics are missing from the topics ConfigMap (default_alpha.yaml, "
-                               "default_beta.yaml) and "
-                               "none is written back while Topic default/beta cannot be: "
-                               + cluster.condition("beta", "Ready")["message"])
-    assert ("Warning", "ManifestsLost", cond["message"]) in cluster.events("alpha")
-    wait_held(cluster, {"alpha": "manifests-missing", "beta": "manifests-missing"})
-    time.sleep(3 * REFRESH_SECONDS)  # a few refreshes of both Topics: none writes
-    assert cluster.configmap_data() == {}
+    alpha = configmap_key("default", "alpha")
+    alone = {alpha: manifests[alpha], PLACEHOLDER_KEY: PLACEHOLDER_TEXT}
+    wait_for(lambda: cluster.configmap_data() == alone, 20, what="alpha's key written back alone")
+    lost = wait_for(lambda: [m for t, r, m in cluster.events("beta") if (t, r) == ("Warning", "ManifestLost")],
+                    what="the ManifestLost Event on beta")
+    assert lost == [f"{configmap_key('default', 'beta')} is missing from ConfigMap {STORAGE_NS}/{CONFIGMAP} (emptied, "
+                    f"deleted or edited by hand) and cannot be written back now: {refused}. It is written back once "
+                    "the Topic can be applied; meanwhile the pods hold the topic if its manifest vanished with all "
+                    "the others"]
+    wait_held(cluster, {"beta": "manifests-missing"})  # alpha is declared again, beta is held
+    time.sleep(3 * REFRESH_SECONDS)  # refreshes of both Topics: beta's key stays out, its Event is not repeated
+    assert cluster.configmap_data() == alone
+    assert [r for _, r, _ in cluster.events("beta")].count("ManifestLost") == 1
     assert served(cluster, "alpha") == PRODUCED["alpha"] and served(cluster, "beta") == PRODUCED["beta"]
     assert partition_files(cluster, "alpha", "beta") == files
 
-    cluster.patch_topic("beta", {"spec": {"config": {"min.cleanable.dirty.ratio": None}}})  # fixed: both come back
-    wait_for(lambda: cluster.configmap_data() == manifests, 20, what="both keys written back")
+    cluster.patch_topic("beta", {"spec": {"config": {"min.cleanable.dirty.ratio": None}}})  # fixed: written back
+    wait_for(lambda: cluster.configmap_data() == manifests, 20, what="beta's key written back as it was")
     cluster.wait_condition("alpha", "Ready", "True")
     cluster.wait_condition("beta", "Ready", "True")
     wait_held(cluster, {})
     assert partition_files(cluster, "alpha", "beta") == files
+
+
+@pytest.mark.parametrize("storage_nodes", [["delete.topic.enable=false"]], indirect=True)
+def test_with_delete_topic_enable_false_deleting_a_topic_keeps_its_data_on_the_pods(cluster: Cluster):
+    """The operator knows no broker settings: it removes the key; the pods refuse the deletion, as Kafka does."""
+    with_data(cluster, "alpha", 2)
+    with_data(cluster, "beta", 1)
+    files = partition_files(cluster, "alpha")
+    cluster.delete_topic("alpha")
+    wait_for(lambda: cluster.topic("alpha") is None, what="alpha's finalizer removed")
+    assert sorted(cluster.configmap_data()) == [configmap_key("default", "beta"), PLACEHOLDER_KEY]
+    wait_held(cluster, {"alpha": "deletion-disabled"})
+    assert served(cluster, "alpha") == PRODUCED["alpha"]
+    assert partition_files(cluster, "alpha") == files

@@ -11,7 +11,7 @@ import kubernetes
 from cluster_util import (CRD_SCHEMA, REFRESH_SECONDS, STORAGE_NS, Cluster, crd_errors, describe, produce,
                           unknown_fields)
 from node_util import wait_for
-from shale.operator.manifests import configmap_key, loaded_digest
+from shale.operator.manifests import PLACEHOLDER_KEY, PLACEHOLDER_TEXT, configmap_key, loaded_digest
 
 
 def test_a_topic_is_created_on_the_pods_served_and_reported_ready(cluster: Cluster):
@@ -26,7 +26,9 @@ def test_a_topic_is_created_on_the_pods_served_and_reported_ready(cluster: Clust
     assert manifest["spec"]["assignment"] == {
         "partitions": [0, 1, 0],  # new partitions to the least loaded pod, ties to the lowest ordinal
         "nodes": {"0": f"127.0.0.1:{nodes[0].port}", "1": f"127.0.0.1:{nodes[1].port}"}}
-    assert list(cluster.configmap_data()) == [configmap_key("default", "orders")]
+    # The Topic's key, and the placeholder that lets the pods take the removal of the last key as a deletion.
+    assert cluster.configmap_data() == {configmap_key("default", "orders"): cluster.configmap_data()[
+        configmap_key("default", "orders")], PLACEHOLDER_KEY: PLACEHOLDER_TEXT}
 
     cluster.wait_condition("orders", "Ready", "True", "PartitionsServed")
     produce(nodes[1].bootstrap, "orders", {0: 5, 1: 7, 2: 3})  # Metadata sends the client to each pod
@@ -179,7 +181,7 @@ def test_deleting_a_topic_removes_its_key_and_the_topic_on_the_pods(cluster: Clu
 
     cluster.delete_topic("doomed")
     wait_for(lambda: cluster.topic("doomed") is None, what="the Topic to be gone (finalizer removed)")
-    assert set(cluster.configmap_data()) == {configmap_key("default", "kept")}
+    assert set(cluster.configmap_data()) == {configmap_key("default", "kept"), PLACEHOLDER_KEY}
     for n in (0, 1):  # the pods delete the topic Kafka's way
         wait_for(lambda: "doomed" not in cluster.node_status(n)["topics"], what=f"topic deleted on pod {n}")
     assert "doomed" not in cluster.metrics()

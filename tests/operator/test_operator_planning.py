@@ -9,7 +9,7 @@ import yaml
 
 from shale.operator.manifests import (SpecError, configmap_key, desired_topic, loaded_digest, parse_applied, render,
                                       to_yaml)
-from shale.operator.planning import plan, plan_restore
+from shale.operator.planning import Restore, plan, plan_restore
 from shale.operator.storage import Storage, StorageError, StoragePod
 from shale.sidecar.server.manifests import parse_topic
 from shale.sidecar.server.topics import topic_uuid
@@ -177,7 +177,7 @@ def test_no_pod_for_new_partitions_is_a_storage_problem():
         plan(desired_topic(body(partitions=1)), {}, storage(replicas=0), DNS, {})
 
 
-def test_lost_keys_are_written_back_together_where_the_pods_hold_the_logs():
+def test_lost_keys_are_written_back_where_the_pods_hold_the_logs():
     """A ConfigMap emptied by hand: every lost key is planned, on the pods that hold its partitions."""
     a = body("a", 3, {"retention.ms": 60000}, uid=str(uuid.uuid4()))
     b = body("b", 2, uid=str(uuid.uuid4()))
@@ -187,16 +187,15 @@ def test_lost_keys_are_written_back_together_where_the_pods_hold_the_logs():
         text, _ = plan(desired_topic(topic), before, storage(), DNS, found[topic["metadata"]["name"]])
         before[desired_topic(topic).key] = text
 
-    restored = plan_restore([b, a], {}, storage(), DNS, lambda name: found[name])
-    assert restored == before  # byte for byte the manifests the pods had: same ids, config, placements
-    assert plan_restore([], {"x.yaml": "x"}, storage(), DNS, lambda name: {}) == {}
+    restore = plan_restore([b, a], {}, storage(), DNS, lambda name: found[name])
+    assert restore.texts == before and restore.refused == {}  # byte for byte: same ids, config, placements
+    assert plan_restore([], {"x.yaml": "x"}, storage(), DNS, lambda name: {}) == Restore({}, {})
 
 
-def test_a_lost_key_that_cannot_be_written_back_holds_back_all_of_them():
+def test_a_lost_key_that_cannot_be_written_back_does_not_hold_back_the_others():
     good = body("good", 1, uid=str(uuid.uuid4()))
     bad = body("bad", 1, {"retention.ms": "soon"}, uid=str(uuid.uuid4()))  # refused since it was applied
-    with pytest.raises(StorageError) as info:
-        plan_restore([good, bad], {}, storage(), DNS, lambda name: {0: 0})
-    assert info.value.reason == "ManifestsLost"
-    assert "team-a_bad.yaml, team-a_good.yaml" in str(info.value)
-    assert "Topic team-a/bad cannot be: spec.config.retention.ms" in str(info.value)
+    restore = plan_restore([good, bad], {}, storage(), DNS, lambda name: {0: 0})
+    assert list(restore.texts) == ["team-a_good.yaml"]
+    assert list(restore.refused) == ["team-a_bad.yaml"]
+    assert restore.refused["team-a_bad.yaml"].startswith("spec.config.retention.ms: ")

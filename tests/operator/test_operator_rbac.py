@@ -1,8 +1,9 @@
 """The chart's RBAC against what the operator really does: every API call it makes is granted, and no more.
 
 The operator runs a Topic's whole life against kmock (create, grow, a refused spec with its Event,
-delete) and every request it sent — kopf's and its own, told apart from the tests' by User-Agent — is
-checked against the rules of the Roles the chart renders (helm/shale/templates/rbac.yaml).
+the topics ConfigMap deleted and written back, delete) and every request it sent — kopf's and its
+own, told apart from the tests' by User-Agent — is checked against the rules of the Roles the chart
+renders (helm/shale/templates/rbac.yaml).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
     wait_for(lambda: cluster.condition("orders", "Ready").get("observedGeneration") == 2, what="the second generation")
     cluster.create_topic("bad", 1, {"segment.bytes": "1"})
     wait_for(lambda: cluster.events("bad"), what="the InvalidConfig Event")
+    manifests = cluster.configmap_data()
+    cluster.core.delete_namespaced_config_map(CONFIGMAP, STORAGE_NS)  # someone deletes it: written back
+    wait_for(lambda: cluster.configmap_data() == manifests, 20, what="the ConfigMap recreated from the Topics")
     cluster.delete_topic("orders")
     wait_for(lambda: cluster.topic("orders") is None, what="the finalizer removed")
 
@@ -62,5 +66,6 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
         ("shale.dev", "topics/status", "patch"),  # the status
         ("", "events", "create"),  # the InvalidConfig Warning
         ("", "configmaps", "get"), ("", "configmaps", "patch"),  # the manifests
+        ("", "configmaps", "create"),  # the ConfigMap recreated after it was deleted
         ("apps", "statefulsets", "get"), ("", "pods", "list"),  # the storage pods
     }

@@ -141,3 +141,11 @@ def test_demo_interrupted_by_ctrl_c_stops_everything_and_leaves_nothing_behind(t
     with pytest.raises(ConnectionRefusedError):  # the server it started is gone
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     _nothing_left(tmp)
+
+
+def test_the_wheel_ships_the_spark_log_configuration(wheel_venv):
+    """Without the file, an installed Shale's local sessions would log as Spark's noisy defaults do."""
+    run = wheel_venv.run("python", "-c", "from shale.pipeline.session import LOG4J2_CONFIG as c;"
+                         "print(c.is_file(), c.parent.name, 'logger.nativecode.level = error' in c.read_text())")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "pipeline", "True"]

@@ -7,7 +7,9 @@ the node's ApiVersions.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import socket
 import threading
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import confluent_kafka
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions as AioNewPartitions, NewTopic as AioNewTopic
+from aiokafka.errors import PolicyViolationError
 from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions as CNewPartitions, NewTopic as CNewTopic, OffsetSpec
 from kafka import KafkaConsumer, TopicPartition as KTP
@@ -153,6 +157,33 @@ def test_kafka_python_deletes_by_name_and_by_id_and_grows_with_a_manual_assignme
     assert not {"kp-a", "kp-b"} & set(kp_admin.list_topics())
 
 
+def test_aiokafka_uses_the_oldest_versions_and_gets_the_same_answers(server, kp_admin):
+    """aiokafka's admin client speaks old versions (DeleteTopics v3, CreatePartitions v1, DescribeGroups v2)."""
+    assert kp_admin.alter_group_offsets("aio-simple", {KTP(DECLARED, 0): OffsetAndMetadata(1, "", -1)})
+
+    async def main() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=server.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([AioNewTopic("aio-t", 1, 1)])
+            resp = await admin.create_partitions({"aio-t": AioNewPartitions(2)})
+            assert [(t[0], t[1]) for t in resp.topic_errors] == [("aio-t", 0)]
+            with pytest.raises(PolicyViolationError, match="declared.yaml"):
+                await admin.create_partitions({DECLARED: AioNewPartitions(3)})
+            assert ("aio-simple", "") in [(g[0], g[1]) for g in await admin.list_consumer_groups()]
+            (described,) = await admin.describe_consumer_groups(["aio-nobody"])
+            assert [(g[0], g[1], g[2]) for g in described.groups] == [(0, "aio-nobody", "Dead")]
+            resp = await admin.delete_topics(["aio-t", DECLARED])
+            assert sorted(resp.topic_error_codes) == [("aio-t", 0), (DECLARED, 44)]
+        finally:
+            await admin.close()
+
+    asyncio.run(main())
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})
+    assert "aio-t" not in partition_counts(admin) and partition_counts(admin)[DECLARED] == 2
+    assert kp_admin.delete_groups(["aio-simple"]) == {"aio-simple": "OK"}
+
+
 def test_raw_delete_topics_requests_no_client_sends(server, kp_admin):
     kp_admin.create_topics([NewTopic("raw-a", 1, 1), NewTopic("raw-b", 1, 1), NewTopic("raw-c", 1, 1)])
     ids = {t["name"]: uuid.UUID(str(t["topic_id"])) for t in kp_admin.describe_topics(["raw-a", "raw-b"])}
@@ -185,6 +216,24 @@ def test_topic_deletion_can_be_disabled_as_in_kafka(tmp_path):
                     DeleteTopicsResponse)
         assert [(r.name, r.error_code) for r in resp.responses] == [("kept", 42)]  # before v3: INVALID_REQUEST
         assert "kept" in partition_counts(admin) and topic_dirs(proc.data_dir, "kept") == ["kept-0"]
+
+
+def test_delete_topics_deletes_a_manifest_topic_whose_removal_is_only_held(tmp_path):
+    """The last manifest file removed looks like an unmounted volume, so the node holds the topic; no manifest
+    declares it any more, and DeleteTopics is then the explicit act that deletes it."""
+    manifest = write_manifests(tmp_path / "topics" / "held.yaml", topic_manifest("held-t", 2))
+    with NodeThread(tmp_path / "data", tmp_path / "topics") as node:
+        admin = AdminClient({"bootstrap.servers": node.bootstrap})
+        assert codes(admin.delete_topics(["held-t"])) == {"held-t": 44}  # the manifest still declares it
+        manifest.unlink()
+        wait_for(lambda: "held-t" in node.node.manifests.held, what="the removal to be held")
+        assert topic_dirs(node.node.log_dir.path, "held-t") == ["held-t-0", "held-t-1"]
+        assert codes(admin.delete_topics(["held-t"])) == {"held-t": None}
+        assert "held-t" not in partition_counts(admin) and node.node.manifests.held == {}
+        wait_for(lambda: topic_dirs(node.node.log_dir.path, "held-t") == [], what="the directories to go")
+        write_manifests(tmp_path / "topics" / "other.yaml", topic_manifest("other"))  # a reload
+        wait_for(lambda: "other" in partition_counts(admin), what="the next reload")
+        assert "held-t" not in partition_counts(admin)
 
 
 def test_grown_and_deleted_topics_stay_so_across_a_restart(tmp_path):
@@ -221,7 +270,7 @@ def test_a_fetch_waiting_on_a_deleted_topic_answers_at_once_and_its_offsets_go(t
             assert admin.alter_group_offsets("watchers", {KTP("doomed", 0): OffsetAndMetadata(0, "", -1),
                                                           KTP(DECLARED, 0): OffsetAndMetadata(0, "", -1)})
             fetch = build(FetchRequest, {
-                "replica_id": -1, "max_wait_ms": 120_000, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+                "replica_id": -1, "max_wait_ms": 2**31 - 1, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
                 "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
                 "topics": [{"topic": "doomed", "partitions": [{
                     "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
@@ -230,9 +279,10 @@ def test_a_fetch_waiting_on_a_deleted_topic_answers_at_once_and_its_offsets_go(t
             waiter = threading.Thread(target=lambda: answer.append(call(node.node.broker.port, fetch, FetchResponse,
                                                                         timeout=100)))
             waiter.start()
+            # The fetch is parked once the broker holds a wake-up event for its partition.
             wait_for(lambda: TopicPartition("doomed", 0) in node.node.broker._events, what="the fetch to wait")
             assert [t["error_code"] for t in admin.delete_topics(["doomed"])["topics"]] == [0]
-            waiter.join(60)  # its max wait is 120 s: only the deletion can end it this soon
+            waiter.join(60)  # a safety net: with a max wait of 24 days only the deletion can end the fetch
             assert not waiter.is_alive() and len(answer) == 1
             assert [(p.partition_index, p.error_code) for t in answer[0].responses for p in t.partitions] == [(0, 3)]
             # Kafka's onPartitionsDeleted: the group keeps only the offsets of topics that still exist.
@@ -400,7 +450,7 @@ def test_describe_log_dirs_reports_each_partitions_size_on_disk(server, kp_admin
     produce(server.bootstrap, "sized", {0: 5, 1: 1})
     (broker,) = kp_admin.describe_log_dirs()
     (log_dir,) = broker["log_dirs"]
-    assert (log_dir["error_code"], log_dir["log_dir"]) == (0, str(Path(server.data_dir).resolve()))
+    assert (log_dir["error_code"], log_dir["log_dir"]) == (0, os.path.abspath(server.data_dir))
     assert 0 < log_dir["usable_bytes"] <= log_dir["total_bytes"]
     sizes = {(t["name"], p["partition_index"]): (p["partition_size"], p["offset_lag"], p["is_future_key"])
              for t in log_dir["topics"] for p in t["partitions"]}

@@ -59,6 +59,7 @@ async def test_list_groups_shows_every_group_with_its_state_and_filters_like_kaf
                                                            ("solo", "", "Empty", "classic")]
     assert await listed(h, 5, types=["consumer"]) == (0, [])
     assert await listed(h, 5, states=["PreparingRebalance"]) == (0, [])
+    assert await listed(h, 5, states=[None], types=[None]) == (0, [])  # null entries no client sends: no match
     h.coord.close()
     assert await listed(h) == (15, [])  # COORDINATOR_NOT_AVAILABLE
 
@@ -111,8 +112,8 @@ async def test_describe_a_rebalancing_group_hides_metadata_and_unknown_groups_ar
     # v6 (KIP-1043): GROUP_ID_NOT_FOUND with a message; the empty group id is a group id like any other.
     assert (nobody.error_code, nobody.error_message, nobody.group_state) == (69, "Group nobody not found.", "Dead")
     assert (empty.error_code, empty.group_id) == (69, "")
-    resp = await h.call(DESCRIBE, 5, groups=["nobody"])
-    assert (resp.groups[0].error_code, resp.groups[0].group_state) == (0, "Dead")
+    resp = await h.call(DESCRIBE, 5, groups=["nobody", None])
+    assert [(g.error_code, g.group_state) for g in resp.groups] == [(0, "Dead"), (24, "")]  # null: INVALID_GROUP_ID
 
 
 @coordinator_test
@@ -132,9 +133,10 @@ async def test_delete_groups_removes_only_empty_groups_with_their_offsets_for_go
     (a, b), generation = await stable_group(h, 2)
     assert await h.commit({("t", 0): 7}, member_id=a, generation=generation) == {("t", 0): 0}
     assert await h.commit({("t", 1): 4, ("u", 0): 2}, group="solo") == {("t", 1): 0, ("u", 0): 0}
-    resp = await h.call(DELETE, 2, groups_names=["g", "solo", "nobody", "solo"])
+    resp = await h.call(DELETE, 2, groups_names=["g", "solo", "nobody", "solo", None])
     # Duplicates are answered once; a group with members is not empty; an unknown one is not found.
-    assert [(r.group_id, r.error_code) for r in resp.results] == [("g", 68), ("solo", 0), ("nobody", 69)]
+    assert [(r.group_id, r.error_code) for r in resp.results] == [("g", 68), ("solo", 0), ("nobody", 69),
+                                                                  (None, 24)]
     assert "solo" not in h.coord.groups and "g" in h.coord.groups
     assert sorted(h.records("solo")[-3:], key=str) == sorted(
         [(OffsetCommitKey("solo", "t", 1), None), (OffsetCommitKey("solo", "u", 0), None),

@@ -247,12 +247,12 @@ def test_more_partitions_than_descriptors_are_all_readable_and_writable(tmp_path
 
 
 def test_a_topic_the_node_cannot_hold_is_refused_whole(tmp_path):
-    """Under an address-space limit with room for ~50 partitions' indexes (2 x 10 MiB each), a manifest for 200
+    """Under an address-space limit with room for ~90 partitions' indexes (2 x 10 MiB each), a manifest for 200
     partitions is refused with the reason in /status and a CreateTopics for 200 gets POLICY_VIOLATION with a
     message; neither leaves a directory, the node keeps serving and accepts a topic that fits, and restarts."""
     with serve(tmp_path, topic_manifest("small")) as node:
         produce(node.bootstrap, "small", {0: b"kept"})
-        room = proc_status(node.proc.pid, "VmSize") + 1024 * MiB
+        room = proc_status(node.proc.pid, "VmSize") + 2048 * MiB
         subprocess.run(["prlimit", "--pid", str(node.proc.pid), f"--as={room}:{room}"], check=True)
         write_manifests(tmp_path / "topics" / "topics.yaml", topic_manifest("small"), topic_manifest("huge", 200))
         wait_for(lambda: "huge" in status(node)["errors"]["topics"], 30, what="the refusal of topic huge")

@@ -31,6 +31,7 @@ from test_live_reload import topic_error
 
 # One __consumer_offsets partition keeps restarts quick; checkpoints and retention stay at Kafka's pace.
 OVERRIDES = ("--override", "offsets.topic.num.partitions=1")
+PATIENCE = 60  # seconds a wait may take on a loaded machine (the watch's own look is every 2 s)
 DROP_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-all", "--"]
 
 ORDERS = [topic_manifest("orders", 3, {"cleanup.policy": "compact", "retention.ms": -1, "segment.bytes": 4096}),
@@ -102,7 +103,7 @@ class Node:
                                    http_port=self.http_port)
         self.server.args = [*DROP_DAC, *self.server.args]
         self.server.start()
-        wait_for(lambda: status(self.server)["ready"], what="the node to serve")
+        wait_for(timeout=PATIENCE, predicate=lambda: status(self.server)["ready"], what="the node to serve")
         return self.server
 
     def restart(self) -> ServeProcess:
@@ -127,7 +128,7 @@ class Node:
                     got[(msg.topic(), msg.partition())].append(msg.value())
                 return all(len(got[tp]) >= len(values) for tp, values in sent.items())
 
-            wait_for(complete, what="every acknowledged record")
+            wait_for(complete, PATIENCE, what="every acknowledged record")
         finally:
             consumer.close()
         assert got == sent
@@ -163,7 +164,7 @@ def restore_and_restart(n: Node) -> None:
     write_all(staged)
     shutil.rmtree(n.topics, ignore_errors=True)
     staged.rename(n.topics)
-    wait_for(lambda: status(n.server)["errors"]["manifests"] == {} and status(n.server)["manifests"]["held"] == {}
+    wait_for(timeout=PATIENCE, predicate=lambda: status(n.server)["errors"]["manifests"] == {} and status(n.server)["manifests"]["held"] == {}
              and status(n.server)["manifests"]["missing"] is None, what="the restored manifests to apply")
     n.restart()
     assert n.reference.diff(file_state(n.data)) == []
@@ -198,7 +199,7 @@ def test_a_broken_manifest_is_refused_and_the_data_dir_stays_byte_identical(node
     path = node.topics / "orders.yaml"
     refusals = metric(node.server, "shale_manifest_refusals_total")
     change(path)
-    wait_for(lambda: any(k.startswith(str(path)) for k in status(node.server)["errors"]["manifests"]),
+    wait_for(timeout=PATIENCE, predicate=lambda: any(k.startswith(str(path)) for k in status(node.server)["errors"]["manifests"]),
              what="the refusal in /status")
     messages = status(node.server)["errors"]["manifests"]
     assert any(reason in m and m.startswith(f"{path}: ") for m in messages.values()), messages
@@ -216,12 +217,13 @@ def chmod_000(path: Path) -> None:
 
 MASS = {
     # every file removed, the directory left (an emptied ConfigMap, an unmounted optional volume)
-    "every_file_removed": (lambda d: [p.unlink() for p in d.rglob("*.yaml")],
-                           "every manifest file that declared topics is gone"),
+    "every_file_removed": (lambda d: [p.unlink() for p in d.rglob("*.yaml")], "no manifest file left under"),
     "directory_removed": (lambda d: shutil.rmtree(d), "does not exist"),
     # swapped out: renamed away and an empty one put in its place (a wrong volume, a botched rollout)
-    "directory_swapped": (lambda d: (d.rename(d.with_name("topics.old")), d.mkdir()),
-                          "every manifest file that declared topics is gone"),
+    "directory_swapped": (lambda d: (d.rename(d.with_name("topics.old")), d.mkdir()), "no manifest file left under"),
+    "directory_swapped_for_another_teams": (
+        lambda d: (d.rename(d.with_name("topics.old")), d.mkdir(), (d / "theirs.yaml").write_text("# theirs\n")),
+        "none of the 3 manifest files read before is left under"),
     "directory_unreadable": (chmod_000, "cannot list"),
     "subdirectory_unreadable": (lambda d: chmod_000(d / "team"), "cannot list"),
 }
@@ -232,7 +234,7 @@ def test_manifests_vanishing_at_once_delete_nothing_and_say_so(node, case):
     change, reason = MASS[case]
     try:
         change(node.topics)
-        wait_for(lambda: status(node.server)["manifests"]["missing"], what="the manifests to be reported missing")
+        wait_for(timeout=PATIENCE, predicate=lambda: status(node.server)["manifests"]["missing"], what="the manifests to be reported missing")
         doc = status(node.server)["manifests"]
         assert reason in doc["missing"], doc
         assert error_lines(node.server, "manifests missing", reason, "deleting nothing")
@@ -247,6 +249,31 @@ def test_manifests_vanishing_at_once_delete_nothing_and_say_so(node, case):
             if d.is_dir():
                 d.chmod(0o755)
         shutil.rmtree(node.topics.with_name("topics.old"), ignore_errors=True)
+    restore_and_restart(node)
+
+
+def test_an_unmounted_topics_volume_deletes_nothing(node):
+    """The manifests on their own filesystem (a ConfigMap volume is a tmpfs), then unmounted: the empty
+    directory beneath shows, with no inotify event for its files. The watch notices the directory changed."""
+    staged = node.topics.with_name("topics.staged")
+    shutil.copytree(node.topics, staged)
+    for path in layout(node.topics):
+        path.unlink()  # beneath the volume the directory is empty
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "shale-topics", str(node.topics)], check=True)
+    try:
+        shutil.copytree(staged, node.topics, dirs_exist_ok=True)
+        wait_for(timeout=PATIENCE, predicate=lambda: status(node.server)["manifests"]["held"] == {}
+                 and status(node.server)["manifests"]["missing"] is None, what="the mounted manifests to be read")
+        assert digests(node.server) == node.digests
+        subprocess.run(["umount", str(node.topics)], check=True)
+        wait_for(timeout=PATIENCE, predicate=lambda: status(node.server)["manifests"]["missing"], what="the unmount to be noticed")
+        assert set(status(node.server)["manifests"]["held"]) == set(PARTITIONS)
+        assert metric(node.server, "shale_manifests_missing") == 1
+        assert not [line for line in node.server.log().splitlines() if "deleted" in line]
+        assert_untouched(node)
+    finally:
+        subprocess.run(["umount", str(node.topics)], capture_output=True)  # if the test failed before
+        shutil.rmtree(staged)
     restore_and_restart(node)
 
 
@@ -275,7 +302,7 @@ def test_with_delete_topic_enable_false_a_removed_manifest_keeps_its_topic(tmp_p
         n.restart()
         reference, before = file_state(n.data), digests(n.server)
         (n.topics / "orders.yaml").unlink()
-        wait_for(lambda: status(n.server)["manifests"]["held"], what="the removal to be held")
+        wait_for(timeout=PATIENCE, predicate=lambda: status(n.server)["manifests"]["held"], what="the removal to be held")
         held = status(n.server)["manifests"]["held"]
         assert {name: h["reason"] for name, h in held.items()} == {"orders": "deletion-disabled",
                                                                    "orders-dlq": "deletion-disabled"}
@@ -291,7 +318,7 @@ def test_with_delete_topic_enable_false_a_removed_manifest_keeps_its_topic(tmp_p
         assert status(n.server)["topics"]["orders"]["spec_digest"] is None
         assert reference.diff(file_state(n.data)) == []
         write_manifests(n.topics / "orders.yaml", *ORDERS)
-        wait_for(lambda: topic_error(n.server.bootstrap, "orders") is None, what="orders to be served again")
+        wait_for(timeout=PATIENCE, predicate=lambda: topic_error(n.server.bootstrap, "orders") is None, what="orders to be served again")
         n.read_back(sent)
     finally:
         n.stop()
@@ -333,17 +360,17 @@ def test_a_kubelet_configmap_update_never_looks_like_a_deletion(tmp_path):
         for retention in range(1, 16):  # fifteen updates in a row, each changing audit's config
             keys["team_audit.yaml"] = [topic_manifest("audit", 2, {"retention.ms": -1, "segment.ms": 3600000 + retention})]
             publish(keys)
-        wait_for(lambda: "3600015" in server.log(), what="the last update to apply")
+        wait_for(timeout=PATIENCE, predicate=lambda: "3600015" in server.log(), what="the last update to apply")
         assert not [line for line in server.log().splitlines() if "deleted" in line or " ERROR " in line]
         assert reference.diff(file_state(n.data)) == []
         # A key removed from the ConfigMap is the explicit act: its topics go, the others stay.
         del keys["team_orders.yaml"]
         publish(keys)
-        wait_for(lambda: not (n.data / "orders-0").exists(), what="orders to be deleted")
+        wait_for(timeout=PATIENCE, predicate=lambda: not (n.data / "orders-0").exists(), what="orders to be deleted")
         assert topic_error(server.bootstrap, "audit") is None
         # The ConfigMap emptied (or the volume unmounted): held, nothing deleted.
         publish({})
-        wait_for(lambda: status(server)["manifests"]["missing"], what="the empty ConfigMap to be reported")
+        wait_for(timeout=PATIENCE, predicate=lambda: status(server)["manifests"]["missing"], what="the empty ConfigMap to be reported")
         assert set(status(server)["manifests"]["held"]) == {"audit"} and (n.data / "audit-1").is_dir()
         n.read_back({k: v for k, v in sent.items() if k[0] == "audit"})
     finally:

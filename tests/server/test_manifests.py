@@ -342,7 +342,7 @@ def test_every_manifest_file_gone_at_once_deletes_nothing(tmp_path):
     b.unlink()
     assert by_name(source.reload()) == good
     assert {name: h.reason for name, h in source.held.items()} == {"a": HELD_MISSING, "b": HELD_MISSING}
-    assert source.missing == f"every manifest file that declared topics is gone from {root} (2 files)"
+    assert source.missing == f"no manifest file left under {root}"
     # A new file does not make the vanished ones deletable: they stay held until declared again.
     write_manifests(root / "c.yaml", topic_manifest("c"))
     assert sorted(s.name for s in source.reload()) == ["a", "b", "c"] and source.held.keys() == {"a", "b"}
@@ -369,6 +369,30 @@ def test_the_directory_itself_gone_deletes_nothing(tmp_path, how):
         root.write_text("not a directory\n")
     assert by_name(source.reload()) == good and source.held["a"].reason == HELD_MISSING
     assert source.missing
+
+
+def test_a_directory_replaced_by_one_without_the_declaring_files_deletes_nothing(tmp_path):
+    root = tmp_path / "topics"
+    write_manifests(root / "a.yaml", topic_manifest("a"))
+    source = ManifestSource(str(root))
+    good = by_name(source.reload())
+    root.rename(tmp_path / "topics.old")
+    write_manifests(root / "other-team.yaml", topic_manifest("theirs"))
+    assert by_name(source.reload()) == {**good, "theirs": by_name(source.reload())["theirs"]}
+    assert source.held["a"].reason == HELD_MISSING
+    assert source.missing == f"none of the 1 manifest file read before is left under {root} (replaced?)"
+
+
+def test_a_placeholder_file_makes_removing_the_last_manifest_explicit(tmp_path):
+    """A file that declares nothing (and never did) is no refusal; beside it the last manifest is not the last file."""
+    (tmp_path / "placeholder.yaml").write_text("# keeps this directory from ever being empty\n")
+    last = write_manifests(tmp_path / "last.yaml", topic_manifest("last"))
+    source = ManifestSource(str(tmp_path))
+    assert [s.name for s in source.reload()] == ["last"] and source.errors == {}
+    last.unlink()
+    assert source.reload() == [] and source.held == {} and source.missing is None
+    (tmp_path / "placeholder.yaml").unlink()  # now the directory is empty: nothing was declared, nothing held
+    assert source.reload() == [] and source.held == {}
 
 
 def test_a_single_file_path_removed_is_a_mass_disappearance(tmp_path):
@@ -475,5 +499,17 @@ def test_watching_a_directory_follows_it_when_it_is_replaced(tmp_path):
         changed.clear()
         (tmp_path / "topics.old" / "d.yaml").write_text("kind: Topic\n")
         assert not changed.wait(0.5), "a change in the old, renamed directory triggered a reload"
+        for _ in range(3):  # removed and made again: the new directory often gets the old inode number
+            shutil.rmtree(root)
+            root.mkdir()
+            (root / "e.yaml").write_text("kind: Topic\n")
+            assert changed.wait(10), "the directory made again did not trigger a reload"
+            changed.clear()
+            (root / "f.yaml").write_text("kind: Topic\n")
+            assert changed.wait(10), "the first change in the directory made again did not trigger a reload"
+            changed.clear()
+            (root / "g.yaml").write_text("kind: Topic\n")  # the watch has moved by now
+            assert changed.wait(10), "a change in the directory made again did not trigger a reload"
+            changed.clear()
     finally:
         stop()

@@ -1,6 +1,6 @@
 """`shale serve` on a filesystem that fills up: no signal death, KAFKA_STORAGE_ERROR, nothing acknowledged lost.
 
-The data directory is a small tmpfs the test mounts (tests/fs_util.py). A producer writes until the disk is
+The data directory is a small tmpfs or ext4 image the test mounts (tests/fs_util.py). A producer writes until the disk is
 full; the node must answer KAFKA_STORAGE_ERROR (code 56), keep serving, take writes again once space is
 freed, stop cleanly on SIGTERM while full (exit 0, the next start skips recovery), and every record it
 acknowledged must come back byte for byte after the restart.
@@ -8,7 +8,6 @@ acknowledged must come back byte for byte after the restart.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -74,13 +73,11 @@ class Records:
 
 def consume_all(bootstrap: str, partitions: int) -> list[tuple[int, int, bytes, bytes]]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "full-disk-check", "enable.auto.commit": False})
-    ends = {}
-    for p in range(partitions):
-        ends[p] = consumer.get_watermark_offsets(CTP(TOPIC, p), timeout=10)[1]
+    ends = {p: consumer.get_watermark_offsets(CTP(TOPIC, p), timeout=10)[1] for p in range(partitions)}
     consumer.assign([CTP(TOPIC, p, 0) for p in range(partitions)])
     got: list[tuple[int, int, bytes, bytes]] = []
     deadline = time.monotonic() + 60
-    while sum(1 for _ in got) < sum(ends.values()) and time.monotonic() < deadline:
+    while len(got) < sum(ends.values()) and time.monotonic() < deadline:
         msg = consumer.poll(0.5)
         if msg is not None and msg.error() is None:
             got.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
@@ -187,3 +184,33 @@ def test_a_node_filled_up_keeps_every_acknowledged_record_and_stops_cleanly(disk
     finally:
         if node.proc is not None and node.proc.poll() is None:
             node.kill()
+
+
+def test_sigterm_on_a_full_disk_is_unclean_only_when_the_producers_would_be_lost(tmp_path):
+    """An idempotent producer's state lives in memory until a roll or a shutdown writes its snapshot. On a
+    full disk that snapshot cannot be written and no older one exists: the node says so, leaves no marker,
+    exits 1, and the next start recovers them from the log, with every acknowledged record."""
+    with small_fs(tmp_path, "tmpfs", 2048) as disk:
+        data = disk / "data"
+        write_manifests(tmp_path / "topics" / "t.yaml", topic_manifest(TOPIC, 1))
+        node = ServeProcess(data, tmp_path / "topics", *QUIET)
+        node.log_path = tmp_path / "node.log"
+        try:
+            node.start()
+            records = Records(node.bootstrap, **{"enable.idempotence": True, "message.send.max.retries": 5})
+            for _ in range(5):
+                assert records.send() is None
+            records.close()
+            filler = fill(disk)
+            assert node.terminate() == 1, node.log()
+            assert "its producers are in no snapshot, so the next start must recover" in node.log()
+            assert not (data / CLEAN_SHUTDOWN_FILE).exists()
+            logged = len(node.log())
+            node.start()
+            assert "no clean-shutdown marker: recovered from the recovery points" in node.log()[logged:]
+            assert consume_all(node.bootstrap, 1) == records.acked
+            filler.release()  # room for the snapshot now: clean
+            assert node.terminate() == 0, node.log()
+        finally:
+            if node.proc is not None and node.proc.poll() is None:
+                node.kill()
