@@ -44,7 +44,7 @@ from shale.operator.kube import connection_info
 from shale.operator.manifests import (PLACEHOLDER_KEY, PLACEHOLDER_TEXT, DesiredTopic, SpecError, configmap_key,
                                       desired_topic, loaded_digest, parse_applied)
 from shale.operator.metrics import OperatorMetrics
-from shale.operator.planning import Restore, plan, plan_restore
+from shale.operator.planning import Restore, lost_topics, plan, plan_restore
 from shale.operator.settings import Settings
 from shale.operator.status import Observation, ReportCache, fetch_reports, observe, placements
 from shale.operator.storage import Storage, StorageError, read_storage
@@ -87,25 +87,6 @@ def _status_patch(patch: kopf.Patch, current: Mapping[str, Any], new: Mapping[st
 
 
 Topics = Mapping[str, Any]  # kopf's index `topic_bodies`: ConfigMap key → the bodies of the Topic(s) with it
-
-
-def lost_topics(ctx: Context, bodies: list[Mapping[str, Any]], data: Mapping[str, str]) -> list[Mapping[str, Any]]:
-    """The bodies of the Topics that were applied but whose key `data` lacks.
-
-    Applied = `status.topicName` set, which only a successful apply does; a Topic never applied is
-    written by its own handler. Deleted, paused and unmanaged Topics are not ours to write.
-    """
-    out = []
-    for body in bodies:
-        meta = body["metadata"]
-        annotations = meta.get("annotations") or {}
-        key = configmap_key(meta["namespace"], meta["name"])
-        if (key in data or meta.get("deletionTimestamp") or meta.get("uid") in ctx.deleted
-                or annotations.get(PAUSE_ANNOTATION) == "true" or annotations.get(MANAGED_ANNOTATION) == "false"
-                or not (body.get("status") or {}).get("topicName")):
-            continue
-        out.append(body)
-    return out
 
 
 async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: logging.Logger | logging.LoggerAdapter,
@@ -177,7 +158,7 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
     every_topic = [b for bodies in topics.values() for b in bodies]  # read here: kopf changes it on this loop
 
     def compute(snapshot: Snapshot) -> dict[str, str]:
-        lost = lost_topics(ctx, every_topic, snapshot.data)
+        lost = lost_topics(every_topic, snapshot.data, ctx.deleted)
         restore = plan_restore(lost, snapshot.data, storage, settings.node_address_template,
                                lambda name: placements(name, reports))
         text, owners = plan(topic, {**snapshot.data, **restore.texts}, storage, settings.node_address_template, found)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from shale.operator.assignment import assign, load_of
-from shale.operator.crd import TOPIC_NAME_CHANGE_MESSAGE
+from shale.operator.crd import MANAGED_ANNOTATION, PAUSE_ANNOTATION, TOPIC_NAME_CHANGE_MESSAGE
 from shale.operator.manifests import (AppliedTopic, DesiredTopic, SpecError, configmap_key, desired_topic,
                                       parse_applied, render, to_yaml)
 from shale.operator.storage import Storage, StorageError
@@ -61,6 +61,25 @@ def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address
     if mine is not None and mine.manifest == manifest:
         return data[topic.key], owners
     return to_yaml(manifest), owners
+
+
+def lost_topics(bodies: Sequence[Mapping[str, Any]], data: Mapping[str, str],
+                deleted: set[str]) -> list[Mapping[str, Any]]:
+    """The Topic bodies that were applied but whose key `data` lacks (deleted: uids whose key was removed).
+
+    Applied = `status.topicName` set, which only a successful apply does; a Topic never applied is
+    written by its own handler. Deleted, paused and unmanaged Topics are not the operator's to write.
+    """
+    out = []
+    for body in bodies:
+        meta = body["metadata"]
+        annotations = meta.get("annotations") or {}
+        if (configmap_key(meta["namespace"], meta["name"]) in data or meta.get("deletionTimestamp")
+                or meta.get("uid") in deleted or annotations.get(PAUSE_ANNOTATION) == "true"
+                or annotations.get(MANAGED_ANNOTATION) == "false" or not (body.get("status") or {}).get("topicName")):
+            continue
+        out.append(body)
+    return out
 
 
 @dataclass(frozen=True)

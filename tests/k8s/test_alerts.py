@@ -52,7 +52,8 @@ ALERTS = [rule["alert"] for rule in RULES]
 
 def test_the_alerts():
     assert ALERTS == ["ShaleCleaningPausedTooLong", "ShalePartitionUncleanable", "ShaleCleanerThreadDead",
-                      "ShaleCompactionBehind", "ShaleDiskFullPredicted", "ShaleDiskAlmostFull", "ShaleTopicNotReady",
+                      "ShaleCompactionBehind", "ShaleDiskFullPredicted", "ShaleDiskAlmostFull", "ShaleStorageFailing",
+                      "ShaleTopicNotReady",
                       "ShaleStorageNodeNotReady", "ShaleManifestsMissing", "ShaleStorageNodeDown", "ShaleOperatorDown"]
     for rule in RULES:
         assert rule["labels"]["severity"] in ("warning", "critical")
@@ -77,7 +78,8 @@ def test_each_alert_says_what_to_do_and_has_a_runbook():
                "ShaleCompactionBehind": "shale_log_last_clean_timestamp_seconds",
                "ShaleDiskFullPredicted": "predict_linear(shale_data_dir_bytes_free",
                "ShaleTopicNotReady": "shale_topic_ready",
-               "ShaleManifestsMissing": "shale_manifests_missing == 1"}
+               "ShaleManifestsMissing": "shale_manifests_missing == 1",
+               "ShaleStorageFailing": "shale_log_storage_failing == 1"}
     exprs = {rule["alert"]: rule["expr"] for rule in RULES}
     for alert, expression in catches.items():
         assert expression in exprs[alert], (alert, exprs[alert])

@@ -22,6 +22,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_util import CHART, FULL_VALUES, NAMESPACE, RELEASE, by_kind, objects, one, render
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+from clients_util import build, call  # noqa: E402
 
 from shale.operator import settings as operator_settings
 from shale.operator.crd import render_yaml
@@ -337,12 +341,12 @@ def test_storage_command_starts_a_node_with_the_pods_ordinal_as_node_id(tmp_path
         assert status["data_dir"]["path"] == str(data / "data")
         assert len(status["cleaner"]["threads"]) == 2
         assert [p["partition"] for p in status["topics"]["prices"]["partitions"]] == [0, 1]
-        # Metadata from the bootstrap connection: the name clients are sent to (it resolves only in the cluster).
-        from confluent_kafka.admin import AdminClient
-
-        metadata = AdminClient({"bootstrap.servers": f"127.0.0.1:{kafka}", "log_level": 0}).list_topics(timeout=20)
+        # Metadata on one raw connection: the name clients are sent to (it resolves only in the cluster, so a
+        # real client would drop the bootstrap connection for it and never get an answer here).
+        metadata = call(kafka, build(MetadataRequest, {"topics": None, "allow_auto_topic_creation": False}, 12),
+                        MetadataResponse)
         advertised = f"{STS}-3.{HEADLESS}.{NAMESPACE}.svc"
-        assert [(b.id, b.host, b.port) for b in metadata.brokers.values()] == [(3, advertised, kafka)]
+        assert [(b.node_id, b.host, b.port) for b in metadata.brokers] == [(3, advertised, kafka)]
     finally:
         proc.terminate()  # `exec` made shale PID 1 of the shell line: SIGTERM is a clean stop
         assert proc.wait(timeout=60) == 0

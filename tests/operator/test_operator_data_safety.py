@@ -244,7 +244,8 @@ def test_a_lost_configmap_is_written_back_from_the_topics_and_the_pods_delete_no
     assert [held(cluster, n) for n in (0, 1)] == [{}, {}]
 
 
-def test_a_restarted_operator_writes_back_a_configmap_lost_while_it_was_down(cluster: Cluster, tmp_path):
+def test_a_configmap_lost_while_the_operator_was_down_and_the_pods_restarted_is_written_back_as_it_was(
+        cluster: Cluster):
     with_data(cluster, "alpha", 2)
     with_data(cluster, "beta", 1)
     manifests = cluster.configmap_data()
@@ -256,15 +257,26 @@ def test_a_restarted_operator_writes_back_a_configmap_lost_while_it_was_down(clu
     wait_held(cluster, {"alpha": "manifests-missing", "beta": "manifests-missing"})
     assert served(cluster, "alpha") == PRODUCED["alpha"] and served(cluster, "beta") == PRODUCED["beta"]
 
+    # Restarted without manifests, the pods keep the logs as strays: on disk and in /status, not served.
+    restart_pods(cluster)
+    for name in ("alpha", "beta"):
+        entries = [p for n in (0, 1) for p in (cluster.node_status(n)["topics"].get(name) or {}).get("partitions", [])]
+        assert sorted((p["partition"], p["log_end_offset"], p["served"]) for p in entries) == [
+            (p, end, False) for p, end in PRODUCED[name].items()]
+    assert logs_of(partition_files(cluster, "alpha", "beta")) == logs_of(files)
+
     restarted = OperatorThread(cluster.operator.settings).start()
     try:
+        # On start, one create with every key, each partition placed where its log is: the manifests as they were.
         wait_for(lambda: cluster.configmap_data() == manifests, 20, what="the ConfigMap written back on start")
         writes = operator_configmap_writes(cluster, since)
-        assert len(writes) == 1 and sorted(writes[0]["data"]) == sorted(manifests)  # one create with every key
+        assert len(writes) == 1 and sorted(writes[0]["data"]) == sorted(manifests)
         for name in ("alpha", "beta"):
             cluster.wait_condition(name, "Ready", "True")
+            records = consume_all(cluster.storage.nodes[1].bootstrap, name, PRODUCED[name])
+            assert {p: len(r) for p, r in records.items()} == PRODUCED[name]
         wait_held(cluster, {})
-        assert partition_files(cluster, "alpha", "beta") == files
+        assert logs_of(partition_files(cluster, "alpha", "beta")) == logs_of(files)
     finally:
         restarted.stop()
 

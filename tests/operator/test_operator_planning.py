@@ -9,7 +9,7 @@ import yaml
 
 from shale.operator.manifests import (SpecError, configmap_key, desired_topic, loaded_digest, parse_applied, render,
                                       to_yaml)
-from shale.operator.planning import Restore, plan, plan_restore
+from shale.operator.planning import Restore, lost_topics, plan, plan_restore
 from shale.operator.storage import Storage, StorageError, StoragePod
 from shale.sidecar.server.manifests import parse_topic
 from shale.sidecar.server.topics import topic_uuid
@@ -199,3 +199,19 @@ def test_a_lost_key_that_cannot_be_written_back_does_not_hold_back_the_others():
     assert list(restore.texts) == ["team-a_good.yaml"]
     assert list(restore.refused) == ["team-a_bad.yaml"]
     assert restore.refused["team-a_bad.yaml"].startswith("spec.config.retention.ms: ")
+
+
+def test_only_applied_topics_that_are_still_managed_count_as_lost():
+    def applied(name, **meta):
+        b = body(name, uid=f"uid-{name}")
+        b["metadata"].update(meta)
+        b["status"] = {"topicName": name}
+        return b
+
+    kept = applied("kept")
+    bodies = [kept, applied("lost"), body("new", uid="uid-new"),  # never applied: its own handler writes it
+              applied("paused", annotations={"shale.dev/paused-reconciliation": "true"}),
+              applied("unmanaged", annotations={"shale.dev/managed": "false"}),
+              applied("terminating", deletionTimestamp="2026-01-01T00:00:00Z"), applied("removed")]
+    data = {"team-a_kept.yaml": "..."}
+    assert [b["metadata"]["name"] for b in lost_topics(bodies, data, {"uid-removed"})] == ["lost"]

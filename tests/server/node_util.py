@@ -146,3 +146,17 @@ class ServeProcess:
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.terminate()
+
+
+def start_cluster(tmp_path: Path, topic: str, placement: list[int], *extra: str) -> list[ServeProcess]:
+    """One `shale serve` per node id in `placement`, all reading one manifest that spreads `topic`'s
+    partitions over them (partition i on node placement[i]); started, in node-id order."""
+    ports = {n: free_port() for n in sorted(set(placement))}
+    nodes = {str(n): f"127.0.0.1:{p}" for n, p in ports.items()}
+    write_manifests(tmp_path / "topics" / f"{topic}.yaml",
+                    topic_manifest(topic, len(placement), assignment={"partitions": placement, "nodes": nodes}))
+    servers = [ServeProcess(tmp_path / f"data{n}", tmp_path / "topics", *extra, node_id=n, port=p)
+               for n, p in ports.items()]
+    for s in servers:
+        s.start()
+    return servers

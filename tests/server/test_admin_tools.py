@@ -36,7 +36,7 @@ from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, Fin
 from kafka.structs import OffsetAndMetadata
 
 from clients_util import build, call, partition_dir, read_frame, request_frame
-from node_util import NodeThread, ServeProcess, free_port, topic_manifest, wait_for, write_manifests
+from node_util import NodeThread, ServeProcess, start_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.protocol.codec import API_NAMES
 from shale.sidecar.server.topics import API_TOPICS_FILE
@@ -465,13 +465,8 @@ def test_describe_log_dirs_reports_each_partitions_size_on_disk(server, kp_admin
 
 
 def test_a_two_node_cluster_describes_itself_alike_and_changes_topics_on_the_controller(tmp_path):
-    ports = {0: free_port(), 1: free_port()}
-    nodes = {str(n): f"127.0.0.1:{p}" for n, p in ports.items()}
-    write_manifests(tmp_path / "topics" / "spread.yaml",
-                    topic_manifest("spread", 4, assignment={"partitions": [0, 1, 1, 0], "nodes": nodes}))
-    servers = [ServeProcess(tmp_path / f"data{n}", tmp_path / "topics", node_id=n, port=ports[n]) for n in ports]
-    for s in servers:
-        s.start()
+    servers = start_cluster(tmp_path, "spread", [0, 1, 1, 0])
+    ports = {n: s.port for n, s in enumerate(servers)}
     admin = KafkaAdminClient(bootstrap_servers=servers[1].bootstrap, client_id="kp-admin-cluster")
     try:
         for s in servers:  # every node names both nodes and the same controller, as Metadata does

@@ -8,17 +8,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from clients_util import build, call
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
-from node_util import ServeProcess, free_port, topic_manifest, write_manifests
+from node_util import start_cluster
 
 
 def test_metadata_sends_each_client_to_the_node_that_owns_each_partition(tmp_path):
-    ports = {0: free_port(), 1: free_port()}
-    nodes = {str(n): f"127.0.0.1:{p}" for n, p in ports.items()}
-    write_manifests(tmp_path / "topics" / "spread.yaml",
-                    topic_manifest("spread", 4, assignment={"partitions": [0, 1, 1, 0], "nodes": nodes}))
-    servers = [ServeProcess(tmp_path / f"data{n}", tmp_path / "topics", node_id=n, port=ports[n]) for n in ports]
-    for s in servers:
-        s.start()
+    servers = start_cluster(tmp_path, "spread", [0, 1, 1, 0])
     try:
         producer = Producer({"bootstrap.servers": servers[0].bootstrap, "acks": "all", "linger.ms": 5})
         # librdkafka's all-topics Metadata (v13, with three bytes after the body) is answered.
@@ -33,7 +27,7 @@ def test_metadata_sends_each_client_to_the_node_that_owns_each_partition(tmp_pat
 
         # Each node holds exactly the partitions assigned to it.
         held = {n: sorted(d.name for d in (tmp_path / f"data{n}").iterdir() if d.name.startswith("spread-"))
-                for n in ports}
+                for n in (0, 1)}
         assert held == {0: ["spread-0", "spread-3"], 1: ["spread-1", "spread-2"]}
 
         # A consumer bootstrapped from node 1 reads every partition, wherever it lives.
@@ -57,21 +51,14 @@ def test_metadata_sends_each_client_to_the_node_that_owns_each_partition(tmp_pat
 
 def test_a_group_spread_over_two_nodes_has_one_coordinator(tmp_path):
     """Members bootstrapped from different nodes find the same coordinator and split the partitions."""
-    ports = {0: free_port(), 1: free_port()}
-    nodes = {str(n): f"127.0.0.1:{p}" for n, p in ports.items()}
-    write_manifests(tmp_path / "topics" / "spread.yaml",
-                    topic_manifest("shared", 4, assignment={"partitions": [0, 1, 0, 1], "nodes": nodes}))
-    servers = [ServeProcess(tmp_path / f"data{n}", tmp_path / "topics", "--override",
-                            "group.initial.rebalance.delay.ms=100", node_id=n, port=ports[n]) for n in ports]
-    for s in servers:
-        s.start()
+    servers = start_cluster(tmp_path, "shared", [0, 1, 0, 1], "--override", "group.initial.rebalance.delay.ms=100")
     consumers = []
     try:
         # Every node names node 0 (the lowest id) as the group's coordinator.
         for s in servers:
             req = build(FindCoordinatorRequest, {"key": "spread-group", "key_type": 0}, version=1)
             resp = call(s.port, req, FindCoordinatorResponse)
-            assert (resp.error_code, resp.node_id, resp.port) == (0, 0, ports[0])
+            assert (resp.error_code, resp.node_id, resp.port) == (0, 0, servers[0].port)
         for s in servers:
             c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": "spread-group",
                           "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
