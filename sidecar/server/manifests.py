@@ -348,7 +348,9 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,
     more. So the parent directory is watched for `path` itself, and every `resync_s` the identity of `path`
     (device, inode; a mount changes the device) is checked: when it changed, or the parent saw `path`
     replaced (a new directory may get the old inode number), the watch moves to the directory now there
-    and `on_change` runs.
+    and `on_change` runs. It also runs when the identity differs from the one `path` had when `on_change`
+    last ran: a volume mounted and unmounted again between two looks leaves the watched identity as it
+    was, but the last reload read the files of the mount, which are gone.
     """
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer
@@ -370,11 +372,17 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,
         return not os.path.isdir(path) and any(os.path.dirname(p) == parent and os.path.basename(p).startswith("..")
                                                for p in touched)
 
+    read_identity = [_identity(path)]  # of `path` when `on_change` last ran (the caller has just read it)
+
+    def reload() -> None:
+        read_identity[0] = _identity(path)  # before reading: a change after this is seen at the next look
+        on_change()
+
     def trigger() -> None:
         with lock:  # editors write in bursts; reload once the burst is over
             if timer:
                 timer[0].cancel()
-            timer[:] = [threading.Timer(debounce_s, on_change)]
+            timer[:] = [threading.Timer(debounce_s, reload)]
             timer[0].daemon = True
             timer[0].start()
 
@@ -412,7 +420,7 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,
 
     def resync() -> None:
         while not stopped.wait(resync_s):
-            if follow():
+            if follow() or _identity(path) != read_identity[0]:
                 trigger()
 
     follow()

@@ -17,7 +17,7 @@ from shale.sidecar.server.manifests import (
 )
 from shale.sidecar.topic_config import TopicConfig
 
-from node_util import topic_manifest, write_manifests
+from node_util import topic_manifest, wait_for, write_manifests
 
 
 def by_name(specs) -> dict:
@@ -473,6 +473,36 @@ def test_watching_one_file_ignores_its_busy_neighbours(tmp_path):
         replacement.write_text("kind: Topic\nmetadata: {name: x}\n")
         replacement.replace(manifest)  # as editors and kubectl-projected ConfigMaps replace files
         assert changed.wait(10), "replacing the watched file did not trigger a reload"
+    finally:
+        stop()
+
+
+def test_a_volume_mounted_and_unmounted_between_two_looks_is_read_again(tmp_path):
+    """A reload that an inotify event started read the files of a volume mounted meanwhile; the volume is
+    gone again before the next look, so the watched identity never changed: the look still reloads."""
+    import os
+    import subprocess
+
+    root = tmp_path / "topics"
+    root.mkdir()
+    identities: list[tuple[int, int]] = []
+
+    def on_change() -> None:
+        st = os.stat(root)
+        identities.append((st.st_dev, st.st_ino))
+
+    stop = watch(str(root), on_change, debounce_s=0.3, resync_s=2.0)
+    try:
+        disk = os.stat(root)
+        (root / "a.yaml").write_text("kind: Topic\n")  # an event: the reload runs 0.3 s later ...
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "shale-test", str(root)], check=True)
+        try:  # ... and reads the mount
+            wait_for(lambda: identities, timeout=1.5, what="the reload the event started")
+        finally:
+            subprocess.run(["umount", str(root)], check=True)
+        assert identities[0] != (disk.st_dev, disk.st_ino), "the reload ran before the mount: nothing tested"
+        wait_for(lambda: len(identities) > 1, timeout=10, what="a reload after the unmount")
+        assert identities[-1] == (disk.st_dev, disk.st_ino)
     finally:
         stop()
 
