@@ -200,6 +200,23 @@ def partition_status_schema() -> dict[str, Any]:
     }
 
 
+def applied_spec_schema() -> dict[str, Any]:
+    """The spec last written to the storage nodes' manifests; declared, or the API server would prune it."""
+    return {
+        "type": "object",
+        "description": (
+            "The spec the operator last wrote to the storage nodes' topic manifests (config values in Kafka's string "
+            "form). A manifest lost from the topics ConfigMap while the current spec is refused is written back "
+            "from it, so the storage nodes never read the loss as a deletion."
+        ),
+        "properties": {
+            "topicName": {"type": "string"},
+            "partitions": {"type": "integer", "format": "int32"},
+            "config": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    }
+
+
 def status_schema() -> dict[str, Any]:
     return {
         "type": "object",
@@ -207,6 +224,7 @@ def status_schema() -> dict[str, Any]:
         "properties": {
             "observedGeneration": _int64("metadata.generation of the spec last reconciled.", 0),
             "topicName": {"type": "string", "description": "Kafka name of the topic this Topic manages."},
+            "appliedSpec": applied_spec_schema(),
             "conditions": {
                 "type": "array",
                 "description": (

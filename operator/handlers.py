@@ -14,10 +14,12 @@ writers are caught by the resourceVersion precondition).
 The Topics are the source of truth, and only deleting one deletes: a key that is missing although its
 Topic was applied (a ConfigMap emptied, deleted or edited by hand) is written back by whichever Topic
 is reconciled next, for every such Topic in one write (`plan_restore`, from kopf's index of the
-Topics), so the pods see the set come back at once. A Topic whose spec is refused now cannot be
-written back (its last good manifest went with the key): a Warning Event says so, once. Every write
-also keeps the placeholder key (`PLACEHOLDER_KEY`), without which the pods could not tell the
-deletion of the last Topic from a lost volume.
+Topics), so the pods see the set come back at once. A Topic whose spec is refused now is written
+back at the spec last applied, which every successful apply records in `status.appliedSpec`: the
+whole set must come back, since pods that see only the final state would take a key left out for
+a deletion. Only a Topic without an applied spec cannot be written back: a Warning Event says so,
+once. Every write also keeps the placeholder key (`PLACEHOLDER_KEY`), without which the pods could
+not tell the deletion of the last Topic from a lost volume.
 
 Annotations (Strimzi's semantics): `shale.dev/paused-reconciliation: "true"` applies nothing and sets
 ReconciliationPaused=True; `shale.dev/managed: "false"` hands the topic back (Unmanaged=True), and
@@ -83,7 +85,14 @@ def _status_patch(patch: kopf.Patch, current: Mapping[str, Any], new: Mapping[st
     """Patch only the status fields that changed, so an idle Topic causes no writes."""
     for key, value in new.items():
         if current.get(key) != value:
-            patch.status[key] = value
+            patch.status[key] = _replacing(current.get(key), value)
+
+
+def _replacing(old: Any, new: Any) -> Any:
+    """`new` as a merge patch over `old`: keys `old` has and `new` lacks are nulled (e.g. a config key removed)."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    return {**dict.fromkeys(old), **{k: _replacing(old.get(k), v) for k, v in new.items()}}
 
 
 Topics = Mapping[str, Any]  # kopf's index `topic_bodies`: ConfigMap key → the bodies of the Topic(s) with it
@@ -140,8 +149,9 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: lo
         conditions = merge(status.get("conditions"), [observation.ready, observation.cleaning_stuck],
                            generation=generation, now=now, drop=drop)
         _status_patch(patch, status, {
-            "observedGeneration": generation, "topicName": topic.topic_name, "conditions": conditions,
-            "partitions": observation.partitions, "diskUsageBytes": observation.disk_usage_bytes})
+            "observedGeneration": generation, "topicName": topic.topic_name, "appliedSpec": topic.spec,
+            "conditions": conditions, "partitions": observation.partitions,
+            "diskUsageBytes": observation.disk_usage_bytes})
 
 
 async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
@@ -202,9 +212,14 @@ def _report_lost(ctx: Context, lost: list[Mapping[str, Any]], restore: Restore, 
                        ", ".join(sorted(restore.texts)))
         ctx.metrics.manifests_restored.inc(len(restore.texts))
     for key in sorted(restore.texts):
-        kopf.warn(dict(keys[key]), reason="ManifestRestored",
-                  message=f"{key} was missing from {ctx.configmap.ref} (emptied, deleted or edited by hand) and was "
-                          "written back from this Topic; only deleting the Topic deletes the topic")
+        message = (f"{key} was missing from {ctx.configmap.ref} (emptied, deleted or edited by hand) and was "
+                   "written back from this Topic; only deleting the Topic deletes the topic")
+        if key in restore.fallback:
+            message = (f"{key} was missing from {ctx.configmap.ref} (emptied, deleted or edited by hand) and was "
+                       "written back at this Topic's last applied spec (status.appliedSpec), since its current spec "
+                       f"is refused: {restore.fallback[key]}. Only deleting the Topic deletes the topic")
+            logger.warning("%s", message)
+        kopf.warn(dict(keys[key]), reason="ManifestRestored", message=message)
     for key in set(ctx.unrestorable) - set(restore.refused):  # written back, deleted, or put back by hand
         del ctx.unrestorable[key]
     for key, why in sorted(restore.refused.items()):

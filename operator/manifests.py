@@ -51,6 +51,12 @@ class DesiredTopic:
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The spec as written to the pods, config in Kafka's string form: `status.appliedSpec`, read back by
+        `last_applied` when the key is lost while the current spec is refused."""
+        return {"topicName": self.topic_name, "partitions": self.partitions, "config": dict(self.config)}
+
 
 @dataclass(frozen=True)
 class AppliedTopic:
@@ -112,6 +118,15 @@ def desired_topic(body: Mapping[str, Any]) -> DesiredTopic:
         raise SpecError("InvalidConfig", f"spec.config.{exc.key}: {exc}") from None
     config = {key: CONFIG_KEYS_BY_NAME[key].to_string(parsed.value_of(key)) for key in raw_config}
     return DesiredTopic(namespace, name, str(meta.get("uid") or ""), topic_name, partitions, config)
+
+
+def last_applied(body: Mapping[str, Any]) -> DesiredTopic | None:
+    """The Topic at the spec the operator last wrote for it (`status.appliedSpec`); None if it never wrote one.
+
+    SpecError if that spec no longer passes `desired_topic` (e.g. a config rule tightened since).
+    """
+    spec = (body.get("status") or {}).get("appliedSpec")
+    return desired_topic({**body, "spec": spec}) if isinstance(spec, Mapping) else None
 
 
 def render(topic: DesiredTopic, assignment: list[int], nodes: Mapping[int, str]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Pure, so every rule is tested without a cluster: one Topic per Kafka topic name 
 ResourceConflict, as in Strimzi), no decrease of partitions and no change of topicName (NotSupported),
 existing partitions stay where they are (from the applied manifest, else from the logs the pods
 report), new ones go to the least loaded pods. `plan_restore` writes back, together, the keys of
-Topics that were applied but are missing from the ConfigMap (emptied, deleted or edited by hand):
+Topics that were applied but are missing from the ConfigMap (emptied, deleted or edited by hand),
+each at its current spec or, if that is refused, at the spec last applied (`status.appliedSpec`):
 the Topics are the source of truth, and a missing key is never taken as a deletion.
 """
 
@@ -16,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from shale.operator.assignment import assign, load_of
 from shale.operator.crd import MANAGED_ANNOTATION, PAUSE_ANNOTATION, TOPIC_NAME_CHANGE_MESSAGE
 from shale.operator.manifests import (AppliedTopic, DesiredTopic, SpecError, configmap_key, desired_topic,
-                                      parse_applied, render, to_yaml)
+                                      last_applied, parse_applied, render, to_yaml)
 from shale.operator.storage import Storage, StorageError
 
 
@@ -43,8 +44,7 @@ def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address
             raise SpecError("ResourceConflict", f"topic {topic.topic_name} is managed by Topic {other.ref} "
                                                 f"({key} in the topics ConfigMap)")
     if mine is not None and mine.topic_name != topic.topic_name:
-        raise SpecError("NotSupported", f"{TOPIC_NAME_CHANGE_MESSAGE} (applied {mine.topic_name!r}, "
-                                        f"spec {topic.topic_name!r})")
+        raise _name_change(mine.topic_name, topic)
     held = max([mine.partitions if mine is not None else 0] + [p + 1 for p in found])
     if topic.partitions < held:
         raise SpecError("NotSupported", f"spec.partitions cannot be decreased from {held} to {topic.partitions}: "
@@ -61,6 +61,19 @@ def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address
     if mine is not None and mine.manifest == manifest:
         return data[topic.key], owners
     return to_yaml(manifest), owners
+
+
+def _name_change(applied: str | None, topic: DesiredTopic) -> SpecError:
+    return SpecError("NotSupported", f"{TOPIC_NAME_CHANGE_MESSAGE} (applied {applied!r}, spec {topic.topic_name!r})")
+
+
+def _current(body: Mapping[str, Any]) -> DesiredTopic:
+    """The Topic at its current spec; a lost key took the applied name with it, so check the status's."""
+    topic = desired_topic(body)
+    applied = (body.get("status") or {}).get("topicName")
+    if applied and applied != topic.topic_name:
+        raise _name_change(applied, topic)
+    return topic
 
 
 def lost_topics(bodies: Sequence[Mapping[str, Any]], data: Mapping[str, str],
@@ -84,10 +97,11 @@ def lost_topics(bodies: Sequence[Mapping[str, Any]], data: Mapping[str, str],
 
 @dataclass(frozen=True)
 class Restore:
-    """What writing back lost keys comes to: the texts to write, and the keys that cannot be written back."""
+    """What writing back lost keys comes to: the texts to write, and the keys not written at the current spec."""
 
     texts: dict[str, str]
-    refused: dict[str, str]  # key → why: its Topic's spec is refused now
+    fallback: dict[str, str]  # key → why its Topic's current spec is refused: written at status.appliedSpec
+    refused: dict[str, str]  # key → why it cannot be written back: refused now and no applied spec to fall back on
 
 
 def plan_restore(lost: Sequence[Mapping[str, Any]], data: Mapping[str, str], storage: Storage, address_template: str,
@@ -95,19 +109,31 @@ def plan_restore(lost: Sequence[Mapping[str, Any]], data: Mapping[str, str], sto
     """The texts that write back the keys of the `lost` Topic bodies, planned one after another.
 
     Partitions stay where the pods' logs are (`found_of(topic name)`): a lost key's placements can
-    only come from there. A Topic whose spec is refused now cannot be written back (its last good
-    manifest went with the key); the others are, all in the write this plan is for. The pods hold a
-    topic whose manifest vanished with all the others until a manifest declares it again
-    (sidecar/server/manifests.py), so the one left out is not deleted meanwhile.
+    only come from there. A Topic whose current spec is refused is written back at the spec last
+    applied (`status.appliedSpec`): leaving its key out of a set that comes back would read, to pods
+    that only see the final state (a kubelet syncs a volume about once a minute), as removing that
+    one manifest — an explicit deletion of the topic and its data. Only a Topic with no applied spec
+    to fall back on is refused, and waits for a good spec.
     """
-    working, restore = dict(data), Restore({}, {})
+    working, restore = dict(data), Restore({}, {}, {})
+
+    def planned(topic: DesiredTopic) -> str:
+        return plan(topic, working, storage, address_template, found_of(topic.topic_name))[0]
+
     for body in sorted(lost, key=lambda b: configmap_key(b["metadata"]["namespace"], b["metadata"]["name"])):
         key = configmap_key(body["metadata"]["namespace"], body["metadata"]["name"])
         try:
-            topic = desired_topic(body)
-            text, _ = plan(topic, working, storage, address_template, found_of(topic.topic_name))
+            text = planned(_current(body))
         except (SpecError, StorageError) as exc:
-            restore.refused[key] = str(exc)
-            continue
+            try:
+                applied = last_applied(body)
+                if applied is None:
+                    restore.refused[key] = str(exc)
+                    continue
+                text = planned(applied)
+            except (SpecError, StorageError) as again:
+                restore.refused[key] = f"{exc}; its last applied spec (status.appliedSpec) is refused too: {again}"
+                continue
+            restore.fallback[key] = str(exc)
         working[key] = restore.texts[key] = text
     return restore

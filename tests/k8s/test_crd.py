@@ -165,6 +165,8 @@ def test_status_as_the_operator_writes_it():
     status = {
         "observedGeneration": 2,
         "topicName": "prices",
+        "appliedSpec": {"topicName": "prices", "partitions": 2, "config": {"cleanup.policy": "compact",
+                                                                         "retention.ms": "86400000"}},
         "diskUsageBytes": 81234,
         "conditions": [
             {"type": "Ready", "status": "True", "reason": "Reconciled", "message": "",

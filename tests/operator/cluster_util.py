@@ -89,9 +89,11 @@ class Cluster:
     storage: StorageNodes
     operator: OperatorThread
     projection: ConfigMapProjection  # the kubelet's part: ConfigMap → the pods' topics directory
-    apiserver: ApiServerThread
+    apiserver: ApiServerThread  # or tests/apiserver's real kube-apiserver (kube_apiserver.ApiServer)
     kubeconfig: Path  # for clients that log in as a user would (the operator does too)
     namespace: str = "default"
+    storage_namespace: str = STORAGE_NS  # where the topics ConfigMap and the storage pods are
+    configmap: str = CONFIGMAP
     objects: kubernetes.client.CustomObjectsApi = field(init=False)
     core: kubernetes.client.CoreV1Api = field(init=False)
 
@@ -145,7 +147,7 @@ class Cluster:
     # The ConfigMap and the storage pods.
     def configmap_data(self) -> dict[str, str]:
         try:
-            return dict(self.core.read_namespaced_config_map(CONFIGMAP, STORAGE_NS).data or {})
+            return dict(self.core.read_namespaced_config_map(self.configmap, self.storage_namespace).data or {})
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return {}

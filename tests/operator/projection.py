@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import kubernetes
+import urllib3
 
 
 class ConfigMapProjection:
@@ -46,7 +47,13 @@ class ConfigMapProjection:
     def _run(self) -> None:
         while not self._stop.wait(0.1):
             with self._lock:
-                self.sync()
+                try:
+                    self.sync()
+                except urllib3.exceptions.HTTPError:  # API server unreachable: the kubelet keeps the files, retries
+                    pass
+                except kubernetes.client.ApiException as exc:
+                    if exc.status < 500:  # 5xx: the API server without its etcd for a moment; likewise
+                        raise
 
     def sync(self) -> None:
         try:

@@ -11,10 +11,13 @@ for a mass disappearance of manifests (sidecar/server/manifests.py); these tests
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 from cluster_util import (CONFIGMAP, REFRESH_SECONDS, STORAGE_NS, Cluster, OperatorThread, crd_errors, describe,
@@ -281,37 +284,76 @@ def test_a_configmap_lost_while_the_operator_was_down_and_the_pods_restarted_is_
         restarted.stop()
 
 
-def test_a_lost_key_whose_topic_is_refused_now_comes_back_once_fixed_and_the_others_at_once(cluster: Cluster):
-    """Its last good manifest went with the key: it waits for a good spec, the pods hold its topic meanwhile."""
+@contextlib.contextmanager
+def _seen_empty_first(cluster: Cluster, lose) -> Iterator[None]:
+    """The operator may not write until the pods have seen the empty directory and hold every topic."""
+    cluster.apiserver.refuse("UPDATE", "configmaps")
+    cluster.apiserver.refuse("CREATE", "configmaps")
+    lose(cluster)
+    wait_for(lambda: manifests_in(cluster.storage.topics_dir) == [], what="the pods' topics directory to be empty")
+    wait_held(cluster, {"alpha": "manifests-missing", "beta": "manifests-missing"})
+    cluster.apiserver.allow("UPDATE", "configmaps")
+    cluster.apiserver.allow("CREATE", "configmaps")
+    yield
+
+
+@contextlib.contextmanager
+def _final_state_only(cluster: Cluster, lose) -> Iterator[None]:
+    """The kubelet syncs the volume only after the operator wrote the keys back: the pods see only the result."""
+    with cluster.projection.held():
+        lose(cluster)
+        yield
+
+
+@pytest.mark.parametrize("pods_see", [_final_state_only, _seen_empty_first], ids=["final-state-only", "empty-first"])
+def test_a_lost_key_whose_topic_is_refused_now_comes_back_at_its_last_good_spec_with_the_others(cluster: Cluster,
+                                                                                               pods_see):
+    """Every key comes back in one write, the refused Topic's at its `status.appliedSpec`: pods that see only
+    the final state (a kubelet syncs a volume about once a minute) must not find one manifest missing, which
+    is an explicit deletion of that topic and its data."""
     with_data(cluster, "alpha", 2)
-    with_data(cluster, "beta", 1)
+    with_data(cluster, "beta", 1, {"retention.ms": "86400000"})
+    cluster.patch_topic("beta", {"spec": {"config": {"retention.ms": None}}})  # a good change: the last applied
+    last_good = {"topicName": "beta", "partitions": 1, "config": {}}
+    generation = cluster.topic("beta")["metadata"]["generation"]
+    wait_for(lambda: cluster.topic("beta")["status"].get("appliedSpec") == last_good
+             and cluster.condition("beta", "Ready").get("observedGeneration") == generation, 20,
+             what=f"beta's status.appliedSpec {last_good} (a removed config key removed there too)")
+    cluster.wait_condition("beta", "Ready", "True")
     manifests = cluster.configmap_data()
+    beta = configmap_key("default", "beta")
+    assert yaml.safe_load(manifests[beta])["spec"]["config"] == {}
     files = partition_files(cluster, "alpha", "beta")
     cluster.patch_topic("beta", {"spec": {"config": {"min.cleanable.dirty.ratio": [0.5]}}})
     refused = cluster.wait_condition("beta", "Ready", "False", "InvalidConfig")["message"]
+    assert cluster.topic("beta")["status"]["appliedSpec"] == last_good  # a refused spec is not recorded
 
-    _empty_by_removing_every_key(cluster)
-    alpha = configmap_key("default", "alpha")
-    alone = {alpha: manifests[alpha], PLACEHOLDER_KEY: PLACEHOLDER_TEXT}
-    wait_for(lambda: cluster.configmap_data() == alone, 20, what="alpha's key written back alone")
-    lost = wait_for(lambda: [m for t, r, m in cluster.events("beta") if (t, r) == ("Warning", "ManifestLost")],
-                    what="the ManifestLost Event on beta")
-    assert lost == [f"{configmap_key('default', 'beta')} is missing from ConfigMap {STORAGE_NS}/{CONFIGMAP} (emptied, "
-                    f"deleted or edited by hand) and cannot be written back now: {refused}. It is written back once "
-                    "the Topic can be applied; meanwhile the pods hold the topic if its manifest vanished with all "
-                    "the others"]
-    wait_held(cluster, {"beta": "manifests-missing"})  # alpha is declared again, beta is held
-    time.sleep(3 * REFRESH_SECONDS)  # refreshes of both Topics: beta's key stays out, its Event is not repeated
-    assert cluster.configmap_data() == alone
-    assert [r for _, r, _ in cluster.events("beta")].count("ManifestLost") == 1
+    since = len(cluster.apiserver.requests())
+    with pods_see(cluster, _empty_by_removing_every_key):
+        wait_for(lambda: cluster.configmap_data() == manifests, 20, what="every key written back, beta's as it was")
+        writes = operator_configmap_writes(cluster, since)
+        assert writes and all(sorted(w["data"]) == sorted(manifests) for w in writes), writes
+    wait_for(lambda: manifests_in(cluster.storage.topics_dir) == sorted(manifests), what="the pods' directory")
+    wait_held(cluster, {})
+    restored = wait_for(lambda: [m for t, r, m in cluster.events("beta") if (t, r) == ("Warning", "ManifestRestored")],
+                        what="the ManifestRestored Event on beta")
+    assert restored == [f"{beta} was missing from ConfigMap {STORAGE_NS}/{CONFIGMAP} (emptied, deleted or edited by "
+                        "hand) and was written back at this Topic's last applied spec (status.appliedSpec), since its "
+                        f"current spec is refused: {refused}. Only deleting the Topic deletes the topic"]
+    time.sleep(3 * REFRESH_SECONDS)  # refreshes of both Topics: nothing more written, nothing deleted on the pods
+    assert cluster.configmap_data() == manifests and "ManifestLost" not in [r for _, r, _ in cluster.events("beta")]
+    cluster.wait_condition("alpha", "Ready", "True")
+    assert cluster.condition("beta", "Ready")["message"] == refused
     assert served(cluster, "alpha") == PRODUCED["alpha"] and served(cluster, "beta") == PRODUCED["beta"]
     assert partition_files(cluster, "alpha", "beta") == files
+    for name in ("alpha", "beta"):
+        records = consume_all(cluster.storage.nodes[0].bootstrap, name, PRODUCED[name])
+        assert {p: [k for _, k in r] for p, r in records.items()} == {
+            p: [b"k%d" % i for i in range(n)] for p, n in PRODUCED[name].items()}
 
-    cluster.patch_topic("beta", {"spec": {"config": {"min.cleanable.dirty.ratio": None}}})  # fixed: written back
-    wait_for(lambda: cluster.configmap_data() == manifests, 20, what="beta's key written back as it was")
-    cluster.wait_condition("alpha", "Ready", "True")
+    cluster.patch_topic("beta", {"spec": {"config": {"min.cleanable.dirty.ratio": None}}})  # fixed: the same manifest
     cluster.wait_condition("beta", "Ready", "True")
-    wait_held(cluster, {})
+    assert cluster.configmap_data() == manifests
     assert partition_files(cluster, "alpha", "beta") == files
 
 

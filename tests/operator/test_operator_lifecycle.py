@@ -260,7 +260,10 @@ def test_kopf_keeps_its_state_in_annotations_so_the_strict_status_schema_prunes_
     served = wait_for(lambda: (t := cluster.topic("orders")) and len(t["status"].get("partitions", [])) == 2
                       and all("logEndOffset" in p for p in t["status"]["partitions"]) and t, what="the full status")
     assert crd_errors(served) == [] and unknown_fields(served, CRD_SCHEMA) == []
-    assert set(served["status"]) == {"observedGeneration", "topicName", "conditions", "partitions", "diskUsageBytes"}
+    assert set(served["status"]) == {"observedGeneration", "topicName", "appliedSpec", "conditions", "partitions",
+                                     "diskUsageBytes"}
+    assert served["status"]["appliedSpec"] == {"topicName": "orders", "partitions": 2,
+                                               "config": {"cleanup.policy": "compact"}}
 
     # A handler that fails (RBAC refuses the ConfigMap write) leaves kopf's retry state on the Topic.
     cluster.apiserver.refuse("UPDATE", "configmaps")

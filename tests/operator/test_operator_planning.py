@@ -7,8 +7,8 @@ import uuid
 import pytest
 import yaml
 
-from shale.operator.manifests import (SpecError, configmap_key, desired_topic, loaded_digest, parse_applied, render,
-                                      to_yaml)
+from shale.operator.manifests import (SpecError, configmap_key, desired_topic, last_applied, loaded_digest,
+                                      parse_applied, render, to_yaml)
 from shale.operator.planning import Restore, lost_topics, plan, plan_restore
 from shale.operator.storage import Storage, StorageError, StoragePod
 from shale.sidecar.server.manifests import parse_topic
@@ -189,7 +189,7 @@ def test_lost_keys_are_written_back_where_the_pods_hold_the_logs():
 
     restore = plan_restore([b, a], {}, storage(), DNS, lambda name: found[name])
     assert restore.texts == before and restore.refused == {}  # byte for byte: same ids, config, placements
-    assert plan_restore([], {"x.yaml": "x"}, storage(), DNS, lambda name: {}) == Restore({}, {})
+    assert plan_restore([], {"x.yaml": "x"}, storage(), DNS, lambda name: {}) == Restore({}, {}, {})
 
 
 def test_a_lost_key_that_cannot_be_written_back_does_not_hold_back_the_others():
@@ -199,6 +199,44 @@ def test_a_lost_key_that_cannot_be_written_back_does_not_hold_back_the_others():
     assert list(restore.texts) == ["team-a_good.yaml"]
     assert list(restore.refused) == ["team-a_bad.yaml"]
     assert restore.refused["team-a_bad.yaml"].startswith("spec.config.retention.ms: ")
+
+
+@pytest.mark.parametrize("spec, reason", [
+    ({"config": {"min.compaction.lag.ms": 10, "max.compaction.lag.ms": 5}}, "spec.config.min.compaction.lag.ms: "),
+    ({"config": {"min.cleanable.dirty.ratio": [0.5]}}, "spec.config.min.cleanable.dirty.ratio: "),
+    ({"partitions": 1}, "spec.partitions cannot be decreased from 2 to 1"),
+    ({"topicName": "renamed"}, "spec.topicName cannot be added, changed or removed"),
+])  # fmt: skip
+def test_a_lost_key_whose_spec_is_refused_now_is_written_back_at_its_applied_spec(spec, reason):
+    """All keys come back: pods that see only the final state would take one left out for a deletion."""
+    ledger = body("ledger", 2, {"retention.ms": 86400000, "cleanup.policy": "compact"}, uid=str(uuid.uuid4()))
+    other = body("other", 1, uid=str(uuid.uuid4()))
+    found = {"ledger": {0: 1, 1: 0}, "other": {0: 1}}
+    before = {}
+    for b in (ledger, other):
+        applied = desired_topic(b)
+        before[applied.key] = plan(applied, before, storage(), DNS, found[applied.topic_name])[0]
+        b["status"] = {"topicName": applied.topic_name, "appliedSpec": applied.spec}
+    assert last_applied(ledger) == desired_topic(ledger)  # the status round-trips to the same Topic
+    ledger["spec"] = {**ledger["spec"], **spec}
+
+    restore = plan_restore([ledger, other], {}, storage(), DNS, lambda name: found.get(name, {}))
+    assert restore.texts == before and restore.refused == {}  # byte for byte the manifest the pods had
+    assert list(restore.fallback) == ["team-a_ledger.yaml"] and reason in restore.fallback["team-a_ledger.yaml"]
+
+
+def test_a_lost_key_is_refused_only_without_an_applied_spec_to_fall_back_on():
+    never = body("never", 1, {"retention.ms": "soon"}, uid=str(uuid.uuid4()))
+    never["status"] = {"topicName": "never"}  # applied by an operator that did not record the spec yet
+    stale = body("stale", 1, {"retention.ms": "soon"}, uid=str(uuid.uuid4()))
+    stale["status"] = {"topicName": "stale", "appliedSpec": {"topicName": "stale", "partitions": 1,
+                                                             "config": {"segment.bytes": "1"}}}
+    restore = plan_restore([never, stale], {}, storage(), DNS, lambda name: {0: 0})
+    assert restore.texts == {} and restore.fallback == {} and last_applied(never) is None
+    assert restore.refused["team-a_never.yaml"].startswith("spec.config.retention.ms: ")
+    assert restore.refused["team-a_stale.yaml"].startswith("spec.config.retention.ms: ")
+    assert "its last applied spec (status.appliedSpec) is refused too: spec.config.segment.bytes: " in \
+        restore.refused["team-a_stale.yaml"]
 
 
 def test_only_applied_topics_that_are_still_managed_count_as_lost():
