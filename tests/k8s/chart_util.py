@@ -1,8 +1,9 @@
 """Helpers of the CRD, chart and alert tests: what a kube-apiserver would check, done offline.
 
-No API server can be had here (docs/kubernetes.md), so the tests check the CRD with the tools that
-implement the same rules: jsonschema for OpenAPI validation, cel-python for CEL, RE2 for patterns, and
-the structural-schema and pruning rules of apiextensions-apiserver written out below.
+These checks run without an API server (tests/apiserver/ repeats the essentials on a real 1.20 one,
+which predates CEL and the newest fields), with the tools that implement the same rules: jsonschema
+for OpenAPI validation, cel-python for CEL, RE2 for patterns, and the structural-schema and pruning
+rules of apiextensions-apiserver written out below.
 """
 
 from __future__ import annotations
@@ -114,10 +115,10 @@ def cel(expression: str, **variables: Any) -> Any:
     return str(result) if isinstance(result, celpy.celtypes.StringType) else result
 
 
-def render(values: dict[str, Any] | None = None) -> dict[str, str]:
+def render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> dict[str, str]:
     """The chart rendered by Helm's own engine (helm-python-sdk), template path -> text."""
     with helm.Chart.load(str(CHART)) as chart:
-        return chart.render(values or {}, name=RELEASE, namespace=NAMESPACE)
+        return chart.render(values or {}, name=RELEASE, namespace=namespace)
 
 
 def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:

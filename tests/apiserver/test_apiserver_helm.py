@@ -1,0 +1,79 @@
+"""`helm install`, `helm upgrade` and `helm uninstall` of the chart with a real helm (v4.1.4, fetch_helm.sh)
+against the real API server.
+
+The chart declares kubeVersion >=1.29 and its CRD carries CEL rules, so helm is given a copy for 1.20:
+the floor lowered and the CRD without `x-kubernetes-validations` (apiserver_util.crd_for_1_20). Two helm
+flags are 1.20's too: `--disable-openapi-validation` (helm would refuse the StatefulSet's
+persistentVolumeClaimRetentionPolicy, a 1.27 field, from 1.20's OpenAPI; the server drops it) and
+`--server-side=false` (1.20's beta server-side apply refuses Service ports without `protocol`, a bug fixed
+in later releases). Neither is needed on the clusters the chart supports.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes
+import pytest
+import yaml
+
+from apiserver_util import RELEASE_VALUES, crd_for_1_20, release_objects
+from chart_util import CHART, RELEASE, one
+from kube_apiserver import ApiServer, cached_binary
+
+HELM_VERSION = "v4.1.4"
+FLAGS_FOR_1_20 = ("--disable-openapi-validation", "--server-side=false")
+
+
+def chart_for_1_20(directory: Path) -> Path:
+    chart = directory / "shale"
+    shutil.copytree(CHART, chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    (chart / "Chart.yaml").write_text(yaml.safe_dump({**meta, "kubeVersion": ">=1.20.0-0"}, sort_keys=False))
+    [crd_file] = (chart / "crds").iterdir()
+    crd_file.write_text(yaml.safe_dump(crd_for_1_20(), sort_keys=False))
+    return chart
+
+
+def test_helm_install_upgrade_uninstall(apiserver: ApiServer, tmp_path: Path):
+    helm = cached_binary("helm", HELM_VERSION)
+    if not helm.exists():
+        pytest.fail(f"{helm} missing: run tests/apiserver/fetch_helm.sh (`make test` does)")
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    chart, namespace = chart_for_1_20(tmp_path), "helm-journey"
+
+    def run(*args: str) -> str:
+        result = subprocess.run([str(helm), "--kubeconfig", str(kubeconfig), "-n", namespace, *args],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    replicas = ["--set", f"storage.replicas={RELEASE_VALUES['storage']['replicas']}"]
+    run("install", RELEASE, str(chart), "--create-namespace", *replicas, *FLAGS_FOR_1_20)
+    rendered = release_objects(namespace)
+    client = kubernetes.dynamic.DynamicClient(apiserver.client())
+
+    def stored(obj: dict) -> dict | None:
+        resource = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        try:
+            return resource.get(name=obj["metadata"]["name"], namespace=namespace).to_dict()
+        except kubernetes.dynamic.exceptions.NotFoundError:
+            return None
+
+    for obj in rendered:  # what Helm's library renders is what the helm binary installed
+        found = stored(obj)
+        assert found is not None, f"{obj['kind']} {obj['metadata']['name']} not installed"
+        assert found["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    assert "deployed" in run("status", RELEASE)
+
+    run("upgrade", RELEASE, str(chart), "--set", "storage.replicas=3", *FLAGS_FOR_1_20)
+    assert stored(one(rendered, "StatefulSet"))["spec"]["replicas"] == 3
+    assert "REVISION: 2" in run("status", RELEASE)
+
+    run("uninstall", RELEASE)
+    assert [o["metadata"]["name"] for o in rendered if stored(o) is not None] == []
+    # The CRD (and so every Topic) outlives the release, as Helm treats crds/.
+    ext = kubernetes.client.ApiextensionsV1Api(apiserver.client())
+    assert ext.read_custom_resource_definition("topics.shale.dev").metadata.name == "topics.shale.dev"
