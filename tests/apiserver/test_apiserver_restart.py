@@ -2,8 +2,9 @@
 to the same address), nothing is applied twice or lost, and the status converges.
 
 Usually within seconds. Once in about a dozen runs on a loaded machine, nothing reached the operator for
-over 60 s after etcd's restart, with nothing logged; kopf restarts a watch that stays silent for
-`settings.watching.inactivity_timeout` (70 s, kopf's default), so the waits after a restart allow for it.
+over 60 s after etcd's restart, with nothing logged: a watch left open but silent. The operator now has
+the API server end every watch after 60 s (`settings.watching.server_timeout`, operator/handlers.py), so
+such a watch is listed again within a minute; the waits after a restart allow for that and a reconcile.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from cluster_util import Cluster
 from kube_apiserver import ApiServer
 from node_util import wait_for
 
-AFTER_RESTART = 120  # seconds: kopf's inactivity timeout (70 s) restarts a silent watch, then the reconcile
+AFTER_RESTART = 120  # seconds: a silent watch ends within 60 s (server_timeout), then the reconcile
 
 
 def configmap_writes(apiserver: ApiServer, release: Release, configmap: str) -> int:
