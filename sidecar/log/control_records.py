@@ -14,11 +14,11 @@ Sans-I/O: bytes in, text out.
 from __future__ import annotations
 
 import base64
-import struct
 from dataclasses import dataclass
 from typing import Callable
 
 from .errors import CorruptRecordError
+from .message_reader import MessageReader
 from .records import ControlType
 
 _ZERO_UUID = bytes(16)
@@ -29,66 +29,6 @@ class ControlRecordError(CorruptRecordError):
     """A control record value that Kafka's generated reader or JSON writer would refuse."""
 
 
-class _Reader:
-    """Kafka's ByteBufferAccessor over one value, for the types these schemas use."""
-
-    def __init__(self, data: bytes, message: str) -> None:
-        self.data, self.pos, self.message = data, 0, message
-
-    def _take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise ControlRecordError(f"{self.message}: value ends at byte {len(self.data)}, "
-                                     f"{n} more bytes needed at byte {self.pos}")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def int16(self) -> int:
-        return struct.unpack(">h", self._take(2))[0]
-
-    def uint16(self) -> int:
-        return struct.unpack(">H", self._take(2))[0]
-
-    def int32(self) -> int:
-        return struct.unpack(">i", self._take(4))[0]
-
-    def int64(self) -> int:
-        return struct.unpack(">q", self._take(8))[0]
-
-    def uuid(self) -> bytes:
-        return self._take(16)
-
-    def uvarint(self) -> int:
-        value = shift = 0
-        for _ in range(5):
-            b = self._take(1)[0]
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return value
-            shift += 7
-        raise ControlRecordError(f"{self.message}: unsigned varint longer than 5 bytes at byte {self.pos}")
-
-    def array(self, field: str, element: Callable[["_Reader"], dict]) -> list[dict]:
-        n = self.uvarint() - 1
-        if n < 0:
-            raise ControlRecordError(f"{self.message}: non-nullable field {field} was serialized as null")
-        return [element(self) for _ in range(n)]
-
-    def string(self, field: str) -> str:
-        n = self.uvarint() - 1
-        if n < 0:
-            raise ControlRecordError(f"{self.message}: non-nullable field {field} was serialized as null")
-        if n > 0x7FFF:
-            raise ControlRecordError(f"{self.message}: string field {field} had invalid length {n}")
-        return self._take(n).decode("utf-8", "replace")
-
-    def tagged_fields(self) -> None:
-        """None of these schemas declares a tagged field: every one is unknown, skipped as Kafka keeps it aside."""
-        for _ in range(self.uvarint()):
-            self.uvarint()
-            self._take(self.uvarint())
-
-
 @dataclass(frozen=True)
 class _Schema:
     """One control record value: Kafka's message name, its valid versions, its reader and JSON writer."""
@@ -96,20 +36,25 @@ class _Schema:
     name: str
     label: str  # what DumpLogSegments prints before the JSON
     max_version: int
-    read: Callable[[_Reader], dict]
+    read: Callable[[MessageReader], dict]
     write: Callable[[dict, int], dict]
 
 
-def _read_voter_id(r: _Reader) -> dict:
+def _array(r: MessageReader, field: str, element: Callable[[MessageReader], dict]) -> list[dict]:
+    """A compact array of structs (every schema here is flexible from version 0)."""
+    return [element(r) for _ in range(r.array_length(True, field))]
+
+
+def _read_voter_id(r: MessageReader) -> dict:
     voter = {"voterId": r.int32()}  # LeaderChangeMessage's Voter at version 0: VoterDirectoryId is 1+
-    r.tagged_fields()
+    r.skip_tagged_fields()
     return voter
 
 
-def _read_leader_change(r: _Reader) -> dict:
-    out = {"version": r.int16(), "leaderId": r.int32(), "voters": r.array("voters", _read_voter_id),
-           "grantingVoters": r.array("grantingVoters", _read_voter_id)}
-    r.tagged_fields()
+def _read_leader_change(r: MessageReader) -> dict:
+    out = {"version": r.int16(), "leaderId": r.int32(), "voters": _array(r, "voters", _read_voter_id),
+           "grantingVoters": _array(r, "grantingVoters", _read_voter_id)}
+    r.skip_tagged_fields()
     return out
 
 
@@ -121,43 +66,43 @@ def _write_leader_change(m: dict, version: int) -> dict:
             "grantingVoters": [voter(v) for v in m["grantingVoters"]]}
 
 
-def _read_snapshot_header(r: _Reader) -> dict:
+def _read_snapshot_header(r: MessageReader) -> dict:
     out = {"version": r.int16(), "lastContainedLogTimestamp": r.int64()}
-    r.tagged_fields()
+    r.skip_tagged_fields()
     return out
 
 
-def _read_snapshot_footer(r: _Reader) -> dict:
+def _read_snapshot_footer(r: MessageReader) -> dict:
     out = {"version": r.int16()}
-    r.tagged_fields()
+    r.skip_tagged_fields()
     return out
 
 
-def _read_kraft_version(r: _Reader) -> dict:
+def _read_kraft_version(r: MessageReader) -> dict:
     out = {"version": r.int16(), "kRaftVersion": r.int16()}
-    r.tagged_fields()
+    r.skip_tagged_fields()
     return out
 
 
-def _read_endpoint(r: _Reader) -> dict:
-    out = {"name": r.string("name"), "host": r.string("host"), "port": r.uint16()}
-    r.tagged_fields()
+def _read_endpoint(r: MessageReader) -> dict:
+    out = {"name": r.string(True, "name"), "host": r.string(True, "host"), "port": r.uint16()}
+    r.skip_tagged_fields()
     return out
 
 
-def _read_voter(r: _Reader) -> dict:
+def _read_voter(r: MessageReader) -> dict:
     voter_id, directory = r.int32(), _uuid_text(r.uuid())
-    endpoints = r.array("endpoints", _read_endpoint)
+    endpoints = _array(r, "endpoints", _read_endpoint)
     feature = {"minSupportedVersion": r.int16(), "maxSupportedVersion": r.int16()}
-    r.tagged_fields()
+    r.skip_tagged_fields()
     out = {"voterId": voter_id, "voterDirectoryId": directory, "endpoints": endpoints, "kRaftVersionFeature": feature}
-    r.tagged_fields()
+    r.skip_tagged_fields()
     return out
 
 
-def _read_voters(r: _Reader) -> dict:
-    out = {"version": r.int16(), "voters": r.array("voters", _read_voter)}
-    r.tagged_fields()
+def _read_voters(r: MessageReader) -> dict:
+    out = {"version": r.int16(), "voters": _array(r, "voters", _read_voter)}
+    r.skip_tagged_fields()
     return out
 
 
@@ -182,7 +127,7 @@ def decode_value(control_type: ControlType, value: bytes | None) -> dict:
     schema = _SCHEMAS[control_type]
     if value is None:
         raise ControlRecordError(f"{schema.name}: the control record has no value")
-    message = schema.read(_Reader(bytes(value), schema.name))
+    message = schema.read(MessageReader(value, schema.name, ControlRecordError, utf8_errors="replace"))
     version = message["version"]
     if not 0 <= version <= schema.max_version:
         raise ControlRecordError(f"Can't write version {version} of {schema.name}")

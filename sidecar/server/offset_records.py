@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from shale.sidecar.log.message_reader import MessageReader
 from shale.sidecar.log.varint import encode_uvarint
 
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -130,69 +131,6 @@ def _bytes(b: bytes, flexible: bool) -> bytes:
     return (encode_uvarint(len(b) + 1) if flexible else _I32.pack(len(b))) + b
 
 
-class _Reader:
-    def __init__(self, data: bytes | memoryview, what: str) -> None:
-        self.data = memoryview(data)
-        self.pos = 0
-        self.what = what
-
-    def _take(self, n: int) -> memoryview:
-        if n < 0 or self.pos + n > len(self.data):
-            raise OffsetRecordError(f"truncated {self.what}: needs {n} bytes at position {self.pos}, "
-                                    f"has {len(self.data) - self.pos}")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def i16(self) -> int:
-        return _I16.unpack(self._take(2))[0]
-
-    def i32(self) -> int:
-        return _I32.unpack(self._take(4))[0]
-
-    def i64(self) -> int:
-        return _I64.unpack(self._take(8))[0]
-
-    def uvarint(self) -> int:
-        value, shift = 0, 0
-        while True:
-            b = self._take(1)[0]
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return value
-            shift += 7
-            if shift > 28:
-                raise OffsetRecordError(f"varint longer than 5 bytes in {self.what} at position {self.pos}")
-
-    def string(self, flexible: bool, nullable: bool = False) -> str | None:
-        n = self.uvarint() - 1 if flexible else self.i16()
-        if n < 0:
-            if nullable and n == -1:
-                return None
-            raise OffsetRecordError(f"null or negative-length ({n}) string in {self.what} at position {self.pos}")
-        try:
-            return bytes(self._take(n)).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise OffsetRecordError(f"invalid UTF-8 string in {self.what}: {exc}") from None
-
-    def bytes_(self, flexible: bool) -> bytes:
-        n = self.uvarint() - 1 if flexible else self.i32()
-        if n < 0:
-            raise OffsetRecordError(f"null bytes field in {self.what} at position {self.pos}")
-        return bytes(self._take(n))
-
-    def array_length(self, flexible: bool) -> int:
-        n = self.uvarint() - 1 if flexible else self.i32()
-        if n < 0:
-            raise OffsetRecordError(f"null array in {self.what} at position {self.pos}")
-        return n
-
-    def skip_tagged_fields(self) -> None:
-        for _ in range(self.uvarint()):
-            self.uvarint()  # tag
-            self._take(self.uvarint())
-
-
 # -- keys -----------------------------------------------------------------------------------------------------
 
 
@@ -210,12 +148,12 @@ def encode_key(key: OffsetCommitKey | GroupMetadataKey, version: int | None = No
 
 
 def decode_key(data: bytes | memoryview) -> OffsetCommitKey | GroupMetadataKey | UnknownKey:
-    r = _Reader(data, "__consumer_offsets key")
-    version = r.i16()
+    r = MessageReader(data, "__consumer_offsets key", OffsetRecordError)
+    version = r.int16()
     if version in (0, 1):
-        return OffsetCommitKey(r.string(False), r.string(False), r.i32())
+        return OffsetCommitKey(r.string(False, "group"), r.string(False, "topic"), r.int32())
     if version == 2:
-        return GroupMetadataKey(r.string(False))
+        return GroupMetadataKey(r.string(False, "group"))
     return UnknownKey(version)
 
 
@@ -243,16 +181,16 @@ def encode_offset_commit_value(value: OffsetCommitValue, version: int | None = N
 
 
 def decode_offset_commit_value(data: bytes | memoryview) -> OffsetCommitValue:
-    r = _Reader(data, "offset commit value")
-    version = r.i16()
+    r = MessageReader(data, "offset commit value", OffsetRecordError)
+    version = r.int16()
     if not 0 <= version <= MAX_VALUE_VERSION:
         raise OffsetRecordError(f"unknown offset commit value version {version}")
     flexible = version >= 4
-    offset = r.i64()
-    leader_epoch = r.i32() if version >= 3 else -1
-    metadata = r.string(flexible)
-    commit_timestamp = r.i64()
-    expire_timestamp = r.i64() if version == 1 else -1
+    offset = r.int64()
+    leader_epoch = r.int32() if version >= 3 else -1
+    metadata = r.string(flexible, "metadata")
+    commit_timestamp = r.int64()
+    expire_timestamp = r.int64() if version == 1 else -1
     if flexible:
         r.skip_tagged_fields()
     return OffsetCommitValue(offset, metadata, commit_timestamp, leader_epoch, expire_timestamp)
@@ -290,26 +228,26 @@ def encode_group_metadata_value(value: GroupMetadataValue, version: int = GROUP_
 
 
 def decode_group_metadata_value(data: bytes | memoryview) -> GroupMetadataValue:
-    r = _Reader(data, "group metadata value")
-    version = r.i16()
+    r = MessageReader(data, "group metadata value", OffsetRecordError)
+    version = r.int16()
     if not 0 <= version <= MAX_VALUE_VERSION:
         raise OffsetRecordError(f"unknown group metadata value version {version}")
     flexible = version >= 4
-    protocol_type = r.string(flexible)
-    generation = r.i32()
-    protocol = r.string(flexible, nullable=True)
-    leader = r.string(flexible, nullable=True)
-    current_state_timestamp = r.i64() if version >= 2 else -1
+    protocol_type = r.string(flexible, "protocolType")
+    generation = r.int32()
+    protocol = r.string(flexible, "protocol", nullable=True)
+    leader = r.string(flexible, "leader", nullable=True)
+    current_state_timestamp = r.int64() if version >= 2 else -1
     members = []
-    for _ in range(r.array_length(flexible)):
-        member_id = r.string(flexible)
-        instance_id = r.string(flexible, nullable=True) if version >= 3 else None
-        client_id = r.string(flexible)
-        client_host = r.string(flexible)
-        rebalance_timeout = r.i32() if version >= 1 else None
-        session_timeout = r.i32()
-        subscription = r.bytes_(flexible)
-        assignment = r.bytes_(flexible)
+    for _ in range(r.array_length(flexible, "members")):
+        member_id = r.string(flexible, "memberId")
+        instance_id = r.string(flexible, "groupInstanceId", nullable=True) if version >= 3 else None
+        client_id = r.string(flexible, "clientId")
+        client_host = r.string(flexible, "clientHost")
+        rebalance_timeout = r.int32() if version >= 1 else None
+        session_timeout = r.int32()
+        subscription = r.bytes_(flexible, "subscription")
+        assignment = r.bytes_(flexible, "assignment")
         if flexible:
             r.skip_tagged_fields()
         members.append(MemberMetadata(member_id, client_id, client_host, session_timeout, subscription, assignment,
@@ -335,9 +273,9 @@ def subscribed_topics(subscription: bytes) -> frozenset[str] | None:
     Kafka reads them to expire the offsets of topics a stable consumer group no longer subscribes to.
     """
     try:
-        r = _Reader(subscription, "consumer protocol subscription")
-        if r.i16() < 0:
+        r = MessageReader(subscription, "consumer protocol subscription", OffsetRecordError)
+        if r.int16() < 0:
             return None
-        return frozenset(r.string(False) for _ in range(r.array_length(False)))
+        return frozenset(r.string(False, "topics") for _ in range(r.array_length(False, "topics")))
     except OffsetRecordError:
         return None
