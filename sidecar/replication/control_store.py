@@ -1,0 +1,78 @@
+"""The control store's interface: sessions, live nodes, and partition records written by compare-and-set.
+
+Two implementations stand on a real consensus engine (docs/replication.md): `etcd_store.EtcdStore` and
+`kube_store.KubeStore`. Everything that decides (election, ISR changes) is pure and sees only a `StoreView`;
+this interface is the one place where a decision becomes durable, and its only write primitive is
+compare-and-set on a record's version, so two writers deciding from the same view cannot both win.
+
+All methods are blocking: the node calls them from its controller thread, never from the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
+
+
+class StoreUnavailable(Exception):
+    """The store did not answer (connection refused, timeout, 5xx): nothing is known about the write."""
+
+
+class SessionLost(Exception):
+    """This node's session is gone (expired, revoked, replaced): its leaderships are void; open a new one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    """A partition record and the store's version of it (etcd mod_revision, Kubernetes resourceVersion)."""
+
+    record: PartitionRecord
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreView:
+    """One consistent read of the store: the live nodes and every partition record of the cluster."""
+
+    revision: str  # opaque; `wait_for_change(revision, …)` returns once the store has moved past it
+    nodes: Mapping[int, NodeRegistration] = field(default_factory=dict)  # live sessions only
+    partitions: Mapping[TopicPartition, Versioned] = field(default_factory=dict)
+
+    def is_live(self, node_id: int, incarnation: str | None = None) -> bool:
+        node = self.nodes.get(node_id)
+        return node is not None and (incarnation is None or node.incarnation == incarnation)
+
+
+class ControlStore(Protocol):
+    def open_session(self, me: NodeRegistration, ttl_ms: int) -> None:
+        """Register `me` under a new session of `ttl_ms`, replacing any earlier registration of the same node
+        id (a restarted node: its previous process's session ends now, not at its expiry)."""
+
+    def keepalive(self) -> None:
+        """Renew the session. Raises SessionLost if it is gone, StoreUnavailable if the store did not answer."""
+
+    def close_session(self) -> None:
+        """End the session now (clean shutdown): the others see this node gone without waiting for the TTL."""
+
+    def view(self) -> StoreView:
+        """The live nodes and all partition records, read at one revision."""
+
+    def wait_for_change(self, revision: str, timeout_s: float) -> None:
+        """Block until the store changed after `revision` (a node's session or a partition record) or the
+        timeout passed, whichever is first. Spurious returns are allowed."""
+
+    def create_partition(self, tp: TopicPartition, record: PartitionRecord) -> bool:
+        """Create the record if there is none; False if one exists (someone else created it first)."""
+
+    def update_partition(self, tp: TopicPartition, record: PartitionRecord, expected_version: str) -> bool:
+        """Write the record if its version is still `expected_version`; False on a miss (re-read and decide
+        again). A write whose answer was lost is settled by re-reading: equal content means it landed."""
+
+    def delete_partition(self, tp: TopicPartition) -> None:
+        """Remove a deleted topic's partition record (DeleteTopics / manifest removal)."""
+
+    def close(self) -> None:
+        """Release connections (after close_session)."""

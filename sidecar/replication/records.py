@@ -1,0 +1,105 @@
+"""The two kinds of record the control store holds: a node's registration and a partition's state.
+
+`PartitionRecord` is Kafka's PartitionRecord / LeaderAndIsr tuple (docs/replication.md, "What is stored
+where"); both records travel as JSON so that etcd keys and Kubernetes annotations hold the same text, and a
+person reading the store with `etcdctl get` or `kubectl get -o yaml` sees field names they know from Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+NO_LEADER = -1
+
+
+class RecordError(ValueError):
+    """A store value that is not a valid record; the message names the key it came from."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRegistration:
+    """A live node: its id, which process of it this is (`incarnation`), and where clients reach it."""
+
+    node_id: int
+    incarnation: str  # fresh per process start: KIP-903's broker epoch
+    host: str
+    port: int
+    rack: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> "NodeRegistration":
+        raw = _load(text, where)
+        try:
+            rack = raw.get("rack")
+            return cls(_int(raw["node_id"]), str(raw["incarnation"]), str(raw["host"]), _int(raw["port"]),
+                       None if rack is None else str(rack))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"{where}: not a node registration ({exc!r}): {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    """Who leads a partition, in which leader epoch, and which replicas are in sync.
+
+    `partition_epoch` rises on every write (the version Kafka's AlterPartition compares); `leader_epoch`
+    rises whenever `leader` changes, to -1 included. `leader_incarnation` names the process that was elected,
+    so a node restarted under the same id does not inherit its previous process's leadership.
+    """
+
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int = NO_LEADER
+    leader_incarnation: str = ""
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+    recovering: bool = False  # elected uncleanly (KIP-704): the ISR stays {leader} until it has recovered
+
+    def __post_init__(self) -> None:
+        if not self.replicas or len(set(self.replicas)) != len(self.replicas):
+            raise RecordError(f"replicas must be distinct node ids, at least one: {self.replicas}")
+        if not set(self.isr) <= set(self.replicas):
+            raise RecordError(f"isr {self.isr} is not within replicas {self.replicas}")
+        if self.leader != NO_LEADER and self.leader not in self.isr:
+            raise RecordError(f"leader {self.leader} is not in the isr {self.isr}")
+
+    def changed(self, **fields: Any) -> "PartitionRecord":
+        """This record with `fields` changed and the partition epoch (and, if the leader changed, the leader
+        epoch) raised: the one way a record is rewritten, so no writer forgets an epoch."""
+        new = replace(self, **fields, partition_epoch=self.partition_epoch + 1)
+        if "leader" in fields or "leader_incarnation" in fields:
+            new = replace(new, leader_epoch=self.leader_epoch + 1)
+        return new
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> "PartitionRecord":
+        raw = _load(text, where)
+        try:
+            return cls(tuple(_int(r) for r in raw["replicas"]), tuple(_int(r) for r in raw["isr"]),
+                       _int(raw["leader"]), str(raw["leader_incarnation"]), _int(raw["leader_epoch"]),
+                       _int(raw["partition_epoch"]), bool(raw.get("recovering", False)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"{where}: not a partition record ({exc}): {text!r}") from None
+
+
+def _load(text: str | bytes, where: str) -> dict:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise RecordError(f"{where}: not JSON ({exc}): {text!r}") from None
+    if not isinstance(raw, dict):
+        raise RecordError(f"{where}: a record is a JSON object, got {text!r}")
+    return raw
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not an integer")
+    return value
