@@ -121,6 +121,18 @@ def spec_schema() -> dict[str, Any]:
                     f"{TOPIC_NAME_MAX} characters). Defaults to metadata.name. Fixed for the Topic's life."
                 ),
             },
+            "replicas": {
+                "type": "integer",
+                "format": "int32",
+                "minimum": 1,
+                "maximum": 2**31 - 1,
+                "description": (
+                    "Copies of each partition (Kafka's replication factor), each on a different storage pod, and in "
+                    "different zones when the pods' nodes carry topology.kubernetes.io/zone. Capped by the pods. "
+                    "Default: the operator's default-replicas (the chart's operator.defaultReplicas). Read when the "
+                    "topic is created: partitions added later get the replication factor the topic has, as in Kafka."
+                ),
+            },
             "config": config_schema(),
         },
         "x-kubernetes-validations": [
@@ -181,7 +193,10 @@ def partition_status_schema() -> dict[str, Any]:
         "required": ["partition"],
         "properties": {
             "partition": {"type": "integer", "format": "int32", "minimum": 0},
-            "pod": {"type": "string", "description": "Storage pod holding the partition's log."},
+            "pod": {"type": "string", "description": "Storage pod holding this replica of the partition."},
+            "role": {"type": "string", "description": "The replica's role: leader, follower or offline."},
+            "inSync": {"type": "boolean", "description": "Whether the replica is in the in-sync replica set (ISR)."},
+            "lag": _int64("Follower: offsets behind the leader's log end; 0 for the leader.", 0),
             "logStartOffset": _int64("First readable offset.", 0),
             "logEndOffset": _int64("Offset the next record gets.", 0),
             "sizeBytes": _int64("Bytes in the partition's segments.", 0),

@@ -170,8 +170,9 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
     def compute(snapshot: Snapshot) -> dict[str, str]:
         lost = lost_topics(every_topic, snapshot.data, ctx.deleted)
         restore = plan_restore(lost, snapshot.data, storage, settings.node_address_template,
-                               lambda name: placements(name, reports))
-        text, owners = plan(topic, {**snapshot.data, **restore.texts}, storage, settings.node_address_template, found)
+                               lambda name: placements(name, reports), settings.default_replicas)
+        text, owners = plan(topic, {**snapshot.data, **restore.texts}, storage, settings.node_address_template, found,
+                            settings.default_replicas)
         planned["owners"], planned["text"], planned["changed"] = owners, text, snapshot.data.get(topic.key) != text
         planned["lost"], planned["restore"] = lost, restore
         return {PLACEHOLDER_KEY: PLACEHOLDER_TEXT, **restore.texts, topic.key: text}

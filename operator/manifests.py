@@ -2,7 +2,7 @@
 
 The manifest is what `shale serve --topics` parses (sidecar/server/manifests.py): metadata.uid (the
 CR's uid) becomes the Kafka topic id, spec.topicName is always written out, spec.config holds the keys
-the user set in Kafka's string form, and spec.assignment places each partition on a pod. Config is
+the user set in Kafka's string form, and spec.assignment places each partition's replicas on pods. Config is
 checked with the one topic-config table (`TopicConfig.from_mapping`) so a bad key is reported on the
 Topic by name, and every rendered manifest goes through the sidecar's own parser before it is
 written, so the operator never writes what the pods would refuse.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -42,6 +42,7 @@ class DesiredTopic:
     topic_name: str
     partitions: int
     config: dict[str, str]  # the keys the user set, as Kafka strings
+    replicas: int | None = None  # spec.replicas (Kafka's replication factor); None: the operator's default
 
     @property
     def key(self) -> str:
@@ -68,7 +69,7 @@ class AppliedTopic:
     uid: str | None
     topic_name: str | None
     partitions: int
-    assignment: tuple[int, ...] | None
+    assignment: tuple[tuple[int, ...], ...] | None  # each partition's replicas, the preferred leader first
     manifest: dict[str, Any]
 
     @property
@@ -117,7 +118,10 @@ def desired_topic(body: Mapping[str, Any]) -> DesiredTopic:
     except InvalidConfigError as exc:
         raise SpecError("InvalidConfig", f"spec.config.{exc.key}: {exc}") from None
     config = {key: CONFIG_KEYS_BY_NAME[key].to_string(parsed.value_of(key)) for key in raw_config}
-    return DesiredTopic(namespace, name, str(meta.get("uid") or ""), topic_name, partitions, config)
+    replicas = spec.get("replicas")
+    if replicas is not None and (not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1):
+        raise SpecError("InvalidSpec", f"spec.replicas must be an integer >= 1, got {replicas!r}")
+    return DesiredTopic(namespace, name, str(meta.get("uid") or ""), topic_name, partitions, config, replicas)
 
 
 def last_applied(body: Mapping[str, Any]) -> DesiredTopic | None:
@@ -129,8 +133,14 @@ def last_applied(body: Mapping[str, Any]) -> DesiredTopic | None:
     return desired_topic({**body, "spec": spec}) if isinstance(spec, Mapping) else None
 
 
-def render(topic: DesiredTopic, assignment: list[int], nodes: Mapping[int, str]) -> dict[str, Any]:
-    """The manifest for the storage pods; SpecError("InvalidSpec") if their parser would refuse it."""
+def render(topic: DesiredTopic, assignment: Sequence[tuple[int, ...]], nodes: Mapping[int, str]) -> dict[str, Any]:
+    """The manifest for the storage pods; SpecError("InvalidSpec") if their parser would refuse it.
+
+    Partitions of one replica each are written as plain node ids, as before replication, so the manifests
+    (and the digests the pods report) of single-replica topics stay what they were.
+    """
+    single = all(len(replicas) == 1 for replicas in assignment)
+    partitions = [replicas[0] if single else list(replicas) for replicas in assignment]
     manifest = {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -139,7 +149,7 @@ def render(topic: DesiredTopic, assignment: list[int], nodes: Mapping[int, str])
             "topicName": topic.topic_name,
             "partitions": topic.partitions,
             "config": dict(topic.config),
-            "assignment": {"partitions": list(assignment), "nodes": {str(n): nodes[n] for n in sorted(nodes)}},
+            "assignment": {"partitions": partitions, "nodes": {str(n): nodes[n] for n in sorted(nodes)}},
         },
     }
     try:
@@ -178,6 +188,18 @@ def parse_applied(key: str, text: str) -> AppliedTopic | None:
         key=key, namespace=meta.get("namespace"), name=meta.get("name"), uid=meta.get("uid"),
         topic_name=spec.get("topicName") or meta.get("name"),
         partitions=partitions if isinstance(partitions, int) else 0,
-        assignment=tuple(assignment) if isinstance(assignment, list) and all(isinstance(n, int) for n in assignment)
-        else None,
-        manifest=doc)
+        assignment=_replica_sets(assignment), manifest=doc)
+
+
+def _replica_sets(raw: Any) -> tuple[tuple[int, ...], ...] | None:
+    """`spec.assignment.partitions` as replica tuples: a node id per partition (one replica) or a list each."""
+    if not isinstance(raw, list):
+        return None
+    out = []
+    for entry in raw:
+        replicas = [entry] if isinstance(entry, int) else entry
+        if not isinstance(replicas, list) or not replicas or not all(
+                isinstance(n, int) and not isinstance(n, bool) for n in replicas):
+            return None
+        out.append(tuple(replicas))
+    return tuple(out)

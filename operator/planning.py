@@ -32,10 +32,11 @@ def applied_topics(data: Mapping[str, str]) -> dict[str, AppliedTopic]:
 
 
 def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address_template: str,
-         found: Mapping[int, int]) -> tuple[str, list[int]]:
+         found: Mapping[int, tuple[int, ...]], default_replicas: int = 1) -> tuple[str, list[tuple[int, ...]]]:
     """The text for `topic.key` and its assignment; SpecError if the spec cannot be applied as it is.
 
-    found: partition → node id, for partitions whose logs the pods already hold (from their /status).
+    found: partition → the node ids whose pods already hold its logs (from their /status).
+    default_replicas: the replication factor of a Topic without spec.replicas.
     """
     applied = applied_topics(data)
     mine = applied.get(topic.key)
@@ -49,14 +50,19 @@ def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address
     if topic.partitions < held:
         raise SpecError("NotSupported", f"spec.partitions cannot be decreased from {held} to {topic.partitions}: "
                                         "Kafka cannot remove partitions")
-    previous: list[int | None] = list(mine.assignment) if mine is not None and mine.assignment else []
+    previous: list[tuple[int, ...] | None] = list(mine.assignment) if mine is not None and mine.assignment else []
     previous += [found.get(p) for p in range(len(previous), topic.partitions)]
-    load = load_of(a.assignment for k, a in applied.items() if k != topic.key and a.assignment)
+    load, leaders = load_of(a.assignment for k, a in applied.items() if k != topic.key and a.assignment)
+    # As Kafka's CreatePartitions: new partitions get the replication factor the topic has; changing it for
+    # existing partitions is a reassignment, which the operator does not do.
+    existing = next((len(replicas) for replicas in previous if replicas), None)
     try:
-        owners = assign(topic.partitions, previous, storage.nodes, load)
+        owners = assign(topic.partitions, existing or topic.replicas or default_replicas, previous, storage.nodes,
+                        load, leaders, storage.zones)
     except ValueError as exc:  # no pod to place new partitions on (replicas: 0)
         raise StorageError(f"StatefulSet {storage.namespace}/{storage.statefulset}: {exc}") from None
-    addresses = {node: storage.render(address_template, node) for node in sorted(set(storage.nodes) | set(owners))}
+    placed = {node for replicas in owners for node in replicas}
+    addresses = {node: storage.render(address_template, node) for node in sorted(set(storage.nodes) | placed)}
     manifest = render(topic, owners, addresses)
     if mine is not None and mine.manifest == manifest:
         return data[topic.key], owners
@@ -105,7 +111,7 @@ class Restore:
 
 
 def plan_restore(lost: Sequence[Mapping[str, Any]], data: Mapping[str, str], storage: Storage, address_template: str,
-                 found_of: Callable[[str], Mapping[int, int]]) -> Restore:
+                 found_of: Callable[[str], Mapping[int, tuple[int, ...]]], default_replicas: int = 1) -> Restore:
     """The texts that write back the keys of the `lost` Topic bodies, planned one after another.
 
     Partitions stay where the pods' logs are (`found_of(topic name)`): a lost key's placements can
@@ -118,7 +124,7 @@ def plan_restore(lost: Sequence[Mapping[str, Any]], data: Mapping[str, str], sto
     working, restore = dict(data), Restore({}, {}, {})
 
     def planned(topic: DesiredTopic) -> str:
-        return plan(topic, working, storage, address_template, found_of(topic.topic_name))[0]
+        return plan(topic, working, storage, address_template, found_of(topic.topic_name), default_replicas)[0]
 
     for body in sorted(lost, key=lambda b: configmap_key(b["metadata"]["namespace"], b["metadata"]["name"])):
         key = configmap_key(body["metadata"]["namespace"], body["metadata"]["name"])

@@ -37,6 +37,7 @@ class Settings:
     # Fields: pod, ordinal, service, namespace, pod_ip, and port_<name> for each named container port.
     status_url_template: str = "http://{pod}.{service}.{namespace}.svc:8080/status"
     node_address_template: str = "{pod}.{service}.{namespace}.svc:9092"
+    default_replicas: int = 1  # replicas of each partition of a Topic without spec.replicas (the chart sets 3)
     cleaning_stuck_after_seconds: float = 3600.0
     status_interval_seconds: float = 30.0
     ready_wait_seconds: float = 15.0  # a change handler waits this long for the pods to serve the partitions
@@ -64,6 +65,8 @@ class Settings:
         for name in ("cleaning_stuck_after_seconds", "status_interval_seconds", "http_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.default_replicas < 1:
+            raise ValueError(f"default_replicas must be >= 1, got {self.default_replicas}")
         if self.ready_wait_seconds < 0:
             raise ValueError(f"ready_wait_seconds must be >= 0, got {self.ready_wait_seconds}")
 
@@ -83,6 +86,13 @@ def _optional_text(raw: str) -> Any:
     return OFF if raw.strip().lower() in ("off", "none") else raw
 
 
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1, got {value}")
+    return value
+
+
 _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "storage_namespace": ("SHALE_STORAGE_NAMESPACE", str),
     "configmap": ("SHALE_TOPICS_CONFIGMAP", str),
@@ -91,6 +101,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "watch_namespaces": ("SHALE_WATCH_NAMESPACES", _namespaces),
     "status_url_template": ("SHALE_STATUS_URL_TEMPLATE", str),
     "node_address_template": ("SHALE_NODE_ADDRESS_TEMPLATE", str),
+    "default_replicas": ("SHALE_DEFAULT_REPLICAS", _positive_int),
     "cleaning_stuck_after_seconds": ("SHALE_CLEANING_STUCK_AFTER_SECONDS", float),
     "status_interval_seconds": ("SHALE_STATUS_INTERVAL_SECONDS", float),
     "ready_wait_seconds": ("SHALE_READY_WAIT_SECONDS", float),
@@ -117,6 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--status-url-template", "URL of a pod's /status; fields {pod} {ordinal} {service} {namespace} "
          "{pod_ip} {port_<name>}")
     flag("--node-address-template", "Kafka address of a pod, as clients reach it; same fields")
+    flag("--default-replicas", "replicas of each partition of a Topic without spec.replicas, capped by the pods",
+         type=_positive_int)
     flag("--cleaning-stuck-after-seconds", "paused or uncleanable this long: CleaningStuck=True", type=float)
     flag("--status-interval-seconds", "how often each Topic is reconciled and its status refreshed", type=float)
     flag("--ready-wait-seconds", "how long a change waits for the pods to serve it before returning", type=float)

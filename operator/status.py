@@ -14,7 +14,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 
@@ -99,18 +99,20 @@ def _partitions_of(report: NodeReport, topic: str) -> list[Mapping[str, Any]]:
     return list((topics.get(topic) or {}).get("partitions") or [])
 
 
-def placements(topic: str, reports: Mapping[int, NodeReport]) -> dict[int, int]:
-    """partition → node for the logs of `topic` the pods hold (served or stray); a log on two pods is ignored."""
+def placements(topic: str, reports: Mapping[int, NodeReport]) -> dict[int, tuple[int, ...]]:
+    """partition → the nodes holding a log of it (served or stray), lowest ordinal first: its replicas."""
     seen: dict[int, set[int]] = {}
     for ordinal, report in reports.items():
         for entry in _partitions_of(report, topic):
             seen.setdefault(entry["partition"], set()).add(ordinal)
-    return {p: next(iter(nodes)) for p, nodes in seen.items() if len(nodes) == 1}
+    return {p: tuple(sorted(nodes)) for p, nodes in seen.items()}
 
 
 def _partition_status(entry: Mapping[str, Any], pod: str) -> dict[str, Any]:
     cleaning = entry.get("cleaning") or {}
-    out: dict[str, Any] = {"partition": entry["partition"], "pod": pod,
+    replica = entry.get("replica") or {}  # replicated topics: this copy's role, ISR membership and lag
+    out: dict[str, Any] = {"partition": entry["partition"], "pod": pod, "role": replica.get("role"),
+                           "inSync": replica.get("in_sync"), "lag": replica.get("lag"),
                            "logStartOffset": entry.get("log_start_offset"), "logEndOffset": entry.get("log_end_offset"),
                            "sizeBytes": entry.get("size_bytes"), "cleaningState": cleaning.get("state")}
     if cleaning.get("since_ms") is not None:
@@ -154,36 +156,39 @@ def _not_loaded(topic: str, digest: str, owners: set[int], reports: Mapping[int,
     return out
 
 
-def observe(topic: str, key: str, assignment: list[int], storage: Storage, reports: Mapping[int, NodeReport],
-            stuck_after_seconds: float, spec_digest: str | None = None) -> Observation:
-    """The Topic's status from what the pods report about its partitions.
+def observe(topic: str, key: str, assignment: Sequence[tuple[int, ...]], storage: Storage,
+            reports: Mapping[int, NodeReport], stuck_after_seconds: float, spec_digest: str | None = None) -> Observation:
+    """The Topic's status from what the pods report about its partitions' replicas: one entry per replica.
 
     spec_digest: the digest of the manifest last written (`loaded_digest`); Ready then also needs every
-    pod to report it. None: only whether the partitions are served.
+    pod to report it. None: only whether every replica is served.
     """
     partitions: list[dict[str, Any]] = []
     missing: list[str] = []
     stuck: list[tuple[str, str]] = []
-    for p, node in enumerate(assignment):
-        pod = storage.pod_name(node)
-        report = reports.get(node)
-        entry = next((e for e in _partitions_of(report, topic) if e.get("partition") == p), None) if report else None
-        if entry is None or not entry.get("served", True):
-            partitions.append({"partition": p, "pod": pod})
-            why = (report.error if report and report.error else f"pod {pod} does not serve it yet"
-                   if node in storage.nodes else f"pod {pod} is beyond the StatefulSet's {storage.replicas} replicas")
-            missing.append(f"{p} ({why})")
-            continue
-        partitions.append(_partition_status(entry, pod))
-        cleaning = entry.get("cleaning") or {}
-        state, seconds = cleaning.get("state"), cleaning.get("seconds_in_state") or 0.0
-        if state in STUCK_STATES and seconds >= stuck_after_seconds:
-            detail = (f"pause count {cleaning.get('pause_count')}" if state == "paused"
-                      else f"{cleaning.get('uncleanable_reason') or 'cleaning failed'}")
-            stuck.append((STUCK_STATES[state], f"partition {p} on pod {pod}: cleaning {state} for {seconds:.0f} s "
-                                               f"(longer than {stuck_after_seconds:g} s; {detail})"))
+    for p, replicas in enumerate(assignment):
+        for node in replicas:
+            pod = storage.pod_name(node)
+            report = reports.get(node)
+            entry = (next((e for e in _partitions_of(report, topic) if e.get("partition") == p), None)
+                     if report else None)
+            if entry is None or not entry.get("served", True):
+                partitions.append({"partition": p, "pod": pod})
+                why = (report.error if report and report.error else f"pod {pod} does not serve it yet"
+                       if node in storage.nodes else f"pod {pod} is beyond the StatefulSet's {storage.replicas} replicas")
+                missing.append(f"{p} ({why})")
+                continue
+            partitions.append(_partition_status(entry, pod))
+            cleaning = entry.get("cleaning") or {}
+            state, seconds = cleaning.get("state"), cleaning.get("seconds_in_state") or 0.0
+            if state in STUCK_STATES and seconds >= stuck_after_seconds:
+                detail = (f"pause count {cleaning.get('pause_count')}" if state == "paused"
+                          else f"{cleaning.get('uncleanable_reason') or 'cleaning failed'}")
+                stuck.append((STUCK_STATES[state], f"partition {p} on pod {pod}: cleaning {state} for {seconds:.0f} s "
+                                                   f"(longer than {stuck_after_seconds:g} s; {detail})"))
+    owners = {node for replicas in assignment for node in replicas}
     refusals = _refusals(topic, key, reports)
-    stale = _not_loaded(topic, spec_digest, set(assignment), reports) if spec_digest else []
+    stale = _not_loaded(topic, spec_digest, owners, reports) if spec_digest else []
     if refusals:
         ready = Condition(READY, False, "StorageRefused", "; ".join(refusals))
     elif missing:
@@ -192,10 +197,12 @@ def observe(topic: str, key: str, assignment: list[int], storage: Storage, repor
         ready = Condition(READY, False, "SpecNotLoaded",
                           f"the current spec ({spec_digest}) is not loaded yet: " + "; ".join(stale))
     else:
-        pods = sorted({storage.pod_name(n) for n in assignment})
+        pods = sorted({storage.pod_name(n) for n in owners})
         loaded = f"; spec {spec_digest} loaded by every pod" if spec_digest else ""
+        copies = max(len(replicas) for replicas in assignment)
+        each = f" ({copies} replicas each)" if copies > 1 else ""
         ready = Condition(READY, True, "PartitionsServed",
-                          f"{len(assignment)} partition(s) served by {', '.join(pods)}{loaded}")
+                          f"{len(assignment)} partition(s){each} served by {', '.join(pods)}{loaded}")
     if stuck:
         reasons = sorted({reason for reason, _ in stuck})
         cleaning_stuck = Condition(CLEANING_STUCK, True, reasons[0] if len(reasons) == 1 else "CleaningStuck",

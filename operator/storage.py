@@ -17,6 +17,8 @@ import kubernetes
 
 from shale.operator.settings import Settings
 
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
 
 class StorageError(RuntimeError):
     """The storage cannot take the change now; the message names what. `reason`: the Ready condition's reason."""
@@ -32,6 +34,7 @@ class StoragePod:
     ordinal: int
     ip: str | None
     ports: dict[str, int] = field(default_factory=dict)  # named container ports
+    node: str | None = None  # the Kubernetes node it is scheduled on
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Storage:
     service: str
     replicas: int
     pods: dict[int, StoragePod]
+    zones: dict[int, str] = field(default_factory=dict)  # ordinal → zone label of its pod's node, where known
 
     @property
     def nodes(self) -> list[int]:
@@ -88,5 +92,22 @@ def read_storage(api: kubernetes.client.ApiClient, settings: Settings) -> Storag
             continue
         ports = {p.name: p.container_port for c in pod.spec.containers or () for p in c.ports or () if p.name}
         ordinal = int(match.group(1))
-        pods[ordinal] = StoragePod(pod.metadata.name, ordinal, pod.status.pod_ip if pod.status else None, ports)
-    return Storage(ns, name, service, sts.spec.replicas if sts.spec.replicas is not None else 1, pods)
+        pods[ordinal] = StoragePod(pod.metadata.name, ordinal, pod.status.pod_ip if pod.status else None, ports,
+                                   pod.spec.node_name)
+    zones = _zones(api, {o: p.node for o, p in pods.items() if p.node})
+    return Storage(ns, name, service, sts.spec.replicas if sts.spec.replicas is not None else 1, pods, zones)
+
+
+def _zones(api: kubernetes.client.ApiClient, node_of: dict[int, str]) -> dict[int, str]:
+    """The zone label of each pod's node, so that replicas spread over zones; none where unlabelled or unreadable
+    (the chart grants `get nodes`; without it, or on a cluster without zones, replicas spread over pods only)."""
+    core = kubernetes.client.CoreV1Api(api)
+    labels: dict[str, str | None] = {}
+    for node in set(node_of.values()):
+        try:
+            labels[node] = (core.read_node(node).metadata.labels or {}).get(ZONE_LABEL)
+        except kubernetes.client.ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            labels[node] = None
+    return {ordinal: labels[node] for ordinal, node in node_of.items() if labels.get(node)}

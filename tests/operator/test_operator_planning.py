@@ -61,27 +61,27 @@ def test_an_invalid_spec_is_refused(spec, words):
 
 def test_the_rendered_manifest_is_what_the_sidecar_parses():
     topic = desired_topic(body(config={"retention.ms": 1000}, topicName="Prices_V2"))
-    manifest = render(topic, [0, 1], {0: "a:9092", 1: "b:9092"})
+    manifest = render(topic, [(0,), (1,)], {0: "a:9092", 1: "b:9092"})
     spec = parse_topic(manifest, origin="test")
-    assert (spec.name, spec.partitions, spec.assignment) == ("Prices_V2", 2, (0, 1))
+    assert (spec.name, spec.partitions, spec.assignment) == ("Prices_V2", 2, ((0,), (1,)))
     assert spec.nodes == {0: ("a", 9092), 1: ("b", 9092)}
     assert spec.config.retention_ms == 1000
     assert topic_uuid(spec.topic_id) == uuid.UUID(UID)  # the Topic's uid is the Kafka topic id
     applied = parse_applied(topic.key, yaml.safe_dump(manifest))
     assert (applied.namespace, applied.name, applied.uid, applied.topic_name) == ("team-a", "prices", UID,
                                                                                   "Prices_V2")
-    assert (applied.partitions, applied.assignment) == (2, (0, 1))
+    assert (applied.partitions, applied.assignment) == (2, ((0,), (1,)))
 
 
 def test_the_spec_digest_changes_with_what_the_pods_apply_and_only_with_that():
     """`loaded_digest` of the text written = the `spec_digest` a pod reports once it parsed that text."""
     def digest(assignment=(0, 1), nodes=None, **overrides) -> str:
-        manifest = render(desired_topic(body(**overrides)), list(assignment), nodes or {0: "a:9092", 1: "b:9092"})
+        manifest = render(desired_topic(body(**overrides)), [(n,) for n in assignment], nodes or {0: "a:9092", 1: "b:9092"})
         return loaded_digest(to_yaml(manifest))  # the text the operator writes
 
     base = digest(config={"retention.ms": 1000})
     path = "/etc/shale/topics/team-a_prices.yaml"
-    manifest = render(desired_topic(body(config={"retention.ms": 1000})), [0, 1], {0: "a:9092", 1: "b:9092"})
+    manifest = render(desired_topic(body(config={"retention.ms": 1000})), [(0,), (1,)], {0: "a:9092", 1: "b:9092"})
     assert parse_topic(manifest, origin="manifest:" + path).digest == base  # where it was read from: no matter
     assert digest(config={"retention.ms": "1000"}) == base  # the same value, written another way
     other_layout = yaml.safe_dump(manifest, sort_keys=True, default_flow_style=True)
@@ -96,10 +96,10 @@ def test_the_spec_digest_changes_with_what_the_pods_apply_and_only_with_that():
 
 def test_what_the_sidecar_would_refuse_is_not_rendered():
     with pytest.raises(SpecError, match="reserved") as info:
-        render(desired_topic(body(topicName="__consumer_offsets")), [0, 0], {0: "a:1"})
+        render(desired_topic(body(topicName="__consumer_offsets")), [(0,), (0,)], {0: "a:1"})
     assert info.value.reason == "InvalidSpec"
     with pytest.raises(SpecError, match="not a UUID"):
-        render(desired_topic(body(uid="not-a-uid")), [0, 0], {0: "a:1"})
+        render(desired_topic(body(uid="not-a-uid")), [(0,), (0,)], {0: "a:1"})
 
 
 def test_configmap_keys_never_collide_and_stay_legal():
@@ -112,10 +112,10 @@ def test_configmap_keys_never_collide_and_stay_legal():
 
 
 def test_a_new_topic_is_placed_on_the_least_loaded_nodes():
-    other = render(desired_topic(body("other", 3, uid=str(uuid.uuid4()))), [0, 1, 0], {0: "x:1", 1: "y:1"})
+    other = render(desired_topic(body("other", 3, uid=str(uuid.uuid4()))), [(0,), (1,), (0,)], {0: "x:1", 1: "y:1"})
     data = {"team-a_other.yaml": yaml.safe_dump(other), "README": "not a manifest"}
     text, owners = plan(desired_topic(body(partitions=3)), data, storage(), DNS, {})
-    assert owners == [1, 0, 1]
+    assert owners == [(1,), (0,), (1,)]
     manifest = yaml.safe_load(text)
     assert manifest["spec"]["assignment"] == {"partitions": [1, 0, 1], "nodes": {
         "0": "shale-0.shale-headless.data.svc:9092", "1": "shale-1.shale-headless.data.svc:9092"}}
@@ -129,14 +129,14 @@ def test_an_unchanged_spec_gives_the_same_text_and_a_change_keeps_the_placement(
     assert plan(topic, data, storage(), DNS, {}) == (text, owners)
     grown = desired_topic(body(partitions=4, config={"retention.ms": 5}))
     text2, owners2 = plan(grown, data, storage(replicas=3), DNS, {})
-    assert owners2[:2] == owners and owners2[2] == 2  # node 2 is new and empty
+    assert owners2[:2] == owners and owners2[2] == (2,)  # node 2 is new and empty
     assert yaml.safe_load(text2)["spec"]["config"] == {"retention.ms": "5"}
 
 
 def test_placements_found_on_the_pods_are_kept_when_the_key_is_lost():
     topic = desired_topic(body(partitions=3))
-    _, owners = plan(topic, {}, storage(), DNS, {0: 1, 1: 1})
-    assert owners == [1, 1, 0]
+    _, owners = plan(topic, {}, storage(), DNS, {0: (1,), 1: (1,)})
+    assert owners == [(1,), (1,), (0,)]
 
 
 def test_decreasing_partitions_is_not_supported():
@@ -181,7 +181,7 @@ def test_lost_keys_are_written_back_where_the_pods_hold_the_logs():
     """A ConfigMap emptied by hand: every lost key is planned, on the pods that hold its partitions."""
     a = body("a", 3, {"retention.ms": 60000}, uid=str(uuid.uuid4()))
     b = body("b", 2, uid=str(uuid.uuid4()))
-    found = {"a": {0: 1, 1: 1, 2: 0}, "b": {0: 0, 1: 1}}
+    found = {"a": {0: (1,), 1: (1,), 2: (0,)}, "b": {0: (0,), 1: (1,)}}
     before = {}
     for topic in (a, b):  # what the operator had written
         text, _ = plan(desired_topic(topic), before, storage(), DNS, found[topic["metadata"]["name"]])
@@ -195,7 +195,7 @@ def test_lost_keys_are_written_back_where_the_pods_hold_the_logs():
 def test_a_lost_key_that_cannot_be_written_back_does_not_hold_back_the_others():
     good = body("good", 1, uid=str(uuid.uuid4()))
     bad = body("bad", 1, {"retention.ms": "soon"}, uid=str(uuid.uuid4()))  # refused since it was applied
-    restore = plan_restore([good, bad], {}, storage(), DNS, lambda name: {0: 0})
+    restore = plan_restore([good, bad], {}, storage(), DNS, lambda name: {0: (0,)})
     assert list(restore.texts) == ["team-a_good.yaml"]
     assert list(restore.refused) == ["team-a_bad.yaml"]
     assert restore.refused["team-a_bad.yaml"].startswith("spec.config.retention.ms: ")
@@ -211,7 +211,7 @@ def test_a_lost_key_whose_spec_is_refused_now_is_written_back_at_its_applied_spe
     """All keys come back: pods that see only the final state would take one left out for a deletion."""
     ledger = body("ledger", 2, {"retention.ms": 86400000, "cleanup.policy": "compact"}, uid=str(uuid.uuid4()))
     other = body("other", 1, uid=str(uuid.uuid4()))
-    found = {"ledger": {0: 1, 1: 0}, "other": {0: 1}}
+    found = {"ledger": {0: (1,), 1: (0,)}, "other": {0: (1,)}}
     before = {}
     for b in (ledger, other):
         applied = desired_topic(b)
@@ -231,7 +231,7 @@ def test_a_lost_key_is_refused_only_without_an_applied_spec_to_fall_back_on():
     stale = body("stale", 1, {"retention.ms": "soon"}, uid=str(uuid.uuid4()))
     stale["status"] = {"topicName": "stale", "appliedSpec": {"topicName": "stale", "partitions": 1,
                                                              "config": {"segment.bytes": "1"}}}
-    restore = plan_restore([never, stale], {}, storage(), DNS, lambda name: {0: 0})
+    restore = plan_restore([never, stale], {}, storage(), DNS, lambda name: {0: (0,)})
     assert restore.texts == {} and restore.fallback == {} and last_applied(never) is None
     assert restore.refused["team-a_never.yaml"].startswith("spec.config.retention.ms: ")
     assert restore.refused["team-a_stale.yaml"].startswith("spec.config.retention.ms: ")
@@ -253,3 +253,37 @@ def test_only_applied_topics_that_are_still_managed_count_as_lost():
               applied("terminating", deletionTimestamp="2026-01-01T00:00:00Z"), applied("removed")]
     data = {"team-a_kept.yaml": "..."}
     assert [b["metadata"]["name"] for b in lost_topics(bodies, data, {"uid-removed"})] == ["lost"]
+
+
+def test_replicas_place_each_partition_on_distinct_pods_and_the_sidecar_parses_the_lists():
+    topic = desired_topic(body(partitions=3, replicas=3))
+    text, owners = plan(topic, {}, storage(replicas=3), DNS, {})
+    assert owners == [(0, 1, 2), (1, 0, 2), (2, 0, 1)]
+    manifest = yaml.safe_load(text)
+    assert manifest["spec"]["assignment"]["partitions"] == [[0, 1, 2], [1, 0, 2], [2, 0, 1]]
+    assert parse_topic(manifest, origin="test").assignment == ((0, 1, 2), (1, 0, 2), (2, 0, 1))
+    assert parse_applied(topic.key, text).assignment == ((0, 1, 2), (1, 0, 2), (2, 0, 1))
+
+
+def test_the_default_replication_factor_applies_without_spec_replicas_and_is_capped_by_the_pods():
+    topic = desired_topic(body(partitions=2))
+    assert topic.replicas is None
+    assert plan(topic, {}, storage(replicas=2), DNS, {}, default_replicas=3)[1] == [(0, 1), (1, 0)]
+    assert plan(topic, {}, storage(replicas=2), DNS, {})[1] == [(0,), (1,)]
+
+
+def test_new_partitions_get_the_topics_replication_factor_and_lost_keys_keep_the_pods_found():
+    topic = desired_topic(body(partitions=2, replicas=2))
+    text, owners = plan(topic, {}, storage(replicas=3), DNS, {})
+    assert owners == [(0, 1), (2, 0)]  # the second's leader on the pod holding nothing yet
+    grown = desired_topic(body(partitions=3, replicas=3))  # as Kafka's CreatePartitions: the topic's factor
+    assert plan(grown, {topic.key: text}, storage(replicas=3), DNS, {})[1] == owners + [(1, 2)]
+    # The key lost: the pods holding each partition's logs are its replicas.
+    assert plan(grown, {}, storage(replicas=3), DNS, {0: (0, 2), 1: (1, 2)})[1] == [(0, 2), (1, 2), (2, 0)]
+
+
+@pytest.mark.parametrize("replicas", [0, -1, "3", True, 1.5])
+def test_spec_replicas_must_be_a_positive_integer(replicas):
+    with pytest.raises(SpecError, match="spec.replicas must be an integer >= 1") as info:
+        desired_topic(body(replicas=replicas))
+    assert info.value.reason == "InvalidSpec"

@@ -34,7 +34,7 @@ def report(ordinal, *entries, topic="t", errors=None):
 def test_all_partitions_served_is_ready_with_their_offsets_and_sizes():
     reports = {0: report(0, partition(0), partition(2, dirty_ratio=0.4, last_clean_ms=1_700_000_100_000)),
                1: report(1, partition(1))}
-    obs = observe("t", "ns_t.yaml", [0, 1, 0], STORAGE, reports, 60)
+    obs = observe("t", "ns_t.yaml", [(0,), (1,), (0,)], STORAGE, reports, 60)
     assert obs.ready == Condition("Ready", True, "PartitionsServed", "3 partition(s) served by shale-0, shale-1")
     assert obs.partitions[2] == {"partition": 2, "pod": "shale-0", "logStartOffset": 0, "logEndOffset": 12,
                                  "sizeBytes": 300, "cleaningState": "idle", "cleaningSince": "2023-11-14T22:13:20Z",
@@ -46,7 +46,7 @@ def test_all_partitions_served_is_ready_with_their_offsets_and_sizes():
 def test_partitions_not_served_yet_are_named_with_the_reason():
     reports = {0: report(0, partition(0), partition(2, served=False)),
                1: NodeReport(1, "shale-1", error="GET http://x/status: Connection refused")}
-    obs = observe("t", "ns_t.yaml", [0, 1, 0, 5], STORAGE, reports, 60)
+    obs = observe("t", "ns_t.yaml", [(0,), (1,), (0,), (5,)], STORAGE, reports, 60)
     assert obs.ready.status is False and obs.ready.reason == "PartitionsNotServed"
     assert obs.ready.message == ("partitions not served: 1 (GET http://x/status: Connection refused); "
                                  "2 (pod shale-0 does not serve it yet); "
@@ -57,10 +57,10 @@ def test_partitions_not_served_yet_are_named_with_the_reason():
 
 def test_a_refused_manifest_or_change_makes_the_topic_not_ready():
     errors = {"manifests": {"/etc/shale/topics/ns_t.yaml: t": "bad thing"}, "topics": {}}
-    obs = observe("t", "ns_t.yaml", [0], STORAGE, {0: report(0, partition(0), errors=errors)}, 60)
+    obs = observe("t", "ns_t.yaml", [(0,)], STORAGE, {0: report(0, partition(0), errors=errors)}, 60)
     assert obs.ready == Condition("Ready", False, "StorageRefused", "pod shale-0: bad thing")
     errors = {"manifests": {"/etc/shale/topics/other.yaml": "x"}, "topics": {"t": "fewer partitions: 1 < 2"}}
-    obs = observe("t", "ns_t.yaml", [0], STORAGE, {0: report(0, partition(0), errors=errors)}, 60)
+    obs = observe("t", "ns_t.yaml", [(0,)], STORAGE, {0: report(0, partition(0), errors=errors)}, 60)
     assert obs.ready.message == "pod shale-0: fewer partitions: 1 < 2"
 
 
@@ -76,37 +76,37 @@ def test_ready_needs_every_answering_pod_to_report_the_spec_just_written():
     three = Storage("data", "shale", "shale-headless", 3, {})
     owner = with_digest(report(0, partition(0)), "new")
     reports = {0: owner, 1: with_digest(report(1), "new"), 2: NodeReport(2, "shale-2", error="refused")}
-    ready = observe("t", "k", [0], three, reports, 60, spec_digest="new").ready
+    ready = observe("t", "k", [(0,)], three, reports, 60, spec_digest="new").ready
     assert ready == Condition("Ready", True, "PartitionsServed",
                               "1 partition(s) served by shale-0; spec new loaded by every pod")
 
     stale_owner = with_digest(report(0, partition(0)), "old")
-    ready = observe("t", "k", [0], three, {**reports, 0: stale_owner}, 60, spec_digest="new").ready
+    ready = observe("t", "k", [(0,)], three, {**reports, 0: stale_owner}, 60, spec_digest="new").ready
     assert ready == Condition("Ready", False, "SpecNotLoaded",
                               "the current spec (new) is not loaded yet: pod shale-0 has spec old")
     # A pod without a partition of the topic still answers Metadata for it: it must have loaded the spec too.
     for other, said in ((with_digest(report(1), "old"), "has spec old"),
                         (with_digest(report(1), None), "does not declare the topic yet")):
-        ready = observe("t", "k", [0], three, {**reports, 1: other}, 60, spec_digest="new").ready
+        ready = observe("t", "k", [(0,)], three, {**reports, 1: other}, 60, spec_digest="new").ready
         assert (ready.reason, ready.message) == ("SpecNotLoaded",
                                                  f"the current spec (new) is not loaded yet: pod shale-1 {said}")
     # ...unless it is still loading its logs (no clients are sent to it yet).
     loading = with_digest(report(1), None, ready=False)
-    assert observe("t", "k", [0], three, {**reports, 1: loading}, 60, spec_digest="new").ready.status is True
+    assert observe("t", "k", [(0,)], three, {**reports, 1: loading}, 60, spec_digest="new").ready.status is True
     # An owner that is not ready is never skipped: its partitions are not served.
-    assert observe("t", "k", [0], three, {**reports, 0: with_digest(report(0), None, ready=False)}, 60,
+    assert observe("t", "k", [(0,)], three, {**reports, 0: with_digest(report(0), None, ready=False)}, 60,
                    spec_digest="new").ready.reason == "PartitionsNotServed"
 
 
 def test_cleaning_is_stuck_once_paused_or_uncleanable_for_the_threshold():
-    below = observe("t", "k", [0], STORAGE, {0: report(0, partition(0, "paused", 59.9))}, 60)
+    below = observe("t", "k", [(0,)], STORAGE, {0: report(0, partition(0, "paused", 59.9))}, 60)
     assert below.cleaning_stuck.status is False
-    at = observe("t", "k", [0, 1], STORAGE, {0: report(0, partition(0, "paused", 60.0)),
+    at = observe("t", "k", [(0,), (1,)], STORAGE, {0: report(0, partition(0, "paused", 60.0)),
                                              1: report(1, partition(1, "in-progress", 9999))}, 60)
     assert at.cleaning_stuck == Condition(
         "CleaningStuck", True, "CleaningPaused",
         "partition 0 on pod shale-0: cleaning paused for 60 s (longer than 60 s; pause count 1)")
-    both = observe("t", "k", [0, 1], STORAGE, {0: report(0, partition(0, "paused", 61)),
+    both = observe("t", "k", [(0,), (1,)], STORAGE, {0: report(0, partition(0, "paused", 61)),
                                                1: report(1, partition(1, "uncleanable", 3600))}, 60)
     assert both.cleaning_stuck.reason == "CleaningStuck"  # more than one kind
     assert "partition 1 on pod shale-1: cleaning uncleanable for 3600 s" in both.cleaning_stuck.message
@@ -114,9 +114,9 @@ def test_cleaning_is_stuck_once_paused_or_uncleanable_for_the_threshold():
     assert both.ready.status is True  # stuck cleaning does not stop serving
 
 
-def test_placements_come_from_logs_on_exactly_one_pod():
+def test_placements_are_the_pods_holding_each_partitions_logs():
     reports = {0: report(0, partition(0), partition(1, served=False)), 1: report(1, partition(1), partition(2))}
-    assert placements("t", reports) == {0: 0, 2: 1}
+    assert placements("t", reports) == {0: (0,), 1: (0, 1), 2: (1,)}
     assert placements("other", reports) == {}
 
 
@@ -149,16 +149,16 @@ def test_a_real_nodes_status_document_reads_as_expected(tmp_path):
     digest = loaded_digest(manifest.read_text())  # what the operator computes from the text it wrote
     assert doc["topics"]["t"]["spec_digest"] == digest
     one_pod, reports = Storage("d", "shale", "h", 1, {}), {0: NodeReport(0, "shale-0", document=doc)}
-    obs = observe("t", "t.yaml", [0, 0], one_pod, reports, 3600, spec_digest=digest)
+    obs = observe("t", "t.yaml", [(0,), (0,)], one_pod, reports, 3600, spec_digest=digest)
     assert obs.ready.status is True
     other = loaded_digest(manifest.read_text().replace("compact", "delete"))
-    assert observe("t", "t.yaml", [0, 0], one_pod, reports, 3600, spec_digest=other).ready.reason == "SpecNotLoaded"
+    assert observe("t", "t.yaml", [(0,), (0,)], one_pod, reports, 3600, spec_digest=other).ready.reason == "SpecNotLoaded"
     # Every field of a topic's entry is documented with the /status shape.
     rows = set(re.findall(r"^\| `topics\.<name>\.(\w+)", DOCS.read_text(), re.M))
     assert set(doc["topics"]["t"]) == rows == {"spec_digest", "partitions"}
     assert [set(p) for p in obs.partitions] == [{"partition", "pod", "logStartOffset", "logEndOffset", "sizeBytes",
                                                  "cleaningState", "cleaningSince", "dirtyRatio"}] * 2
-    assert placements("t", {0: NodeReport(0, "shale-0", document=doc)}) == {0: 0, 1: 0}
+    assert placements("t", {0: NodeReport(0, "shale-0", document=doc)}) == {0: (0,), 1: (0,)}
 
 
 def test_refreshes_share_one_fetch_per_pod_while_it_is_recent():
