@@ -14,14 +14,15 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
     """Replace `path` by `data` so that a crash leaves either the old or the new content, never a mix.
 
     A failed write (a full disk) removes its `.tmp`: the blocks it took go back at once and the
-    old file stays as it was.
+    old file stays as it was. `mode` is the new file's permission bits (0o600 for secrets: the `.tmp` is
+    never readable by others either).
     """
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         try:
             view = memoryview(data)
