@@ -10,11 +10,15 @@ All methods are blocking: the node calls them from its controller thread, never 
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
+
+logger = logging.getLogger(__name__)
 
 
 class StoreUnavailable(Exception):
@@ -44,6 +48,26 @@ class StoreView:
     def is_live(self, node_id: int, incarnation: str | None = None) -> bool:
         node = self.nodes.get(node_id)
         return node is not None and (incarnation is None or node.incarnation == incarnation)
+
+
+def session_ttl_seconds(ttl_ms: int) -> int:
+    """Sessions are granted in whole seconds (etcd leases, Lease.leaseDurationSeconds): rounded up, never
+    below one second, so a store never ends a session earlier than the node asked."""
+    return max(1, math.ceil(ttl_ms / 1000))
+
+
+@dataclass
+class UnreadableRecords:
+    """Logs each unreadable store value once per version: views are read several times a second, and a
+    damaged record stays damaged until someone rewrites it (the stores skip it and never overwrite it)."""
+
+    store: str
+    _reported: set[tuple[str, str]] = field(default_factory=set)
+
+    def report(self, where: str, version: str, error: Exception) -> None:
+        if (where, version) not in self._reported:
+            self._reported.add((where, version))
+            logger.error("%s: skipping an unreadable record (left as it is): %s", self.store, error)
 
 
 class ControlStore(Protocol):

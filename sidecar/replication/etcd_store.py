@@ -1,0 +1,294 @@
+"""`ControlStore` on etcd v3, through its JSON gateway (etcd3gw): leases for sessions, transactions for CAS.
+
+Keys live under `/shale/<cluster id>/` (docs/replication.md, "What is stored where"): `nodes/<id>` bound to
+the node's lease, so etcd itself deletes it when the node stops renewing, and `partitions/<topic>/<n>`
+written only by transactions that compare the key's `mod_revision` (the record's version) or, for a create,
+that its `create_revision` is 0. A view is one range read, so nodes and records come from one revision.
+
+Every call is bounded by `timeout_s` per endpoint (default 1 s, well inside a session) and tries the
+endpoints in turn, starting with the last one that answered; when none answers it raises StoreUnavailable.
+A write whose answer was lost may have landed: `ControlStore.update_partition` leaves that to the caller's
+re-read. `wait_for_change` is a real watch on the prefix from the view's revision + 1 (one streamed HTTP
+request per call on its own connection, closed on return), not polling.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+import etcd3gw
+from etcd3gw import exceptions as etcd_errors
+
+from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.replication.control_store import (SessionLost, StoreUnavailable, StoreView, UnreadableRecords,
+                                                     Versioned, session_ttl_seconds)
+from shale.sidecar.replication.records import NodeRegistration, PartitionRecord, RecordError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 1.0
+_T = TypeVar("_T")
+
+
+def parse_endpoints(url: str) -> list[str]:
+    """`etcd://h:p[,h:p…]` (the `--store` form) into `http://h:p` endpoints; a bare `h:p` list works too."""
+    rest = url.removeprefix("etcd://")
+    endpoints = [e.strip() for e in rest.split(",") if e.strip()]
+    if not endpoints:
+        raise ValueError(f"no etcd endpoint in {url!r} (expected etcd://host:port[,host:port…])")
+    return [e if "://" in e else f"http://{e}" for e in endpoints]
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    host: str
+    port: int
+    protocol: str
+
+    @classmethod
+    def parse(cls, endpoint: str) -> "_Endpoint":
+        protocol, sep, rest = endpoint.partition("://")
+        if not sep:
+            protocol, rest = "http", endpoint
+        host, colon, port = rest.rstrip("/").rpartition(":")
+        if not colon or not port.isdigit() or protocol not in ("http", "https"):
+            raise ValueError(f"etcd endpoint {endpoint!r}: expected http://host:port")
+        return cls(host.strip("[]"), int(port), protocol)
+
+    def __str__(self) -> str:
+        return f"{self.protocol}://{self.host}:{self.port}"
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode(errors="replace")  # not UTF-8: a RecordError when parsed, not a crash
+
+
+def _prefix_end(prefix: str) -> str:
+    """The range end that covers every key starting with `prefix` (etcd's `WithPrefix`)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class EtcdStore:
+    """The control store on an etcd cluster; used from one thread (the node's controller)."""
+
+    def __init__(self, endpoints: list[str], cluster_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if not endpoints:
+            raise ValueError("EtcdStore needs at least one endpoint")
+        if not cluster_id or "/" in cluster_id:
+            raise ValueError(f"cluster id {cluster_id!r}: must be non-empty and without '/'")
+        self.cluster_id = cluster_id
+        self.prefix = f"/shale/{cluster_id}/"
+        self.timeout_s = timeout_s
+        self._endpoints = [_Endpoint.parse(e) for e in endpoints]
+        # api_path fixed: etcd ≥ 3.4 serves /v3/; discovery would cost a round trip on every new client.
+        self._clients = [etcd3gw.Etcd3Client(e.host, e.port, e.protocol, timeout=timeout_s, api_path="/v3/")
+                         for e in self._endpoints]
+        self._current = 0  # the endpoint that answered last
+        self._lease_id: int | None = None
+        self._me: NodeRegistration | None = None
+        self._unreadable = UnreadableRecords("etcd")
+
+    # Sessions.
+    def open_session(self, me: NodeRegistration, ttl_ms: int) -> None:
+        ttl = session_ttl_seconds(ttl_ms)
+        granted = self._post("/lease/grant", {"TTL": ttl, "ID": 0})
+        lease_id, granted_ttl = int(granted["ID"]), int(granted.get("TTL", 0))
+        if granted_ttl != ttl:
+            logger.warning("etcd granted node %d a session of %d s, not the %d s asked for (its minimum TTL is "
+                           "1.5 election timeouts)", me.node_id, granted_ttl, ttl)
+        key = self._node_key(me.node_id)
+        # Replace whatever registration the node id has: a restarted node's previous process loses its
+        # session now (its lease is revoked below), not when that lease would have expired.
+        for _ in range(8):
+            previous = self._get_one(key)
+            compare = ({"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": previous[1]}
+                       if previous else {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0})
+            put = {"request_put": {"key": _b64(key), "value": _b64(me.to_json()), "lease": lease_id}}
+            if self._txn([compare], [put]):
+                break
+        else:
+            self._revoke(lease_id)
+            raise StoreUnavailable(f"etcd: could not register node {me.node_id} at {key}: it kept changing")
+        self._lease_id, self._me = lease_id, me
+        old_lease = int(previous[2].get("lease", 0)) if previous else 0
+        if old_lease and old_lease != lease_id:
+            self._revoke(old_lease)
+            logger.info("node %d: session of incarnation %s replaced by incarnation %s", me.node_id,
+                        _incarnation(previous[0], key), me.incarnation)
+        logger.info("node %d incarnation %s: etcd session open (lease %x, %d s)", me.node_id, me.incarnation,
+                    lease_id, granted_ttl)
+
+    def keepalive(self) -> None:
+        if self._lease_id is None or self._me is None:
+            raise SessionLost("no etcd session is open")
+        answer = self._post("/lease/keepalive", {"ID": self._lease_id})
+        if int(answer.get("result", {}).get("TTL", 0)) <= 0:
+            lost, self._lease_id = self._lease_id, None
+            raise SessionLost(f"node {self._me.node_id} incarnation {self._me.incarnation}: etcd lease {lost:x} "
+                              "expired or was revoked")
+
+    def close_session(self) -> None:
+        lease_id, self._lease_id = self._lease_id, None
+        if lease_id is not None:
+            self._revoke(lease_id)  # deletes nodes/<id> with it
+
+    # Reads.
+    def view(self) -> StoreView:
+        answer = self._post("/kv/range", {"key": _b64(self.prefix), "range_end": _b64(_prefix_end(self.prefix))})
+        nodes: dict[int, NodeRegistration] = {}
+        partitions: dict[TopicPartition, Versioned] = {}
+        for kv in answer.get("kvs", []):
+            key = _unb64(kv["key"])
+            value = _unb64(kv.get("value", ""))
+            try:
+                kind, _, rest = key[len(self.prefix):].partition("/")
+                if kind == "nodes":
+                    node = NodeRegistration.from_json(value, key)
+                    if rest != str(node.node_id):
+                        raise RecordError(f"{key}: holds the registration of node {node.node_id}")
+                    nodes[node.node_id] = node
+                elif kind == "partitions":
+                    topic, _, partition = rest.rpartition("/")
+                    if not topic or not partition.isdigit():
+                        raise RecordError(f"{key}: not a partitions/<topic>/<partition> key")
+                    partitions[TopicPartition(topic, int(partition))] = Versioned(
+                        PartitionRecord.from_json(value, key), str(kv["mod_revision"]))
+            except RecordError as exc:
+                # Left in the store untouched for a person to read; the rest of the view is still good.
+                self._unreadable.report(key, kv["mod_revision"], exc)
+        return StoreView(str(answer["header"]["revision"]), nodes, partitions)
+
+    def wait_for_change(self, revision: str, timeout_s: float) -> None:
+        body = json.dumps({"create_request": {"key": _b64(self.prefix), "range_end": _b64(_prefix_end(self.prefix)),
+                                              "start_revision": int(revision) + 1}})
+        endpoint = self._endpoints[self._current]
+        deadline = time.monotonic() + timeout_s
+        connection_class = http.client.HTTPSConnection if endpoint.protocol == "https" else http.client.HTTPConnection
+        connection = connection_class(endpoint.host, endpoint.port, timeout=self.timeout_s)
+        created, pending = False, b""
+        try:
+            connection.request("POST", "/v3/watch", body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status != 200:
+                raise StoreUnavailable(f"etcd {endpoint}: watch answered {response.status}: {response.read(200)!r}")
+            while True:
+                # Until etcd confirms the watch, its answers are bounded like any call's; after that the
+                # silence of an unchanged store is the expected answer, for as long as the caller waits.
+                remaining = deadline - time.monotonic()
+                if created and remaining <= 0:
+                    return
+                connection.sock.settimeout(max(remaining, 0.001) if created else self.timeout_s)
+                chunk = response.read1(65536)
+                if not chunk:
+                    raise StoreUnavailable(f"etcd {endpoint}: watch stream ended")
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    result = json.loads(line).get("result", {})
+                    created = created or bool(result.get("created"))
+                    # Events, or the watch cancelled (history compacted past `revision`): either way the
+                    # caller must read a fresh view.
+                    if result.get("events") or result.get("canceled") or result.get("compact_revision"):
+                        return
+        except TimeoutError:
+            if not created:
+                self._current = (self._current + 1) % len(self._clients)
+                raise StoreUnavailable(f"etcd {endpoint}: watch not confirmed within {self.timeout_s} s") from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self._current = (self._current + 1) % len(self._clients)
+            raise StoreUnavailable(f"etcd {endpoint}: watch failed: {exc!r}") from None
+        finally:
+            connection.close()
+
+    # Writes.
+    def create_partition(self, tp: TopicPartition, record: PartitionRecord) -> bool:
+        key = self._partition_key(tp)
+        return self._txn([{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+                         [{"request_put": {"key": _b64(key), "value": _b64(record.to_json())}}])
+
+    def update_partition(self, tp: TopicPartition, record: PartitionRecord, expected_version: str) -> bool:
+        key = self._partition_key(tp)
+        return self._txn([{"key": _b64(key), "target": "MOD", "result": "EQUAL",
+                           "mod_revision": int(expected_version)}],
+                         [{"request_put": {"key": _b64(key), "value": _b64(record.to_json())}}])
+
+    def delete_partition(self, tp: TopicPartition) -> None:
+        self._post("/kv/deleterange", {"key": _b64(self._partition_key(tp))})
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.session.close()
+
+    # Plumbing.
+    def _node_key(self, node_id: int) -> str:
+        return f"{self.prefix}nodes/{node_id}"
+
+    def _partition_key(self, tp: TopicPartition) -> str:
+        if not tp.topic or "/" in tp.topic:
+            raise ValueError(f"topic {tp.topic!r} cannot be an etcd key part")
+        return f"{self.prefix}partitions/{tp.topic}/{tp.partition}"
+
+    def _get_one(self, key: str) -> tuple[str, int, dict[str, Any]] | None:
+        """(value, mod_revision, raw kv) of `key`, None when absent."""
+        kvs = self._post("/kv/range", {"key": _b64(key)}).get("kvs", [])
+        if not kvs:
+            return None
+        return _unb64(kvs[0].get("value", "")), int(kvs[0]["mod_revision"]), kvs[0]
+
+    def _txn(self, compare: list[dict], success: list[dict]) -> bool:
+        # The gateway leaves out false and zero fields: no `succeeded` means the comparison failed.
+        return bool(self._post("/kv/txn", {"compare": compare, "success": success, "failure": []})
+                    .get("succeeded", False))
+
+    def _revoke(self, lease_id: int) -> None:
+        try:
+            self._post("/kv/lease/revoke", {"ID": lease_id})
+        except _LeaseNotFound:
+            pass  # expired already: what revoking would have done
+
+    def _post(self, path: str, body: dict) -> dict:
+        return self._call(lambda client: client.post(client.get_url(path), json=body), path)
+
+    def _call(self, action: Callable[[etcd3gw.Etcd3Client], _T], what: str) -> _T:
+        failures = []
+        for step in range(len(self._clients)):
+            index = (self._current + step) % len(self._clients)
+            try:
+                result = action(self._clients[index])
+            except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
+                    etcd_errors.InternalServerError) as exc:
+                failures.append(f"{self._endpoints[index]}: {type(exc).__name__} {_short(exc)}")
+                continue
+            except etcd_errors.Etcd3Exception as exc:
+                if "lease not found" in _short(exc):
+                    raise _LeaseNotFound(str(exc)) from None
+                raise StoreUnavailable(f"etcd {self._endpoints[index]} refused {what}: {_short(exc)}") from None
+            self._current = index
+            return result
+        raise StoreUnavailable(f"etcd {what} failed on every endpoint: {'; '.join(failures)}")
+
+
+class _LeaseNotFound(Exception):
+    pass
+
+
+def _short(exc: Exception) -> str:
+    return str(getattr(exc, "detail_text", None) or exc)[:200]
+
+
+def _incarnation(value: str, key: str) -> str:
+    try:
+        return NodeRegistration.from_json(value, key).incarnation
+    except RecordError:
+        return "(unreadable)"

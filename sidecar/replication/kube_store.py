@@ -1,0 +1,342 @@
+"""`ControlStore` on the Kubernetes API: Lease objects for sessions, ConfigMaps for partition records.
+
+Inside Kubernetes the API server (and the etcd behind it) is the consensus engine (docs/replication.md):
+
+- a node's session is the `coordination.k8s.io/v1` Lease `shale-<cluster>-node-<id>`: `holderIdentity` is
+  the incarnation, the `NodeRegistration` JSON (host, port, rack) is its `shale.dev/node` annotation, and
+  every renewal rewrites `renewTime` under a resourceVersion precondition. Nothing on the server expires a
+  Lease, so liveness is judged as client-go's leader election and Patroni judge it: on the *observer's*
+  monotonic clock, a Lease whose holder/renewTime has not changed for `leaseDurationSeconds` since this
+  process first saw it is dead. Clock skew between nodes therefore never matters; the owner considers its
+  own session lost once `leaseDurationSeconds` passed since the *send* time of its last successful renewal,
+  which is never later than any observer's verdict.
+- a partition's record is the ConfigMap `shale-<cluster>-p-<hash of topic>-<partition>` (`data.record`, the
+  topic and partition in annotations, since topic names need not be valid object names), written with
+  create (409: someone else created it) or replace carrying `metadata.resourceVersion` (409: CAS miss).
+- a view lists the Leases, then the ConfigMaps at exactly the Leases' list resourceVersion: one revision.
+
+Every call is bounded by `timeout_s` with urllib3's retries off, and the API server's failures (connection,
+timeout, 5xx, 429, and refusals such as RBAC's 403 that leave this node unable to act) are StoreUnavailable.
+`wait_for_change` polls: a view every `poll_s`, returning when its revision — a digest of the records'
+resourceVersions, the Leases' holders and which nodes are live by the local clock — differs. Polling, not a
+watch, because a session's expiry is no event on the server at all: only re-reading and re-judging sees it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, TypeVar
+
+import kubernetes
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.replication.control_store import (SessionLost, StoreUnavailable, StoreView, UnreadableRecords,
+                                                     Versioned, session_ttl_seconds)
+from shale.sidecar.replication.records import NodeRegistration, PartitionRecord, RecordError
+
+logger = logging.getLogger(__name__)
+
+CLUSTER_LABEL = "shale.dev/cluster"
+NODE_ANNOTATION = "shale.dev/node"
+TOPIC_ANNOTATION = "shale.dev/topic"
+PARTITION_ANNOTATION = "shale.dev/partition"
+RECORD_KEY = "record"
+DEFAULT_TIMEOUT_S = 1.0
+DEFAULT_POLL_S = 0.25
+_CLUSTER_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
+_T = TypeVar("_T")
+
+
+def micro_time(moment: datetime) -> datetime:
+    """`moment` as the kubernetes client can send it as a MicroTime: the client writes datetimes with
+    isoformat(), which leaves out a zero microsecond part, and the API server refuses a MicroTime without
+    one (400) — one renewal in a million would fail. The moment one microsecond on is as good a renewTime."""
+    return moment.replace(microsecond=1) if moment.microsecond == 0 else moment
+
+
+@dataclass
+class LeaseObserver:
+    """client-go's expiry rule, on this process's monotonic clock: a Lease lives for its duration after the
+    moment we first saw its current (holder, renewTime, duration)."""
+
+    _seen: dict[str, tuple[tuple, float]] = field(default_factory=dict)
+
+    def is_live(self, name: str, marker: tuple, duration_s: float, now: float) -> bool:
+        seen = self._seen.get(name)
+        if seen is None or seen[0] != marker:
+            self._seen[name] = (marker, now)
+            return True
+        return now - seen[1] < duration_s
+
+    def forget_except(self, names: set[str]) -> None:
+        for name in self._seen.keys() - names:
+            del self._seen[name]
+
+
+@dataclass
+class _Session:
+    me: NodeRegistration
+    duration_s: int
+    resource_version: str
+    renewed_at: float  # monotonic send time of the last successful write of the Lease
+
+
+class KubeStore:
+    """The control store in namespace `namespace` of a Kubernetes API server; used from one thread."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, cluster_id: str,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, poll_s: float = DEFAULT_POLL_S) -> None:
+        if not _CLUSTER_ID.fullmatch(cluster_id):
+            raise ValueError(f"cluster id {cluster_id!r}: Kubernetes names need lowercase letters, digits and '-', "
+                             "at most 40 characters")
+        configuration = copy.deepcopy(api.configuration)
+        configuration.retries = 0  # one attempt per call: the timeout below is the whole bound
+        self._api = kubernetes.client.ApiClient(configuration)
+        self._core = kubernetes.client.CoreV1Api(self._api)
+        self._leases = kubernetes.client.CoordinationV1Api(self._api)
+        self.namespace, self.cluster_id = namespace, cluster_id
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self._selector = f"{CLUSTER_LABEL}={cluster_id}"
+        self._observer = LeaseObserver()
+        self._unreadable = UnreadableRecords("Kubernetes")
+        self._session: _Session | None = None
+
+    # Sessions.
+    def open_session(self, me: NodeRegistration, ttl_ms: int) -> None:
+        duration = session_ttl_seconds(ttl_ms)
+        name = self.lease_name(me.node_id)
+        for _ in range(8):
+            sent = time.monotonic()
+            body = self._lease_body(me, duration)
+            try:
+                written = self._call("create Lease", name, self._leases.create_namespaced_lease, self.namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise self._refused("create Lease", name, exc) from None
+                written = self._take_over(name, me, body)
+                if written is None:
+                    continue  # changed under us: read again
+            self._session = _Session(me, duration, written.metadata.resource_version, sent)
+            logger.info("node %d incarnation %s: Kubernetes session open (Lease %s/%s, %d s)", me.node_id,
+                        me.incarnation, self.namespace, name, duration)
+            return
+        raise StoreUnavailable(f"Kubernetes: could not register node {me.node_id} in Lease {self.namespace}/{name}: "
+                               "it kept changing")
+
+    def _take_over(self, name: str, me: NodeRegistration, body: dict) -> Any:
+        """Replace an existing Lease of this node id (a restarted node): its previous process's renewals now
+        miss the precondition, so it learns at once that its session is gone. None on a CAS miss."""
+        try:
+            current = self._call("read Lease", name, self._leases.read_namespaced_lease, name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None  # deleted meanwhile: create again
+            raise self._refused("read Lease", name, exc) from None
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        body["spec"]["leaseTransitions"] = (current.spec.lease_transitions or 0) + 1
+        try:
+            written = self._call("replace Lease", name, self._leases.replace_namespaced_lease, name, self.namespace,
+                                 body)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return None
+            raise self._refused("replace Lease", name, exc) from None
+        if current.spec.holder_identity != me.incarnation:
+            logger.info("node %d: session of incarnation %s replaced by incarnation %s", me.node_id,
+                        current.spec.holder_identity, me.incarnation)
+        return written
+
+    def keepalive(self) -> None:
+        session = self._session
+        if session is None:
+            raise SessionLost("no Kubernetes session is open")
+        name, sent = self.lease_name(session.me.node_id), time.monotonic()
+        if sent - session.renewed_at >= session.duration_s:
+            self._session = None  # observers may already have judged it dead: its leaderships are void
+            raise SessionLost(f"node {session.me.node_id} incarnation {session.me.incarnation}: Lease {name} not "
+                              f"renewed for {session.duration_s} s")
+        written = self._renew(name, session)
+        if written is None:  # 409: a renewal whose answer was lost may have landed; settled by re-reading
+            current = self._read_lease(name, session)
+            if current.spec.holder_identity != session.me.incarnation:
+                self._session = None
+                raise SessionLost(f"node {session.me.node_id} incarnation {session.me.incarnation}: Lease {name} "
+                                  f"taken over by incarnation {current.spec.holder_identity}")
+            session.resource_version = current.metadata.resource_version
+            written = self._renew(name, session)
+            if written is None:
+                raise StoreUnavailable(f"Kubernetes: Lease {self.namespace}/{name} keeps changing under its holder")
+        session.resource_version, session.renewed_at = written.metadata.resource_version, sent
+
+    def _renew(self, name: str, session: _Session) -> Any:
+        """The Lease rewritten with a fresh renewTime if it is still at our version; None on a CAS miss."""
+        body = self._lease_body(session.me, session.duration_s)
+        body["metadata"]["resourceVersion"] = session.resource_version
+        try:
+            return self._call("renew Lease", name, self._leases.replace_namespaced_lease, name, self.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            self._session = None
+            raise SessionLost(f"node {session.me.node_id} incarnation {session.me.incarnation}: Lease {name} was "
+                              "deleted") from None
+
+    def _read_lease(self, name: str, session: _Session) -> Any:
+        try:
+            return self._call("read Lease", name, self._leases.read_namespaced_lease, name, self.namespace)
+        except ApiException:  # 404 (409 cannot happen on a read)
+            self._session = None
+            raise SessionLost(f"node {session.me.node_id} incarnation {session.me.incarnation}: Lease {name} was "
+                              "deleted") from None
+
+    def close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        name = self.lease_name(session.me.node_id)
+        options = kubernetes.client.V1DeleteOptions(
+            preconditions=kubernetes.client.V1Preconditions(resource_version=session.resource_version))
+        try:  # only our own version: a successor's Lease stays
+            self._call("delete Lease", name, self._leases.delete_namespaced_lease, name, self.namespace, body=options)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise self._refused("delete Lease", name, exc) from None
+
+    # Reads.
+    def view(self) -> StoreView:
+        leases = self._list("list Leases", self._leases.list_namespaced_lease)
+        # The records exactly as of the Leases' list: one revision of etcd, as an etcd range read gives, so
+        # no record can name an incarnation whose Lease this view has not seen yet.
+        config_maps = self._list("list ConfigMaps", self._core.list_namespaced_config_map,
+                                 resource_version=leases.metadata.resource_version, resource_version_match="Exact")
+        now = time.monotonic()
+        nodes: dict[int, NodeRegistration] = {}
+        digest = hashlib.sha256()
+        for lease in leases.items:
+            name, spec = lease.metadata.name, lease.spec
+            try:
+                node = NodeRegistration.from_json((lease.metadata.annotations or {}).get(NODE_ANNOTATION, ""),
+                                                  f"Lease {self.namespace}/{name}")
+                if node.incarnation != spec.holder_identity:
+                    raise RecordError(f"Lease {self.namespace}/{name}: holder {spec.holder_identity!r} is not the "
+                                      f"registered incarnation {node.incarnation!r}")
+            except RecordError as exc:
+                self._unreadable.report(f"Lease {name}", lease.metadata.resource_version, exc)
+                continue
+            marker = (spec.holder_identity, str(spec.renew_time), spec.lease_duration_seconds)
+            if self._observer.is_live(name, marker, spec.lease_duration_seconds or 0, now):
+                nodes[node.node_id] = node
+                digest.update(f"n {node.node_id} {node.incarnation}\n".encode())
+        self._observer.forget_except({lease.metadata.name for lease in leases.items})
+        partitions: dict[TopicPartition, Versioned] = {}
+        for config_map in config_maps.items:
+            where = f"ConfigMap {self.namespace}/{config_map.metadata.name}"
+            annotations = config_map.metadata.annotations or {}
+            try:
+                partition = annotations.get(PARTITION_ANNOTATION, "")
+                if not annotations.get(TOPIC_ANNOTATION) or not partition.isdigit():
+                    raise RecordError(f"{where}: no {TOPIC_ANNOTATION}/{PARTITION_ANNOTATION} annotations")
+                tp = TopicPartition(annotations[TOPIC_ANNOTATION], int(partition))
+                record = PartitionRecord.from_json((config_map.data or {}).get(RECORD_KEY, ""), where)
+            except RecordError as exc:
+                self._unreadable.report(where, config_map.metadata.resource_version, exc)
+                continue
+            partitions[tp] = Versioned(record, config_map.metadata.resource_version)
+            digest.update(f"p {config_map.metadata.name} {config_map.metadata.resource_version}\n".encode())
+        return StoreView(digest.hexdigest(), nodes, partitions)
+
+    def wait_for_change(self, revision: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.view().revision == revision:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            time.sleep(min(self.poll_s, remaining))
+
+    # Writes.
+    def create_partition(self, tp: TopicPartition, record: PartitionRecord) -> bool:
+        name = self.config_map_name(tp)
+        try:
+            self._call("create ConfigMap", name, self._core.create_namespaced_config_map, self.namespace,
+                       self._config_map_body(tp, record))
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise self._refused("create ConfigMap", name, exc) from None
+        return True
+
+    def update_partition(self, tp: TopicPartition, record: PartitionRecord, expected_version: str) -> bool:
+        name, body = self.config_map_name(tp), self._config_map_body(tp, record)
+        body["metadata"]["resourceVersion"] = expected_version
+        try:
+            self._call("replace ConfigMap", name, self._core.replace_namespaced_config_map, name, self.namespace, body)
+        except ApiException as exc:
+            if exc.status in (404, 409):  # changed, or deleted with its topic: either way a miss
+                return False
+            raise self._refused("replace ConfigMap", name, exc) from None
+        return True
+
+    def delete_partition(self, tp: TopicPartition) -> None:
+        name = self.config_map_name(tp)
+        try:
+            self._call("delete ConfigMap", name, self._core.delete_namespaced_config_map, name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise self._refused("delete ConfigMap", name, exc) from None
+
+    def close(self) -> None:
+        self._api.close()
+
+    # Names and bodies.
+    def lease_name(self, node_id: int) -> str:
+        return f"shale-{self.cluster_id}-node-{node_id}"
+
+    def config_map_name(self, tp: TopicPartition) -> str:
+        # Topic names may hold '_' and upper case, which object names may not: an 80-bit digest stands in.
+        return f"shale-{self.cluster_id}-p-{hashlib.sha256(tp.topic.encode()).hexdigest()[:20]}-{tp.partition}"
+
+    def _metadata(self, name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        return {"name": name, "namespace": self.namespace, "labels": {CLUSTER_LABEL: self.cluster_id},
+                "annotations": annotations}
+
+    def _lease_body(self, me: NodeRegistration, duration_s: int) -> dict[str, Any]:
+        now = micro_time(datetime.now(timezone.utc))
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": self._metadata(self.lease_name(me.node_id), {NODE_ANNOTATION: me.to_json()}),
+                "spec": {"holderIdentity": me.incarnation, "leaseDurationSeconds": duration_s,
+                         "acquireTime": now, "renewTime": now}}
+
+    def _config_map_body(self, tp: TopicPartition, record: PartitionRecord) -> dict[str, Any]:
+        annotations = {TOPIC_ANNOTATION: tp.topic, PARTITION_ANNOTATION: str(tp.partition)}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "data": {RECORD_KEY: record.to_json()},
+                "metadata": self._metadata(self.config_map_name(tp), annotations)}
+
+    # Plumbing.
+    def _list(self, what: str, method: Callable[..., _T], **kwargs: Any) -> _T:
+        try:
+            return self._call(what, self._selector, method, self.namespace, label_selector=self._selector, **kwargs)
+        except ApiException as exc:  # 404: the namespace is gone
+            raise self._refused(what, self._selector, exc) from None
+
+    def _call(self, what: str, name: str, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """One bounded request; ApiException only for 404/409 (the caller's answer), else StoreUnavailable."""
+        try:
+            return method(*args, _request_timeout=self.timeout_s, **kwargs)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise
+            raise self._refused(what, name, exc) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise StoreUnavailable(f"Kubernetes API {self._api.configuration.host}: {what} failed: {exc}") from None
+
+    def _refused(self, what: str, name: str, exc: ApiException) -> StoreUnavailable:
+        return StoreUnavailable(f"Kubernetes API {self._api.configuration.host}: {what} {self.namespace}/{name}: "
+                                f"{exc.status} {exc.reason}: {(exc.body or '')[:300]}")
