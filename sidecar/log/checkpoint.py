@@ -1,8 +1,9 @@
 """Kafka's text checkpoint files and `partition.metadata`, as pure encode/parse functions plus atomic I/O.
 
-Checkpoint layout (CheckpointFile.java): `version\\ncount\\n` then one `topic partition offset`
-line per entry, version 0. Used for `recovery-point-offset-checkpoint`,
-`log-start-offset-checkpoint` and `cleaner-offset-checkpoint`.
+Checkpoint layout (CheckpointFile.java): `version\\ncount\\n` then one line per entry, version 0.
+Offset checkpoints (`recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`,
+`cleaner-offset-checkpoint`, `replication-offset-checkpoint`) have `topic partition offset`
+lines; a partition's `leader-epoch-checkpoint` has `epoch startOffset` lines.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import os
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from .atomic_file import atomic_write
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
 CHECKPOINT_VERSION = 0
 
@@ -44,17 +47,23 @@ class TopicPartition:
         return cls(topic, int(part))
 
 
-def encode_offsets(offsets: Mapping[TopicPartition, int]) -> bytes:
-    lines = [str(CHECKPOINT_VERSION), str(len(offsets))]
-    lines += [f"{tp.topic} {tp.partition} {off}" for tp, off in offsets.items()]
-    return ("\n".join(lines) + "\n").encode("utf-8")
+@dataclass(frozen=True, order=True, slots=True)
+class EpochEntry:
+    """Kafka's EpochEntry: a leader epoch and the first offset written in it."""
+
+    epoch: int
+    start_offset: int
 
 
-def parse_offsets(data: bytes, name: str = "checkpoint") -> dict[TopicPartition, int]:
-    """Parse a checkpoint; an empty file is an empty map, as in Kafka."""
+def _encode(lines: list[str]) -> bytes:
+    return "\n".join([str(CHECKPOINT_VERSION), str(len(lines)), *lines, ""]).encode("utf-8")
+
+
+def _entry_lines(data: bytes, name: str) -> list[str]:
+    """The entry lines of a checkpoint after its version and count lines are checked; none for an empty file."""
     text = _text(data, name)
     if not text:
-        return {}
+        return []
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -68,14 +77,46 @@ def parse_offsets(data: bytes, name: str = "checkpoint") -> dict[TopicPartition,
         count = int(lines[1])
     except (IndexError, ValueError):
         raise CheckpointError(f"malformed entry count in {name}") from None
+    if len(lines) - 2 != count:
+        raise CheckpointError(f"expected {count} entries in checkpoint file {name} but found only {len(lines) - 2}")
+    return lines[2:]
+
+
+def encode_offsets(offsets: Mapping[TopicPartition, int]) -> bytes:
+    return _encode([f"{tp.topic} {tp.partition} {off}" for tp, off in offsets.items()])
+
+
+def parse_offsets(data: bytes, name: str = "checkpoint") -> dict[TopicPartition, int]:
+    """Parse a checkpoint; an empty file is an empty map, as in Kafka."""
     entries: dict[TopicPartition, int] = {}
-    for line in lines[2:]:
+    for line in _entry_lines(data, name):
         fields = line.split()
         if len(fields) != 3 or not re.fullmatch(r"-?\d+", fields[1]) or not re.fullmatch(r"-?\d+", fields[2]):
             raise CheckpointError(f"malformed line in checkpoint file {name}: {line!r}")
         entries[TopicPartition(fields[0], int(fields[1]))] = int(fields[2])
-    if len(entries) != count:
-        raise CheckpointError(f"expected {count} entries in checkpoint file {name} but found only {len(entries)}")
+    return entries
+
+
+def encode_epoch_entries(entries: Iterable[EpochEntry]) -> bytes:
+    """`leader-epoch-checkpoint`: one `epoch startOffset` line per entry, one space, as Kafka writes it."""
+    return _encode([f"{e.epoch} {e.start_offset}" for e in entries])
+
+
+def parse_epoch_entries(data: bytes, name: str = LEADER_EPOCH_CHECKPOINT) -> list[EpochEntry]:
+    """Parse a `leader-epoch-checkpoint`; an empty file (as Kafka creates it) has no entries.
+
+    Kafka splits a line on any whitespace into exactly two integers; its cache then refuses a
+    negative epoch or offset, so those are refused here too.
+    """
+    entries = []
+    for line in _entry_lines(data, name):
+        fields = re.split(r"\s+", line.rstrip())
+        if len(fields) != 2 or not all(re.fullmatch(r"[+-]?[0-9]+", f) for f in fields):
+            raise CheckpointError(f"malformed line in checkpoint file {name}: {line!r}")
+        epoch, start = int(fields[0]), int(fields[1])
+        if not (0 <= epoch < 2**31 and 0 <= start < 2**63):
+            raise CheckpointError(f"invalid leader epoch entry in {name}: epoch {epoch}, start offset {start}")
+        entries.append(EpochEntry(epoch, start))
     return entries
 
 

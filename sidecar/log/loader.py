@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from .records import BatchHeader
 from .segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -36,6 +37,7 @@ class LoadResult:
     recovery_point: int
     log_start_offset: int
     bytes_truncated: int
+    recovered_from: int | None  # base offset of the first segment recovered for an unclean shutdown
 
 
 def _is_segment_file(name: str) -> bool:
@@ -101,8 +103,13 @@ def load(
     max_index_size: int,
     delete_segment: Callable[[LogSegment], None],
     where: str,
+    on_recovered_batch: Callable[[BatchHeader], None] | None = None,
 ) -> LoadResult:
-    """Load and, if needed, recover the segments of one partition directory."""
+    """Load and, if needed, recover the segments of one partition directory.
+
+    `on_recovered_batch` sees, in order, the header of every valid batch from the recovery point's
+    segment on, when an unclean shutdown makes them recovered.
+    """
     swaps = remove_temp_files_and_collect_swaps(directory, where)
     complete_swaps(directory, swaps, open_segment, where)
 
@@ -128,14 +135,16 @@ def load(
             seg.time_index.resize(0)
 
     truncated = 0
+    start = len(segments)
     if not had_clean_shutdown:
         start = _segment_index_for(segments, recovery_point)
         for i in range(start, len(segments)):
             needs_recovery.add(segments[i].base_offset)
+    recovered_from = segments[start].base_offset if start < len(segments) else None
     for i, seg in enumerate(list(segments)):
         if seg.base_offset not in needs_recovery:
             continue
-        n = seg.recover()
+        n = seg.recover(on_recovered_batch if i >= start else None)
         if n > 0:
             log.warning("%s: truncated %d invalid bytes at offset %d in segment %s", where, n, seg.next_offset, seg.log_path)
             truncated += n
@@ -161,6 +170,7 @@ def load(
         recovery_point=log_end if had_clean_shutdown else min(recovery_point, log_end),
         log_start_offset=max(log_start_offset, segments[0].base_offset),
         bytes_truncated=truncated,
+        recovered_from=recovered_from,
     )
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..plural import plural
 from .atomic_file import fsync_dir
-from .checkpoint import TopicPartition
+from .checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError, EpochEntry, TopicPartition
 from .errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -30,6 +30,7 @@ from .errors import (
     RecordTooLargeError,
     TornSegmentError,
 )
+from .leader_epoch_cache import BatchEpochs, LeaderEpochCache, recovered, truncated_from_end, truncated_from_start
 from .loader import load
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, BatchMetadata, ProducerBatch, ProducerStateManager
 from .records import (
@@ -141,6 +142,7 @@ class Log:
         self.storage_failure: StorageFailure | None = None
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         os.makedirs(directory, exist_ok=True)
+        batch_epochs = BatchEpochs()
         result = load(
             directory,
             self._open_segment,
@@ -150,6 +152,7 @@ class Log:
             max_index_size=config.segment_index_bytes,
             delete_segment=self._delete_segment_files_now,
             where=self.name,
+            on_recovered_batch=batch_epochs,
         )
         self.segments: list[LogSegment] = result.segments
         self._bases = [s.base_offset for s in self.segments]
@@ -164,6 +167,38 @@ class Log:
         self.producer_state.load(self.segments, log_start_offset=self.log_start_offset,
                                  log_end_offset=self.log_end_offset, now_ms=clock(),
                                  had_clean_shutdown=had_clean_shutdown)
+        self.leader_epoch_cache = self._load_leader_epochs(result.recovered_from, batch_epochs.entries)
+        self._replicated = False
+        # Kept while not replicated too: a checkpointed high watermark waits here for the log to become replicated.
+        self._high_watermark: int | None = None
+
+    def _load_leader_epochs(self, recovered_from: int | None, batch_epochs: list[EpochEntry]) -> LeaderEpochCache:
+        """The leader-epoch cache, made to agree with the log as loaded (Kafka's LogLoader).
+
+        After an unclean shutdown the epochs of the recovered segments (from `recovered_from`) are
+        taken again from their batches, as recovery read them; an unreadable file is rebuilt from
+        every batch (Kafka would take the whole log directory offline; the batches hold the same
+        facts). Entries at or past the log end go, and the first epoch starts at the log start offset.
+        """
+        path = os.path.join(self.dir, LEADER_EPOCH_CHECKPOINT)
+        try:
+            cache = LeaderEpochCache(path, self.name)
+        except (CheckpointError, OSError) as e:
+            logger.error("%s: cannot read %s (%s); rebuilding the leader epochs from the partition leader epochs "
+                         "of the batches from offset %d", self.name, path, e, self.log_start_offset)
+            cache = LeaderEpochCache(path, self.name, entries=())
+            cache.dirty = True  # the unreadable file is replaced even if no batch carries an epoch
+            every_batch = BatchEpochs()
+            for seg in self.segments:
+                for b in seg.batches():
+                    every_batch(b.header)
+            recovered_from, batch_epochs = self.segments[0].base_offset, every_batch.entries
+        entries = tuple(cache.entries)
+        if recovered_from is not None:
+            entries = recovered(entries, recovered_from, batch_epochs)
+        cache.replace(truncated_from_start(truncated_from_end(entries, self.log_end_offset), self.log_start_offset),
+                      "loading the log")
+        return cache
 
     # -- segments --------------------------------------------------------------------------------
 
@@ -222,6 +257,10 @@ class Log:
         timestamps, producer epochs and sequences) before a byte is written, so a bad append
         leaves the log untouched. A producer's retry of a batch already in the log writes
         nothing and returns the original offsets, with `duplicate` set.
+
+        `leader_epoch` (a leader's append) is stamped into every batch; a follower's batches keep
+        the leader's. Either way each batch's epoch, when set, goes to the leader-epoch cache at its
+        base offset before the bytes go to the segment, as in Kafka.
         """
         with self.lock:
             if self.storage_failure is not None and self.storage_failure.appends_stopped:
@@ -237,6 +276,7 @@ class Log:
             first_offset = offset if assign_offsets else parsed.headers[0][1].base_offset
             last_offset = -1
             producer_batches: list[ProducerBatch] = []
+            epochs: list[EpochEntry] = []
             for pos, h in parsed.headers:
                 if assign_offsets:
                     set_base_offset(buf, offset, pos)
@@ -253,6 +293,10 @@ class Log:
                     )
                 if leader_epoch is not None:
                     struct.pack_into(">i", buf, pos + 12, leader_epoch)
+                # A producer's own partition leader epoch means nothing to a single-replica leader.
+                epoch = leader_epoch if leader_epoch is not None else -1 if assign_offsets else h.partition_leader_epoch
+                if epoch >= 0:
+                    epochs.append(EpochEntry(epoch, base))
                 batch_max_ts = h.max_timestamp
                 if log_append:
                     batch_max_ts = now
@@ -275,15 +319,23 @@ class Log:
             update = self.producer_state.prepare(producer_batches, validate=assign_offsets)
             if update.duplicates:
                 return self._duplicate(update.duplicates, len(parsed.headers))
+            epochs_before = self.leader_epoch_cache.entries if epochs else None
+            if epochs or self.leader_epoch_cache.dirty:
+                try:  # a failed write changes neither the cache nor the log
+                    self.leader_epoch_cache.assign_all(epochs)
+                except OSError as e:
+                    raise self._storage_failed(e, f"leader epoch checkpoint before the append at offset "
+                                                  f"{first_offset}") from e
             try:
                 # A failure in here leaves the log as it was (the segment cuts a partial write): the producer
                 # state and the log end offset move only after the bytes are in the file.
                 self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
                 self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
-            except OSError as e:
-                raise self._storage_failed(e, f"append at offset {first_offset}") from e
-            except TornSegmentError as e:
-                raise self._storage_failed(e, f"append at offset {first_offset}", stop_appends=True) from e
+            except (OSError, TornSegmentError) as e:
+                if epochs_before is not None:
+                    self.leader_epoch_cache.replace(tuple(epochs_before), f"the failed append at offset {first_offset}")
+                raise self._storage_failed(e, f"append at offset {first_offset}",
+                                           stop_appends=isinstance(e, TornSegmentError)) from e
             self.producer_state.apply(update)
             self.log_end_offset = last_offset + 1
             if self.storage_failure is not None:
@@ -495,11 +547,16 @@ class Log:
     # -- truncation and start offset -------------------------------------------------------------
 
     def truncate_to(self, offset: int) -> None:
-        """Remove everything at and above `offset` (a replica following a new leader does this)."""
+        """Remove everything at and above `offset` (a replica following a new leader does this).
+
+        The epochs starting there go too, also when no data does: an epoch this replica began as
+        leader but never wrote in (Kafka's truncateTo). The high watermark comes down to the new end.
+        """
         with self.lock:
             if offset < 0:
                 raise OffsetOutOfRangeError(f"cannot truncate {self.name} to a negative offset ({offset})")
             if offset >= self.log_end_offset:
+                self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
                 return
             if offset < self.segments[0].base_offset:
                 self.truncate_fully_and_start_at(offset)
@@ -512,28 +569,40 @@ class Log:
             self.log_end_offset = self.active_segment.next_offset
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+            self.leader_epoch_cache.truncate_from_end(offset)
+            self._clamp_high_watermark()
             self.producer_state.truncate_to(self.segments, log_start_offset=self.log_start_offset,
                                             log_end_offset=self.log_end_offset, now_ms=self.clock())
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
-        """Drop every segment and start an empty log at `offset`."""
+        """Drop every segment and start an empty log at `offset`, with no epochs and the high watermark there."""
         with self.lock:
             for seg in self.segments:
                 self._delete_segment(seg)
             self._set_segments([self._open_segment(offset, new=True)])
             self.producer_state.truncate_fully_and_start_at(offset)
+            self.leader_epoch_cache.clear()
             self.log_end_offset = offset
             self.recovery_point = offset
             self.log_start_offset = offset
+            self._clamp_high_watermark()
 
     def increment_log_start_offset(self, offset: int) -> None:
-        """Raise the log start offset (DeleteRecords, retention); reads below it then fail."""
+        """Raise the log start offset (DeleteRecords, retention); reads below it then fail.
+
+        Only committed data may go: not past the high watermark (Kafka's rule; the log end when not
+        replicated). The first leader epoch then starts at the new log start.
+        """
         with self.lock:
-            if offset > self.log_end_offset:
+            if offset > self.high_watermark:
                 raise OffsetOutOfRangeError(
-                    f"cannot raise the log start offset of {self.name} to {offset} above the log end {self.log_end_offset}"
+                    f"cannot raise the log start offset of {self.name} to {offset} above the high watermark "
+                    f"{self.high_watermark} (log end offset {self.log_end_offset})"
                 )
-            self.log_start_offset = max(self.log_start_offset, offset)
+            if offset > self.log_start_offset:
+                self.log_start_offset = offset
+                self.leader_epoch_cache.truncate_from_start(offset)
+                self._clamp_high_watermark()
 
     # -- deletion --------------------------------------------------------------------------------
 
@@ -549,10 +618,69 @@ class Log:
         with self.lock:
             return self.producer_state.remove_expired_producers(now)
 
+    # -- replication: leader epochs and the high watermark ----------------------------------------
+
+    @property
+    def latest_epoch(self) -> int | None:
+        """The epoch of the last leader that wrote (or began to lead) this log; None if none is known."""
+        return self.leader_epoch_cache.latest_epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's endOffsetForEpoch: (largest epoch <= `epoch`, its end offset); (-1, -1) when undefined."""
+        with self.lock:
+            return self.leader_epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    @property
+    def replicated(self) -> bool:
+        """Whether other replicas exist: only then does the high watermark lag the log end offset."""
+        return self._replicated
+
+    @replicated.setter
+    def replicated(self, value: bool) -> None:
+        """Becoming replicated starts from the checkpointed high watermark, else the log start (Kafka's 0, clamped)."""
+        with self.lock:
+            if value and not self._replicated:
+                self._high_watermark = self.log_start_offset if self._high_watermark is None else self._high_watermark
+                self._clamp_high_watermark()
+            elif not value:
+                self._high_watermark = None
+            self._replicated = value
+
     @property
     def high_watermark(self) -> int:
-        """One replica: everything appended is committed, so the high watermark is the log end offset."""
-        return self.log_end_offset
+        """The end of the committed data; with one replica everything appended is committed: the log end offset."""
+        hw = self._high_watermark
+        return hw if self._replicated and hw is not None else self.log_end_offset
+
+    @property
+    def checkpointed_high_watermark(self) -> int | None:
+        """What `replication-offset-checkpoint` keeps: a replicated log's high watermark, or one loaded and not yet used."""
+        return self._high_watermark
+
+    def update_high_watermark(self, offset: int) -> bool:
+        """Raise a replicated log's high watermark to `offset`, clamped to [log start, log end]; True if it rose.
+
+        It never goes back here (Kafka's maybeIncrementHighWatermark / maybeUpdateHighWatermark);
+        only a truncation below it lowers it. A log that is not replicated has nothing to raise.
+        """
+        with self.lock:
+            if not self._replicated or self._high_watermark is None:
+                return False
+            new = min(max(offset, self.log_start_offset), self.log_end_offset)
+            if new <= self._high_watermark:
+                return False
+            self._high_watermark = new
+            return True
+
+    def set_high_watermark_on_load(self, offset: int) -> None:
+        """Set the high watermark from `replication-offset-checkpoint`, clamped to [log start, log end]."""
+        with self.lock:
+            self._high_watermark = offset
+            self._clamp_high_watermark()
+
+    def _clamp_high_watermark(self) -> None:
+        if self._high_watermark is not None:
+            self._high_watermark = min(max(self._high_watermark, self.log_start_offset), self.log_end_offset)
 
     def delete_segments(self, doomed: list[LogSegment], reason: str) -> int:
         """Delete whole segments from the front of the log (retention), raising the log start offset past them.
@@ -638,6 +766,10 @@ class Log:
         """
         with self.lock:
             self.flush()
+            try:
+                self.leader_epoch_cache.flush()
+            except OSError as e:  # stale entries past the log end or before its start are cut again at load
+                logger.warning("%s: cannot write %s: %s", self.name, self.leader_epoch_cache.path, e)
             for seg in self.segments:
                 seg.close()
             for _, seg in self._pending_deletes:

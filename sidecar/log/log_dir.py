@@ -2,8 +2,9 @@
 
 This is the slice of Kafka's LogManager that owns one `log.dirs` entry: it loads
 every `<topic>-<partition>` directory (recovering after an unclean shutdown),
-persists recovery points and log start offsets, and deletes topics Kafka's way
-(rename to `-delete`, remove later).
+persists recovery points, log start offsets and the high watermarks of replicated logs
+(ReplicaManager's `replication-offset-checkpoint`), and deletes topics Kafka's way (rename
+to `-delete`, remove later).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     PARTITION_METADATA,
     RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
     TopicPartition,
     encode_partition_metadata,
@@ -107,6 +109,7 @@ class LogDir:
     def _load_logs(self) -> None:
         recovery_points = self._read_checkpoint(RECOVERY_POINT_CHECKPOINT)
         start_offsets = self._read_checkpoint(LOG_START_OFFSET_CHECKPOINT)
+        high_watermarks = self._read_checkpoint(REPLICATION_OFFSET_CHECKPOINT)
         for name in sorted(os.listdir(self.path)):
             full = os.path.join(self.path, name)
             if not os.path.isdir(full):
@@ -129,6 +132,8 @@ class LogDir:
                 clock=self.clock,
                 producer_id_expiration_ms=self.producer_id_expiration_ms,
             )
+            if tp in high_watermarks:
+                log.set_high_watermark_on_load(high_watermarks[tp])
             if log.bytes_truncated_on_load:
                 logger.warning("%s: recovery truncated %s; log end offset is now %d",
                                tp, plural(log.bytes_truncated_on_load, "byte"), log.log_end_offset)
@@ -186,10 +191,19 @@ class LogDir:
         shutil.rmtree(doomed, ignore_errors=True)
 
     def checkpoint(self) -> None:
-        """Persist every log's recovery point and the log start offsets above their first segment."""
+        """Persist every log's recovery point, the log start offsets above their first segment, the high watermarks."""
         with self.lock:  # held while writing: two writers would share the same `.tmp` files
             write_offsets(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT), self._recovery_points())
             write_offsets(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT), self._log_start_offsets())
+            self._write_high_watermarks()
+
+    def _write_high_watermarks(self) -> None:
+        """`replication-offset-checkpoint`, only once some log is replicated: a single-replica directory has none."""
+        path = os.path.join(self.path, REPLICATION_OFFSET_CHECKPOINT)
+        high_watermarks = {tp: hw for tp, log in self.logs.items()
+                           if (hw := log.checkpointed_high_watermark) is not None}
+        if high_watermarks or os.path.exists(path):
+            write_offsets(path, high_watermarks)
 
     def _recovery_points(self) -> dict[TopicPartition, int]:
         return {tp: log.recovery_point for tp, log in self.logs.items()}
@@ -224,6 +238,11 @@ class LogDir:
             except OSError as e:
                 logger.warning("cannot write %s in %s (%s); %s", RECOVERY_POINT_CHECKPOINT, self.path, e,
                                "a clean start does not read it" if clean else "the next start recovers more")
+            try:
+                self._write_high_watermarks()
+            except OSError as e:  # the leader's high watermark is re-learnt from the followers, a follower's from it
+                logger.warning("cannot write %s in %s (%s); the high watermarks start lower", REPLICATION_OFFSET_CHECKPOINT,
+                               self.path, e)
             starts = self._log_start_offsets()
             path = os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT)
             try:

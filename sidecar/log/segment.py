@@ -13,7 +13,7 @@ from .errors import CorruptRecordError, InvalidIndexEntryError, TornSegmentError
 from .file_records import BatchPosition, iter_batches
 from .offset_index import OffsetIndex
 from .open_files import SEGMENT_FILES, OpenFile
-from .records import check_batch
+from .records import BatchHeader, check_batch
 from .time_index import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -330,8 +330,11 @@ class LogSegment:
     # -- recovery and truncation -----------------------------------------------------------------
 
     @_holding_file
-    def recover(self) -> int:
-        """Rebuild both indexes from the log, truncating at the first invalid batch; return bytes truncated."""
+    def recover(self, on_batch: Callable[[BatchHeader], None] | None = None) -> int:
+        """Rebuild both indexes from the log, truncating at the first invalid batch; return bytes truncated.
+
+        `on_batch` sees each valid batch's header (the log's leader epochs are read again from them).
+        """
         self.offset_index.reset(self.max_index_size)
         self.time_index.reset(self.max_index_size)
         valid_bytes = 0
@@ -343,6 +346,8 @@ class LogSegment:
                 check_batch(self.read_bytes(b.position, b.size), f"{self.where}, position {b.position}")
                 if not self.offset_index.can_append_offset(b.header.last_offset):
                     raise CorruptRecordError(f"offset {b.header.last_offset} overflows segment base {self.base_offset}")
+                if on_batch is not None:
+                    on_batch(b.header)
                 if b.header.max_timestamp > max_ts[0]:
                     max_ts = (b.header.max_timestamp, b.header.last_offset)
                 if indexing and valid_bytes - last_index_entry > self.index_interval_bytes:
