@@ -62,3 +62,11 @@ UNACCEPTABLE_CREDENTIAL = 93
 UNKNOWN_TOPIC_ID = 100
 MISMATCHED_ENDPOINT_TYPE = 114
 UNSUPPORTED_ENDPOINT_TYPE = 115
+
+
+def name_of(code: int) -> str:
+    """Kafka's name of an error code, for logs and status pages ("error N" for one not in this table)."""
+    for name, value in globals().items():
+        if value == code and name.isupper() and isinstance(value, int):
+            return name
+    return f"error {code}"

@@ -1,0 +1,86 @@
+"""The client side of the wire codec: encode a request frame, decode a response frame. Sans-I/O.
+
+A node that follows another (the replica fetcher) speaks Kafka's protocol as a client. The messages are the
+same kafka-python classes, built from Kafka's JSON definitions, that `codec.py` serves with, and the same
+version ranges are enforced, so a node only ever sends what a node of the same build can decode.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from shale.sidecar.protocol.codec import (
+    _DECODE_ERRORS,
+    SUPPORTED_VERSIONS,
+    MalformedFrameError,
+    ProtocolError,
+    UnsupportedVersionError,
+    _build,
+    request_class,
+    response_class,
+)
+
+_HEADER_PREFIX = 4096  # a response header is a correlation id and (flexible) a few tagged fields
+
+
+def _check_version(api_key: int, api_version: int, correlation_id: int | None) -> None:
+    lo, hi = SUPPORTED_VERSIONS[api_key]
+    if not lo <= api_version <= hi:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id,
+                                      f"unsupported version (supported {lo}-{hi})")
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None,
+                   body: Mapping[str, Any]) -> bytes:
+    """A request frame *with* its 4-byte size prefix, ready for the socket. `body` is a dict of the request's
+    snake_case fields (nested structs as dicts or lists of dicts; missing fields take the schema default)."""
+    cls = request_class(api_key)
+    _check_version(api_key, api_version, correlation_id)
+    try:
+        msg = _build(cls, body, api_version)
+        msg.with_header(correlation_id=correlation_id, client_id=client_id)
+        return bytes(msg.encode(header=True, framed=True))
+    except ProtocolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with api key/version context
+        raise ProtocolError(api_key, api_version, correlation_id, f"cannot encode request: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    correlation_id: int
+    body: Any  # kafka-python response object, snake_case attributes
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes | bytearray | memoryview) -> Response:
+    """Decode one response frame (without its size prefix) of the request `api_key`/`api_version` it answers.
+
+    The whole frame must be one response: a short body or bytes after it are a `MalformedFrameError`.
+    """
+    cls = response_class(api_key)
+    if len(frame) < 4:
+        raise MalformedFrameError(api_key, api_version, None, f"response frame too short ({len(frame)} bytes)")
+    (correlation_id,) = struct.unpack_from(">i", frame, 0)
+    _check_version(api_key, api_version, correlation_id)
+    data = memoryview(frame).cast("B") if not isinstance(frame, bytes) else memoryview(frame)
+    try:
+        head = io.BytesIO(bytes(data[:_HEADER_PREFIX]))
+        try:
+            cls.parse_header(head, version=api_version)
+        except _DECODE_ERRORS:
+            if len(data) <= _HEADER_PREFIX:
+                raise
+            head = io.BytesIO(bytes(data))  # header tags beyond the prefix: decode it whole
+            cls.parse_header(head, version=api_version)
+        flexible = cls.flexible_version_q(api_version)
+        decoder = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible, data_class=cls)
+        body, end = decoder(data, head.tell())
+    except _DECODE_ERRORS as exc:
+        raise MalformedFrameError(api_key, api_version, correlation_id, f"malformed response: {exc!r}") from exc
+    if end != len(data):
+        raise MalformedFrameError(api_key, api_version, correlation_id,
+                                  f"response body ends at byte {end} of a {len(data)}-byte frame")
+    return Response(correlation_id, body)

@@ -1,0 +1,364 @@
+"""The follower's fetchers: one connection per leader node, on the node's event loop (Kafka's
+ReplicaFetcherThread, one per source broker).
+
+`ReplicaManager` says whom each local replica follows (`follow(tp, leader, leader_epoch)`) and when it stops
+(`unfollow(tp)`). Each leader — a node's registration, so a restarted node is a new one — gets a task that
+long-polls it with Fetch v12 — `replica_id` = this node,
+per partition `current_leader_epoch`, `fetch_offset` = our log end, `last_fetched_epoch` = our latest epoch —
+and hands each partition's answer to `follower.py`, which appends, raises the high watermark or truncates.
+Errors back the partition off for `replica.fetch.backoff.ms` (FENCED/UNKNOWN_LEADER_EPOCH, NOT_LEADER: a new
+state from the store ends the wait at once); OFFSET_OUT_OF_RANGE asks the leader's log start and end with
+ListOffsets; a lost connection is reopened after the same backoff.
+
+Answers are applied on the loop, synchronously, with the log's lock; a state replaced or removed while its
+fetch was in flight makes the answer stale, and it is dropped (Kafka compares the fetch offset and epoch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.errors import LogError
+from shale.sidecar.log.log import Log
+from shale.sidecar.protocol import error_codes
+from shale.sidecar.protocol.client_codec import decode_response, encode_request
+from shale.sidecar.protocol.codec import ProtocolError
+from shale.sidecar.replication.follower import (
+    FollowState,
+    apply_fetched,
+    apply_reset,
+    start_following,
+)
+from shale.sidecar.replication.records import NodeRegistration
+from shale.sidecar.server.server_config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+FETCH, LIST_OFFSETS = 1, 2
+FETCH_VERSION = 12  # topic names (v13+ needs topic ids), LastFetchedEpoch and DivergingEpoch (v12+)
+LIST_OFFSETS_VERSION = 7  # CurrentLeaderEpoch (v4+)
+LATEST, EARLIEST = -1, -2
+NO_EPOCH = -1
+_SIZE = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True)
+class FetcherConfig:
+    """Kafka's replica fetcher settings (`replica.fetch.*`, `replica.socket.timeout.ms`)."""
+
+    wait_max_ms: int  # the long poll at the leader
+    min_bytes: int
+    max_bytes: int  # per partition, and the largest piece appended at once
+    response_max_bytes: int  # per fetch, over all partitions of one leader
+    backoff_ms: int  # after a partition error or a lost connection
+    socket_timeout_ms: int  # connecting, and an answer beyond the long poll
+
+    @classmethod
+    def from_server_config(cls, config: ServerConfig) -> FetcherConfig:
+        return cls(config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes, config.replica_fetch_max_bytes,
+                   config.replica_fetch_response_max_bytes, config.replica_fetch_backoff_ms,
+                   config.replica_socket_timeout_ms)
+
+
+class LeaderUnreachable(Exception):
+    """The connection to a leader failed or broke; every partition fetched from it backs off."""
+
+
+class _Connection:
+    """One TCP connection to a leader, one request in flight at a time."""
+
+    def __init__(self, node: NodeRegistration, client_id: str, timeout_s: float) -> None:
+        self.node = node
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._correlation_id = 0
+
+    async def request(self, api_key: int, version: int, body: dict, extra_wait_s: float = 0.0) -> Any:
+        """Send one request and return the decoded response body; LeaderUnreachable on any failure."""
+        where = f"node {self.node.node_id} at {self.node.host}:{self.node.port}"
+        try:
+            if self._writer is None:
+                async with asyncio.timeout(self.timeout_s):
+                    self._reader, self._writer = await asyncio.open_connection(self.node.host, self.node.port)
+                sock = self._writer.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
+            cid = self._correlation_id
+            self._writer.write(encode_request(api_key, version, cid, self.client_id, body))
+            async with asyncio.timeout(self.timeout_s + extra_wait_s):
+                frame = await self._read_frame()
+            response = decode_response(api_key, version, frame)
+            if response.correlation_id != cid:
+                raise ProtocolError(api_key, version, response.correlation_id,
+                                    f"answer to correlation id {response.correlation_id}, expected {cid}")
+            return response.body
+        except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError) as exc:
+            self.close()
+            raise LeaderUnreachable(f"{where}: {exc!r}") from exc
+
+    async def _read_frame(self) -> bytes:
+        assert self._reader is not None and self._writer is not None
+        await self._writer.drain()
+        (size,) = _SIZE.unpack(await self._reader.readexactly(4))
+        if size < 4:
+            raise EOFError(f"response frame of {size} bytes")
+        return await self._reader.readexactly(size)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._reader = self._writer = None
+
+
+class _LeaderLink:
+    """The fetch loop of one leader process (a node's registration: id, incarnation, address): a task that
+    lives while any partition follows it. A restarted leader is a new registration, so a new link and a new
+    connection; the old link's partitions move as the store's records name the new one."""
+
+    def __init__(self, owner: "ReplicaFetchers", node: NodeRegistration) -> None:
+        self.owner = owner
+        self.node = node
+        self.conn = _Connection(node, f"shale-replica-{owner.node_id}", owner.config.socket_timeout_ms / 1000)
+        self.wake = asyncio.Event()
+        self.stopped = False  # checked after every wait: nothing a stopped link received is applied
+        self.unreachable: str | None = None  # the last connection error, logged once per episode
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"replica-fetcher-{node.node_id}")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.stopped:
+                states = self.owner.states_of(self.node)
+                if not states:
+                    return
+                now = loop.time()
+                ready = [s for s in states if s.ready(now)]
+                if not ready:
+                    self.wake.clear()
+                    timeout = min(s.delayed_until for s in states) - now
+                    try:
+                        async with asyncio.timeout(timeout):
+                            await self.wake.wait()
+                    except TimeoutError:
+                        pass
+                    continue
+                try:
+                    for state in [s for s in ready if s.needs_reset]:
+                        await self._reset(state)
+                    fetchable = [s for s in ready if not s.needs_reset and self.owner.is_current(s)]
+                    if fetchable:
+                        await self._fetch(fetchable)
+                    if self.unreachable is not None:
+                        logger.info("leader node %d at %s:%d reachable again", self.node.node_id, self.node.host,
+                                    self.node.port)
+                        self.unreachable = None
+                except LeaderUnreachable as exc:
+                    if self.stopped:
+                        return
+                    if self.unreachable is None:
+                        logger.warning("replica fetcher: cannot reach leader %s; partitions %s back off %d ms and "
+                                       "retry", exc, ", ".join(str(s.tp) for s in states),
+                                       self.owner.config.backoff_ms)
+                    self.unreachable = str(exc)
+                    # Only the partitions of this round: one that a new store record added meanwhile tries now.
+                    self.owner.back_off([s for s in ready if self.owner.is_current(s)], str(exc), log=False)
+                except Exception as exc:  # noqa: BLE001 - a bug must not end the fetching of every partition
+                    if self.stopped:
+                        return
+                    logger.exception("replica fetcher of leader node %d: unexpected error; partitions %s back off",
+                                     self.node.node_id, ", ".join(str(s.tp) for s in ready))
+                    self.owner.back_off([s for s in ready if self.owner.is_current(s)], repr(exc))
+        finally:
+            self.conn.close()
+
+    async def _fetch(self, states: list[FollowState]) -> None:
+        cfg = self.owner.config
+        sent: dict[TopicPartition, tuple[FollowState, int]] = {}
+        topics: dict[str, list[dict]] = {}
+        for state in states:
+            log = self.owner.log_of(state)
+            if log is None:
+                continue
+            sent[state.tp] = (state, state.fetch_offset)
+            topics.setdefault(state.tp.topic, []).append({
+                "partition": state.tp.partition,
+                "current_leader_epoch": state.leader_epoch,
+                "fetch_offset": state.fetch_offset,
+                "last_fetched_epoch": NO_EPOCH if state.last_fetched_epoch is None else state.last_fetched_epoch,
+                "log_start_offset": log.log_start_offset,
+                "partition_max_bytes": cfg.max_bytes,
+            })
+        if not sent:
+            return
+        body = {
+            "replica_id": self.owner.node_id, "max_wait_ms": cfg.wait_max_ms, "min_bytes": cfg.min_bytes,
+            "max_bytes": cfg.response_max_bytes, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": t, "partitions": parts} for t, parts in topics.items()],
+            "forgotten_topics_data": [], "rack_id": "",
+        }
+        response = await self.conn.request(FETCH, FETCH_VERSION, body, cfg.wait_max_ms / 1000)
+        if self.stopped:
+            return
+        if response.error_code != error_codes.NONE:
+            self.owner.back_off([s for s, _ in sent.values()], f"Fetch: {error_codes.name_of(response.error_code)}")
+            return
+        for topic in response.responses:
+            for data in topic.partitions:
+                tp = TopicPartition(topic.topic, data.partition_index)
+                if tp in sent:
+                    self.owner.apply(sent[tp][0], sent[tp][1], data)
+                    if data.records:
+                        # Let the loop serve clients between partitions: an answer holds up to
+                        # replica.fetch.response.max.bytes, a partition up to replica.fetch.max.bytes.
+                        await asyncio.sleep(0)
+                        if self.stopped:
+                            return
+
+    async def _reset(self, state: FollowState) -> None:
+        """OFFSET_OUT_OF_RANGE: ask the leader's log end and start (as a replica: its log end, not its high
+        watermark), then cut or restart the local log (`follower.apply_reset`)."""
+        answers = []
+        for timestamp in (LATEST, EARLIEST):
+            body = {"replica_id": self.owner.node_id, "isolation_level": 0, "topics": [{
+                "name": state.tp.topic, "partitions": [{
+                    "partition_index": state.tp.partition, "current_leader_epoch": state.leader_epoch,
+                    "timestamp": timestamp}]}]}
+            response = await self.conn.request(LIST_OFFSETS, LIST_OFFSETS_VERSION, body)
+            if self.stopped:
+                return
+            answer = response.topics[0].partitions[0] if response.topics and response.topics[0].partitions else None
+            if answer is None or answer.error_code != error_codes.NONE:
+                code = error_codes.UNKNOWN_TOPIC_OR_PARTITION if answer is None else answer.error_code
+                self.owner.back_off([state], f"ListOffsets: {error_codes.name_of(code)}")
+                return
+            answers.append(answer.offset)
+        log = self.owner.log_of(state)
+        if log is not None and self.owner.is_current(state):
+            apply_reset(state, log, answers[0], answers[1])
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.task.cancel()
+
+
+class ReplicaFetchers:
+    """Every partition this node follows, grouped by leader node. Call everything from the event loop."""
+
+    def __init__(self, node_id: int, logs: Callable[[TopicPartition], Log | None],
+                 config: FetcherConfig | None = None) -> None:
+        self.node_id = node_id
+        self.config = config or FetcherConfig.from_server_config(ServerConfig.from_mapping({}))
+        self._logs = logs
+        self._states: dict[TopicPartition, FollowState] = {}
+        self._links: dict[NodeRegistration, _LeaderLink] = {}
+
+    # -- what the replica manager calls --------------------------------------------------------------------
+
+    def follow(self, tp: TopicPartition, leader: NodeRegistration, leader_epoch: int) -> None:
+        """Fetch `tp` from `leader` in `leader_epoch`. The same leader and epoch again changes nothing; a new
+        one starts a new fetch state at once (no backoff left over from the old leader)."""
+        current = self._states.get(tp)
+        if current is not None and current.leader == leader and current.leader_epoch == leader_epoch:
+            return
+        log = self._logs(tp)
+        if log is None:
+            raise KeyError(f"cannot follow {tp}: no local log")
+        self._states[tp] = start_following(tp, log, leader, leader_epoch)
+        logger.info("following %s from node %d in leader epoch %d at offset %d", tp, leader.node_id, leader_epoch,
+                    self._states[tp].fetch_offset)
+        link = self._links.get(leader)
+        if link is not None and not link.task.done():
+            link.wake.set()
+        else:
+            self._links[leader] = _LeaderLink(self, leader)
+        if current is not None and current.leader != leader:
+            self._release(current.leader)
+
+    def unfollow(self, tp: TopicPartition) -> None:
+        """Stop fetching `tp` (this node leads it now, or holds no replica). An answer in flight is dropped."""
+        state = self._states.pop(tp, None)
+        if state is not None:
+            logger.info("no longer following %s (was node %d, epoch %d, at offset %d)", tp, state.leader.node_id,
+                        state.leader_epoch, state.fetch_offset)
+            self._release(state.leader)
+
+    async def close(self) -> None:
+        """Stop every fetch and close every connection."""
+        self._states.clear()
+        links = list(self._links.values())
+        self._links.clear()
+        for link in links:
+            link.stop()
+        await asyncio.gather(*(link.task for link in links), return_exceptions=True)
+
+    # -- what metrics and /status read ---------------------------------------------------------------------
+
+    def lag(self, tp: TopicPartition) -> int | None:
+        """Offsets between the leader's high watermark and our log end at the last answer (None: none yet)."""
+        state = self._states.get(tp)
+        return None if state is None else state.lag
+
+    def states(self) -> dict[TopicPartition, FollowState]:
+        """The fetch state of every followed partition (read them, do not change them)."""
+        return dict(self._states)
+
+    # -- what the links call -------------------------------------------------------------------------------
+
+    def states_of(self, node: NodeRegistration) -> list[FollowState]:
+        return [s for s in self._states.values() if s.leader == node]
+
+    def is_current(self, state: FollowState) -> bool:
+        return self._states.get(state.tp) is state
+
+    def log_of(self, state: FollowState) -> Log | None:
+        log = self._logs(state.tp)
+        if log is None:
+            self.back_off([state], "no local log")
+        return log
+
+    def apply(self, state: FollowState, fetch_offset: int, data: Any) -> None:
+        """One partition's answer, if the state it was asked under is still the current one."""
+        if not self.is_current(state) or state.fetch_offset != fetch_offset:
+            return
+        if data.error_code == error_codes.OFFSET_OUT_OF_RANGE:
+            state.needs_reset = True  # the next round asks the leader's log start and end (`_LeaderLink._reset`)
+            state.error = error_codes.name_of(data.error_code)
+            return
+        if data.error_code != error_codes.NONE:
+            self.back_off([state], f"Fetch: {error_codes.name_of(data.error_code)}")
+            return
+        log = self.log_of(state)
+        if log is None:
+            return
+        try:
+            apply_fetched(state, log, data, self.config.max_bytes)
+        except LogError as exc:  # a corrupt batch, a full disk: this partition waits, the others go on
+            logger.error("%s: cannot apply the leader's answer: %s", state.describe(), exc)
+            self.back_off([state], f"{type(exc).__name__}: {exc}")
+
+    def back_off(self, states: Iterable[FollowState], reason: str, *, log: bool = True) -> None:
+        """Fetch these partitions again only after replica.fetch.backoff.ms (logged per partition when its
+        reason changes, unless the caller logged it once for all, as for a lost connection)."""
+        until = asyncio.get_running_loop().time() + self.config.backoff_ms / 1000
+        for state in states:
+            if log and state.error != reason and self.is_current(state):
+                logger.info("%s: %s; retrying in %d ms", state.describe(), reason, self.config.backoff_ms)
+            state.error = reason
+            state.delayed_until = until
+
+    def _release(self, node: NodeRegistration) -> None:
+        """Stop the link of a leader no partition follows any more (closing its connection now, even in the
+        middle of a long poll or of a wait on a leader that stopped answering)."""
+        link = self._links.get(node)
+        if link is not None and not self.states_of(node):
+            del self._links[node]
+            link.stop()
