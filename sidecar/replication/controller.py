@@ -1,0 +1,338 @@
+"""The node's control loop: its session in the store, elections, ISR writes, and the view the node acts on.
+
+One daemon thread per node, in the shape of Patroni's HA loop (docs/replication.md): open a session, renew
+it every `broker.heartbeat.interval.ms`, read the store, run `election.decide` for each partition the node
+wants and write what it decides (compare-and-set), carry out the ISR changes its leaders propose, and hand
+each new view to the event loop. Store calls block, which is why this is a thread and not a coroutine.
+
+Fencing is local and time-based: `may_lead()` is true only until the last successful renewal's *send* time
+plus the session timeout minus one heartbeat. The store starts its clock when the renewal arrives, so the
+node always stops leading before anyone else may start. Once fenced, a node never resumes a session: it
+opens a new one under a new incarnation, which voids every leadership of the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from dataclasses import replace
+from typing import Callable, Mapping, NamedTuple
+
+from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.replication.control_store import ControlStore, SessionLost, StoreUnavailable, StoreView, Versioned
+from shale.sidecar.replication.election import NotEnoughLiveNodes, choose_replicas, decide
+from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
+
+logger = logging.getLogger(__name__)
+
+
+class Wanted(NamedTuple):
+    """What the node knows of a partition it should hold: the assigned replicas (None: choose them from the
+    live nodes), the replication factor, and the topic's `unclean.leader.election.enable`. A plain
+    `(replicas, replication_factor)` tuple is accepted too."""
+
+    replicas: tuple[int, ...] | None
+    replication_factor: int
+    unclean: bool = False
+
+
+def new_incarnation() -> str:
+    """A fresh id for one process's session (KIP-903's broker epoch): random, so restarts never reuse one."""
+    return uuid.uuid4().hex
+
+
+def alter_partition_error(based_on: PartitionRecord, new: PartitionRecord) -> str | None:
+    """Why a leader's proposed ISR change is refused, or None: Kafka's controller checks of AlterPartition
+    (`validateAlterPartitionData`) that do not depend on the store's version, which the CAS checks."""
+    if (new.leader, new.leader_incarnation, new.leader_epoch) != (
+            based_on.leader, based_on.leader_incarnation, based_on.leader_epoch):
+        return "an ISR change may not change the leader or its epoch"
+    if new.replicas != based_on.replicas:
+        return "an ISR change may not change the replicas"
+    if new.partition_epoch != based_on.partition_epoch + 1:
+        return f"partition epoch {new.partition_epoch} does not follow {based_on.partition_epoch}"
+    if new.recovering and len(new.isr) > 1:
+        return "a recovering leader may not add replicas to the ISR (KIP-704)"
+    if new.recovering and not based_on.recovering:
+        return "a recovered partition cannot become recovering again"
+    return None
+
+
+class Controller:
+    """The control loop of one node. Thread-safe: `propose`, `delete`, `wake`, `may_lead` and `incarnation`
+    are called from the event loop; `on_view` and `on_fenced` are run on it with `call_soon_threadsafe`.
+
+    `wanted()` is called on the controller thread and must return a snapshot:
+    {TopicPartition: Wanted or (replicas or None, replication_factor)}.
+    """
+
+    def __init__(self, store: ControlStore, me: NodeRegistration, *, session_ms: int, heartbeat_ms: int,
+                 loop: asyncio.AbstractEventLoop, on_view: Callable[[StoreView], None],
+                 on_fenced: Callable[[], None],
+                 wanted: Callable[[], Mapping[TopicPartition, Wanted | tuple]], poll_ms: int = 100) -> None:
+        if 3 * heartbeat_ms > session_ms:
+            raise ValueError(f"heartbeat {heartbeat_ms} ms is more than a third of the session {session_ms} ms")
+        self._store = store
+        self._me = me
+        self._session_ms = session_ms
+        self._session_s = session_ms / 1000
+        self._heartbeat_s = heartbeat_ms / 1000
+        self._poll_s = min(poll_ms / 1000, self._heartbeat_s)
+        self._loop = loop
+        self._on_view = on_view
+        self._on_fenced = on_fenced
+        self._wanted = wanted
+        self._lock = threading.Lock()
+        self._proposals: dict[TopicPartition, tuple[Versioned, PartitionRecord]] = {}
+        self._deletions: set[TopicPartition] = set()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._session_open = False
+        self._lead_until = 0.0  # monotonic; 0 while no session is known valid
+        self._next_keepalive = 0.0
+        self._delivered: tuple[str, str] | None = None
+        self._store_down = False  # logged once per outage, not every retry
+        self._early_revision: str | None = None  # the store said this revision changed; throttles a spurious one
+        self._warned: set[tuple[TopicPartition, str]] = set()  # conditions logged once, not every round
+        self._thread = threading.Thread(target=self._run, name=f"shale-controller-{me.node_id}", daemon=True)
+
+    # -- the event loop's side ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the loop, end the session (the others see this node gone at once) and release the store."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread.ident is None:  # never started: there is no session, only connections
+            self._store.close()
+            return
+        self._thread.join(timeout_s)
+
+    @property
+    def incarnation(self) -> str:
+        """The incarnation of the current (or next) session; a record names this node as leader only if it
+        carries this value."""
+        return self._me.incarnation
+
+    @property
+    def node(self) -> NodeRegistration:
+        return self._me
+
+    def may_lead(self) -> bool:
+        """True while the session is certainly still valid in the store: a leader acknowledges nothing else."""
+        return time.monotonic() < self._lead_until
+
+    @property
+    def leads_until(self) -> float:
+        """The `time.monotonic()` at which `may_lead()` turns false unless a renewal succeeds first (0 when
+        fenced): a replica manager can time its parked acknowledgements out at that moment."""
+        return self._lead_until
+
+    def propose(self, tp: TopicPartition, based_on: Versioned, new: PartitionRecord) -> None:
+        """Queue a leader's ISR change (AlterPartition). It is written only if the record is still `based_on`
+        and names this session as leader; the outcome shows in a later view. A newer proposal for the same
+        partition replaces one not yet written."""
+        error = alter_partition_error(based_on.record, new)
+        if error is not None:
+            raise ValueError(f"{tp}: {error}: {based_on.record} -> {new}")
+        with self._lock:
+            self._proposals[tp] = (based_on, new)
+        self._wake.set()
+
+    def delete(self, tp: TopicPartition) -> None:
+        """Remove a deleted topic's partition record (retried until the store answers)."""
+        with self._lock:
+            self._deletions.add(tp)
+            self._proposals.pop(tp, None)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Run the loop now rather than at the next renewal: `wanted()` has changed (a topic was created)."""
+        self._wake.set()
+
+    # -- the controller thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()  # before reading the queues: anything queued later wakes the next wait
+                try:
+                    self._iterate()
+                    if self._store_down:
+                        self._store_down = False
+                        logger.info("node %d: the control store answers again", self._me.node_id)
+                except SessionLost as exc:
+                    self._fence(f"session lost ({exc})")
+                except StoreUnavailable as exc:
+                    if self._session_open and time.monotonic() >= self._lead_until:
+                        self._fence(f"store unreachable for longer than the session allows ({exc})")
+                    elif not self._store_down:
+                        logger.warning("node %d: control store unreachable, retrying every %d ms: %s",
+                                       self._me.node_id, self._poll_s * 1000, exc)
+                    self._store_down = True
+                    self._stopping.wait(self._poll_s)
+        except Exception:
+            logger.exception("node %d: controller failed; the node can no longer lead", self._me.node_id)
+            self._lead_until = 0.0
+            self._call_on_loop(self._on_fenced)
+        finally:
+            self._close()
+
+    def _iterate(self) -> None:
+        now = time.monotonic()
+        if self._session_open and now >= self._lead_until:  # e.g. woken from SIGSTOP: the session may be gone
+            self._fence(f"its last renewal was sent {now - self._next_keepalive + self._heartbeat_s:.3f} s ago")
+        if not self._session_open:
+            self._open_session()
+        elif now >= self._next_keepalive:
+            sent = time.monotonic()
+            self._store.keepalive()
+            self._renewed(sent)
+        view = self._store.view()
+        if not view.is_live(self._me.node_id, self._me.incarnation):
+            raise SessionLost(f"the store no longer lists node {self._me.node_id} incarnation {self._me.incarnation}")
+        wrote = self._write(view)
+        self._deliver(view)
+        if not wrote:  # after a write, read again at once: the replicas must act on the new records
+            self._wait_for_change(view.revision)
+
+    def _open_session(self) -> None:
+        sent = time.monotonic()
+        self._store.open_session(self._me, self._session_ms)
+        self._session_open = True
+        self._renewed(sent)
+        logger.info("node %d: session opened, incarnation %s", self._me.node_id, self._me.incarnation)
+
+    def _renewed(self, sent: float) -> None:
+        self._lead_until = sent + self._session_s - self._heartbeat_s
+        self._next_keepalive = sent + self._heartbeat_s
+
+    def _fence(self, reason: str) -> None:
+        """Stop leading now and prepare a new session under a new incarnation (never resume the old one)."""
+        self._lead_until = 0.0
+        was_open, self._session_open = self._session_open, False
+        old = self._me.incarnation
+        self._me = replace(self._me, incarnation=new_incarnation())
+        logger.warning("node %d: fenced, incarnation %s: %s; next incarnation %s",
+                       self._me.node_id, old, reason, self._me.incarnation)
+        if was_open:
+            self._call_on_loop(self._on_fenced)
+
+    def _write(self, view: StoreView) -> bool:
+        """Deletions, then the leaders' ISR proposals, then elections; True if anything was written."""
+        # Items leave the queues only once done: a StoreUnavailable leaves the rest for the next round, where
+        # a write whose answer was lost is settled by the view (its version has moved on if it landed).
+        with self._lock:
+            deletions, proposals = set(self._deletions), dict(self._proposals)
+        wrote = False
+        for tp in deletions:
+            self._store.delete_partition(tp)
+            with self._lock:
+                self._deletions.discard(tp)
+            logger.info("node %d: deleted the partition record of %s", self._me.node_id, tp)
+            wrote = True
+        for tp, proposal in proposals.items():
+            wrote |= self._alter(view, tp, *proposal)
+            with self._lock:
+                if self._proposals.get(tp) is proposal:
+                    del self._proposals[tp]
+        for tp, wanted in self._wanted().items():
+            if tp not in deletions:
+                wrote |= self._elect(view, tp, Wanted(*wanted))
+        return wrote
+
+    def _alter(self, view: StoreView, tp: TopicPartition, based_on: Versioned, new: PartitionRecord) -> bool:
+        current = view.partitions.get(tp)
+        if (current is None or current.version != based_on.version or not self.may_lead()
+                or (based_on.record.leader, based_on.record.leader_incarnation)
+                != (self._me.node_id, self._me.incarnation)):
+            logger.info("node %d: %s: ISR change %s -> %s dropped: the record or this session has moved on",
+                        self._me.node_id, tp, based_on.record.isr, new.isr)
+            return False
+        if self._store.update_partition(tp, new, based_on.version):
+            logger.info("node %d: %s: ISR %s -> %s in leader epoch %d (partition epoch %d)", self._me.node_id, tp,
+                        based_on.record.isr, new.isr, new.leader_epoch, new.partition_epoch)
+        else:
+            logger.info("node %d: %s: ISR change %s -> %s missed: the record changed", self._me.node_id, tp,
+                        based_on.record.isr, new.isr)
+        return True
+
+    def _elect(self, view: StoreView, tp: TopicPartition, wanted: Wanted) -> bool:
+        current = view.partitions.get(tp)
+        if current is not None and self._me.node_id not in current.record.replicas:
+            return False  # only a partition's own replicas elect its leader
+        if current is not None and wanted.replicas and wanted.replicas != current.record.replicas:
+            self._warn_once(tp, "replicas", "assigned replicas %s differ from the store's %s; reassignment is not "
+                            "supported, the store's stay", wanted.replicas, current.record.replicas)
+        try:
+            replicas = current.record.replicas if current is not None else (
+                wanted.replicas or choose_replicas(view.nodes, wanted.replication_factor, tp.partition, tp.topic))
+            new = decide(current, replicas, view, wanted.unclean)
+        except ValueError as exc:  # too few live nodes (it waits), or an assignment no record can hold
+            self._warn_once(tp, "create", "not creating its record %s: %s",
+                            "yet" if isinstance(exc, NotEnoughLiveNodes) else "(fix its assignment)", exc)
+            return False
+        if new is None:
+            return False
+        if current is None:
+            landed = self._store.create_partition(tp, new)
+        else:
+            landed = self._store.update_partition(tp, new, current.version)
+        before = "none" if current is None else (f"leader {current.record.leader} epoch "
+                                                 f"{current.record.leader_epoch} isr {current.record.isr}")
+        logger.info("node %d: %s: %s -> leader %d epoch %d isr %s%s%s", self._me.node_id, tp, before, new.leader,
+                    new.leader_epoch, new.isr, " (unclean, recovering)" if new.recovering and not
+                    (current and current.record.recovering) else "", "" if landed else ": another node wrote first")
+        return True
+
+    def _warn_once(self, tp: TopicPartition, kind: str, message: str, *args: object) -> None:
+        """Log a condition of a partition once, not every round of the loop."""
+        if (tp, kind) not in self._warned:
+            self._warned.add((tp, kind))
+            logger.warning("node %d: %s: " + message, self._me.node_id, tp, *args)
+
+    def _deliver(self, view: StoreView) -> None:
+        key = (view.revision, self._me.incarnation)
+        if key != self._delivered:
+            self._delivered = key
+            self._call_on_loop(self._on_view, view)
+
+    def _wait_for_change(self, revision: str) -> None:
+        """Wait for a store change, a wake-up, or the next renewal, whichever is first. The store's wait is
+        cut into `poll_ms` slices so that a proposal or a new topic is acted on within one slice."""
+        while not self._wake.is_set():
+            left = self._next_keepalive - time.monotonic()
+            if left <= 0:
+                return
+            slice_s = min(left, self._poll_s)
+            if revision == self._early_revision:  # the last early return was spurious: do not spin on it
+                self._early_revision = None
+                self._wake.wait(slice_s)
+                continue
+            started = time.monotonic()
+            self._store.wait_for_change(revision, slice_s)
+            if time.monotonic() - started < slice_s * 0.9:
+                self._early_revision = revision  # the store changed (or a spurious return, which costs one read)
+                return
+
+    def _call_on_loop(self, callback: Callable, *args: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: the node is shutting down
+            self._stopping.set()
+
+    def _close(self) -> None:
+        self._lead_until = 0.0
+        try:
+            if self._session_open:
+                self._store.close_session()
+        except (StoreUnavailable, SessionLost) as exc:
+            logger.warning("node %d: could not end the session (it will expire): %s", self._me.node_id, exc)
+        finally:
+            self._session_open = False
+            self._store.close()
