@@ -196,7 +196,7 @@ def partition_status_schema() -> dict[str, Any]:
             "pod": {"type": "string", "description": "Storage pod holding this replica of the partition."},
             "role": {"type": "string", "description": "The replica's role: leader, follower or offline."},
             "inSync": {"type": "boolean", "description": "Whether the replica is in the in-sync replica set (ISR)."},
-            "lag": _int64("Follower: offsets behind the leader's log end; 0 for the leader.", 0),
+            "lag": _int64("Follower: offsets behind the leader's high watermark; 0 for the leader.", 0),
             "logStartOffset": _int64("First readable offset.", 0),
             "logEndOffset": _int64("Offset the next record gets.", 0),
             "sizeBytes": _int64("Bytes in the partition's segments.", 0),

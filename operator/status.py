@@ -1,7 +1,8 @@
 """The storage pods' `/status` → a Topic's status: partitions, offsets, bytes, cleaning, Ready, CleaningStuck.
 
 `fetch_reports` reads every pod's `/status` (docs/metrics.md, shape version 1) concurrently; `observe`
-is pure. A partition counts as served when the pod it is assigned to lists it with `served: true`;
+is pure. A partition counts as served when the pods it is assigned to list it with `served: true`
+and, when replicated, one of them reports itself its leader (a partition nobody leads takes no writes);
 Ready needs all of them, no refusal of the topic's manifest by any pod, and every pod reporting the
 `spec_digest` of the manifest last written — served partitions alone could still run an older config.
 Durations come from the pods' own `seconds_in_state`, so clock skew between the operator and the pods
@@ -108,11 +109,18 @@ def placements(topic: str, reports: Mapping[int, NodeReport]) -> dict[int, tuple
     return {p: tuple(sorted(nodes)) for p, nodes in seen.items()}
 
 
+# /status's replica roles (docs/metrics.md) in the Topic's words (the CRD's `role`): "none" is a replica that knows
+# of no valid leader — the partition is offline as far as it can tell.
+_ROLES = {"leader": "leader", "follower": "follower", "none": "offline"}
+
+
 def _partition_status(entry: Mapping[str, Any], pod: str) -> dict[str, Any]:
     cleaning = entry.get("cleaning") or {}
     replica = entry.get("replica") or {}  # replicated topics: this copy's role, ISR membership and lag
-    out: dict[str, Any] = {"partition": entry["partition"], "pod": pod, "role": replica.get("role"),
-                           "inSync": replica.get("in_sync"), "lag": replica.get("lag"),
+    role = _ROLES.get(replica.get("role"), replica.get("role"))
+    lag = 0 if role == "leader" else replica.get("lag")  # the leader is its own reference
+    out: dict[str, Any] = {"partition": entry["partition"], "pod": pod, "role": role,
+                           "inSync": replica.get("in_sync"), "lag": lag,
                            "logStartOffset": entry.get("log_start_offset"), "logEndOffset": entry.get("log_end_offset"),
                            "sizeBytes": entry.get("size_bytes"), "cleaningState": cleaning.get("state")}
     if cleaning.get("since_ms") is not None:
@@ -167,6 +175,7 @@ def observe(topic: str, key: str, assignment: Sequence[tuple[int, ...]], storage
     missing: list[str] = []
     stuck: list[tuple[str, str]] = []
     for p, replicas in enumerate(assignment):
+        replicated = False
         for node in replicas:
             pod = storage.pod_name(node)
             report = reports.get(node)
@@ -174,11 +183,12 @@ def observe(topic: str, key: str, assignment: Sequence[tuple[int, ...]], storage
                      if report else None)
             if entry is None or not entry.get("served", True):
                 partitions.append({"partition": p, "pod": pod})
-                why = (report.error if report and report.error else f"pod {pod} does not serve it yet"
+                why = (f"pod {pod}: {report.error}" if report and report.error else f"pod {pod} does not serve it yet"
                        if node in storage.nodes else f"pod {pod} is beyond the StatefulSet's {storage.replicas} replicas")
                 missing.append(f"{p} ({why})")
                 continue
             partitions.append(_partition_status(entry, pod))
+            replicated = replicated or entry.get("replica") is not None
             cleaning = entry.get("cleaning") or {}
             state, seconds = cleaning.get("state"), cleaning.get("seconds_in_state") or 0.0
             if state in STUCK_STATES and seconds >= stuck_after_seconds:
@@ -186,6 +196,11 @@ def observe(topic: str, key: str, assignment: Sequence[tuple[int, ...]], storage
                           else f"{cleaning.get('uncleanable_reason') or 'cleaning failed'}")
                 stuck.append((STUCK_STATES[state], f"partition {p} on pod {pod}: cleaning {state} for {seconds:.0f} s "
                                                    f"(longer than {stuck_after_seconds:g} s; {detail})"))
+        entries = [e for e in partitions if e["partition"] == p]
+        served = [e for e in entries if "logEndOffset" in e]
+        if replicated and len(served) == len(replicas) and not any(e.get("role") == "leader" for e in served):
+            roles = ", ".join(f"{e['pod']} {e.get('role')}" for e in served)
+            missing.append(f"{p} (no replica leads it: {roles})")
     owners = {node for replicas in assignment for node in replicas}
     refusals = _refusals(topic, key, reports)
     stale = _not_loaded(topic, spec_digest, owners, reports) if spec_digest else []

@@ -1,25 +1,32 @@
-"""`ControlStore` on the Kubernetes API: Lease objects for sessions, ConfigMaps for partition records.
+"""`ControlStore` on the Kubernetes API: `coordination.k8s.io/v1` Lease objects, for sessions and records alike.
 
 Inside Kubernetes the API server (and the etcd behind it) is the consensus engine (docs/replication.md):
 
-- a node's session is the `coordination.k8s.io/v1` Lease `shale-<cluster>-node-<id>`: `holderIdentity` is
-  the incarnation, the `NodeRegistration` JSON (host, port, rack) is its `shale.dev/node` annotation, and
-  every renewal rewrites `renewTime` under a resourceVersion precondition. Nothing on the server expires a
-  Lease, so liveness is judged as client-go's leader election and Patroni judge it: on the *observer's*
-  monotonic clock, a Lease whose holder/renewTime has not changed for `leaseDurationSeconds` since this
-  process first saw it is dead. Clock skew between nodes therefore never matters; the owner considers its
-  own session lost once `leaseDurationSeconds` passed since the *send* time of its last successful renewal,
-  which is never later than any observer's verdict.
-- a partition's record is the ConfigMap `shale-<cluster>-p-<hash of topic>-<partition>` (`data.record`, the
-  topic and partition in annotations, since topic names need not be valid object names), written with
-  create (409: someone else created it) or replace carrying `metadata.resourceVersion` (409: CAS miss).
-- a view lists the Leases, then the ConfigMaps at exactly the Leases' list resourceVersion: one revision.
+- a node's session is the Lease `shale-<cluster>-node-<id>`: `holderIdentity` is the incarnation, the
+  `NodeRegistration` JSON (host, port, rack) is its `shale.dev/node` annotation, and every renewal rewrites
+  `renewTime` under a resourceVersion precondition (a merge patch carrying it: see `_patch`). Nothing on the server expires a Lease, so liveness is
+  judged as client-go's leader election and Patroni judge it: on the *observer's* monotonic clock, a Lease
+  whose holder/renewTime has not changed for `leaseDurationSeconds` since this process first saw it is dead.
+  Clock skew between nodes therefore never matters; the owner considers its own session lost once
+  `leaseDurationSeconds` passed since the *send* time of its last successful renewal, which is never later
+  than any observer's verdict.
+- a partition's record is the Lease `shale-<cluster>-p-<hash of topic>-<partition>`: the `PartitionRecord`
+  JSON in its `shale.dev/record` annotation (the only truth), topic and partition in annotations (topic names
+  need not be valid object names), and `holderIdentity` mirroring the elected leader's incarnation (absent
+  while offline) so that `kubectl get leases` shows who leads; no renewTime, nobody renews it. Written with
+  create (409: someone else created it) or a merge patch carrying `metadata.resourceVersion` (409: CAS miss;
+  404: deleted — never a PUT, which would create the Lease again).
+  Leases rather than ConfigMaps so that the storage pods' Role grants `leases` only: a node can then never
+  overwrite the operator's topics ConfigMap, whatever it does.
+- a view is one list of the cluster's Leases (label `shale.dev/cluster`): one revision, as an etcd range
+  read gives, so no record can name an incarnation whose session the view has not seen yet.
 
 Every call is bounded by `timeout_s` with urllib3's retries off, and the API server's failures (connection,
 timeout, 5xx, 429, and refusals such as RBAC's 403 that leave this node unable to act) are StoreUnavailable.
 `wait_for_change` polls: a view every `poll_s`, returning when its revision — a digest of the records'
 resourceVersions, the Leases' holders and which nodes are live by the local clock — differs. Polling, not a
 watch, because a session's expiry is no event on the server at all: only re-reading and re-judging sees it.
+The verbs used, all on `leases` (the chart's storage Role): get, list, create, patch, delete.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from kubernetes.client.exceptions import ApiException
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import (SessionLost, StoreUnavailable, StoreView, UnreadableRecords,
                                                      Versioned, session_ttl_seconds)
-from shale.sidecar.replication.records import NodeRegistration, PartitionRecord, RecordError
+from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord, RecordError
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +55,7 @@ CLUSTER_LABEL = "shale.dev/cluster"
 NODE_ANNOTATION = "shale.dev/node"
 TOPIC_ANNOTATION = "shale.dev/topic"
 PARTITION_ANNOTATION = "shale.dev/partition"
-RECORD_KEY = "record"
+RECORD_ANNOTATION = "shale.dev/record"
 DEFAULT_TIMEOUT_S = 1.0
 DEFAULT_POLL_S = 0.25
 _CLUSTER_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
@@ -100,7 +107,6 @@ class KubeStore:
         configuration = copy.deepcopy(api.configuration)
         configuration.retries = 0  # one attempt per call: the timeout below is the whole bound
         self._api = kubernetes.client.ApiClient(configuration)
-        self._core = kubernetes.client.CoreV1Api(self._api)
         self._leases = kubernetes.client.CoordinationV1Api(self._api)
         self.namespace, self.cluster_id = namespace, cluster_id
         self.timeout_s, self.poll_s = timeout_s, poll_s
@@ -143,8 +149,7 @@ class KubeStore:
         body["metadata"]["resourceVersion"] = current.metadata.resource_version
         body["spec"]["leaseTransitions"] = (current.spec.lease_transitions or 0) + 1
         try:
-            written = self._call("replace Lease", name, self._leases.replace_namespaced_lease, name, self.namespace,
-                                 body)
+            written = self._patch("replace Lease", name, body)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return None
@@ -181,7 +186,7 @@ class KubeStore:
         body = self._lease_body(session.me, session.duration_s)
         body["metadata"]["resourceVersion"] = session.resource_version
         try:
-            return self._call("renew Lease", name, self._leases.replace_namespaced_lease, name, self.namespace, body)
+            return self._patch("renew Lease", name, body)
         except ApiException as exc:
             if exc.status == 409:
                 return None
@@ -213,45 +218,50 @@ class KubeStore:
     # Reads.
     def view(self) -> StoreView:
         leases = self._list("list Leases", self._leases.list_namespaced_lease)
-        # The records exactly as of the Leases' list: one revision of etcd, as an etcd range read gives, so
-        # no record can name an incarnation whose Lease this view has not seen yet.
-        config_maps = self._list("list ConfigMaps", self._core.list_namespaced_config_map,
-                                 resource_version=leases.metadata.resource_version, resource_version_match="Exact")
         now = time.monotonic()
         nodes: dict[int, NodeRegistration] = {}
+        partitions: dict[TopicPartition, Versioned] = {}
         digest = hashlib.sha256()
         for lease in leases.items:
-            name, spec = lease.metadata.name, lease.spec
+            name, version = lease.metadata.name, lease.metadata.resource_version
+            annotations = lease.metadata.annotations or {}
             try:
-                node = NodeRegistration.from_json((lease.metadata.annotations or {}).get(NODE_ANNOTATION, ""),
-                                                  f"Lease {self.namespace}/{name}")
-                if node.incarnation != spec.holder_identity:
-                    raise RecordError(f"Lease {self.namespace}/{name}: holder {spec.holder_identity!r} is not the "
-                                      f"registered incarnation {node.incarnation!r}")
+                if NODE_ANNOTATION in annotations:
+                    node = self._node_of(lease, annotations[NODE_ANNOTATION])
+                elif TOPIC_ANNOTATION in annotations or RECORD_ANNOTATION in annotations:
+                    tp, record = self._record_of(name, annotations)
+                    partitions[tp] = Versioned(record, version)
+                    digest.update(f"p {name} {version}\n".encode())
+                    continue
+                else:
+                    raise RecordError(f"Lease {self.namespace}/{name}: neither a session ({NODE_ANNOTATION}) nor a "
+                                      f"partition record ({TOPIC_ANNOTATION})")
             except RecordError as exc:
-                self._unreadable.report(f"Lease {name}", lease.metadata.resource_version, exc)
+                self._unreadable.report(f"Lease {name}", version, exc)
                 continue
+            spec = lease.spec
             marker = (spec.holder_identity, str(spec.renew_time), spec.lease_duration_seconds)
             if self._observer.is_live(name, marker, spec.lease_duration_seconds or 0, now):
                 nodes[node.node_id] = node
                 digest.update(f"n {node.node_id} {node.incarnation}\n".encode())
         self._observer.forget_except({lease.metadata.name for lease in leases.items})
-        partitions: dict[TopicPartition, Versioned] = {}
-        for config_map in config_maps.items:
-            where = f"ConfigMap {self.namespace}/{config_map.metadata.name}"
-            annotations = config_map.metadata.annotations or {}
-            try:
-                partition = annotations.get(PARTITION_ANNOTATION, "")
-                if not annotations.get(TOPIC_ANNOTATION) or not partition.isdigit():
-                    raise RecordError(f"{where}: no {TOPIC_ANNOTATION}/{PARTITION_ANNOTATION} annotations")
-                tp = TopicPartition(annotations[TOPIC_ANNOTATION], int(partition))
-                record = PartitionRecord.from_json((config_map.data or {}).get(RECORD_KEY, ""), where)
-            except RecordError as exc:
-                self._unreadable.report(where, config_map.metadata.resource_version, exc)
-                continue
-            partitions[tp] = Versioned(record, config_map.metadata.resource_version)
-            digest.update(f"p {config_map.metadata.name} {config_map.metadata.resource_version}\n".encode())
         return StoreView(digest.hexdigest(), nodes, partitions)
+
+    def _node_of(self, lease: Any, text: str) -> NodeRegistration:
+        where = f"Lease {self.namespace}/{lease.metadata.name}"
+        node = NodeRegistration.from_json(text, where)
+        if node.incarnation != lease.spec.holder_identity:
+            raise RecordError(f"{where}: holder {lease.spec.holder_identity!r} is not the registered incarnation "
+                              f"{node.incarnation!r}")
+        return node
+
+    def _record_of(self, name: str, annotations: dict[str, str]) -> tuple[TopicPartition, PartitionRecord]:
+        where = f"Lease {self.namespace}/{name}"
+        partition = annotations.get(PARTITION_ANNOTATION, "")
+        if not annotations.get(TOPIC_ANNOTATION) or not partition.isdigit():
+            raise RecordError(f"{where}: no {TOPIC_ANNOTATION}/{PARTITION_ANNOTATION} annotations")
+        tp = TopicPartition(annotations[TOPIC_ANNOTATION], int(partition))
+        return tp, PartitionRecord.from_json(annotations.get(RECORD_ANNOTATION, ""), where)
 
     def wait_for_change(self, revision: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -263,34 +273,34 @@ class KubeStore:
 
     # Writes.
     def create_partition(self, tp: TopicPartition, record: PartitionRecord) -> bool:
-        name = self.config_map_name(tp)
+        name = self.record_name(tp)
         try:
-            self._call("create ConfigMap", name, self._core.create_namespaced_config_map, self.namespace,
-                       self._config_map_body(tp, record))
+            self._call("create Lease", name, self._leases.create_namespaced_lease, self.namespace,
+                       self._record_body(tp, record))
         except ApiException as exc:
             if exc.status == 409:
                 return False
-            raise self._refused("create ConfigMap", name, exc) from None
+            raise self._refused("create Lease", name, exc) from None
         return True
 
     def update_partition(self, tp: TopicPartition, record: PartitionRecord, expected_version: str) -> bool:
-        name, body = self.config_map_name(tp), self._config_map_body(tp, record)
+        name, body = self.record_name(tp), self._record_body(tp, record)
         body["metadata"]["resourceVersion"] = expected_version
         try:
-            self._call("replace ConfigMap", name, self._core.replace_namespaced_config_map, name, self.namespace, body)
+            self._patch("replace Lease", name, body)
         except ApiException as exc:
             if exc.status in (404, 409):  # changed, or deleted with its topic: either way a miss
                 return False
-            raise self._refused("replace ConfigMap", name, exc) from None
+            raise self._refused("replace Lease", name, exc) from None
         return True
 
     def delete_partition(self, tp: TopicPartition) -> None:
-        name = self.config_map_name(tp)
+        name = self.record_name(tp)
         try:
-            self._call("delete ConfigMap", name, self._core.delete_namespaced_config_map, name, self.namespace)
+            self._call("delete Lease", name, self._leases.delete_namespaced_lease, name, self.namespace)
         except ApiException as exc:
             if exc.status != 404:
-                raise self._refused("delete ConfigMap", name, exc) from None
+                raise self._refused("delete Lease", name, exc) from None
 
     def close(self) -> None:
         self._api.close()
@@ -299,7 +309,7 @@ class KubeStore:
     def lease_name(self, node_id: int) -> str:
         return f"shale-{self.cluster_id}-node-{node_id}"
 
-    def config_map_name(self, tp: TopicPartition) -> str:
+    def record_name(self, tp: TopicPartition) -> str:
         # Topic names may hold '_' and upper case, which object names may not: an 80-bit digest stands in.
         return f"shale-{self.cluster_id}-p-{hashlib.sha256(tp.topic.encode()).hexdigest()[:20]}-{tp.partition}"
 
@@ -314,12 +324,24 @@ class KubeStore:
                 "spec": {"holderIdentity": me.incarnation, "leaseDurationSeconds": duration_s,
                          "acquireTime": now, "renewTime": now}}
 
-    def _config_map_body(self, tp: TopicPartition, record: PartitionRecord) -> dict[str, Any]:
-        annotations = {TOPIC_ANNOTATION: tp.topic, PARTITION_ANNOTATION: str(tp.partition)}
-        return {"apiVersion": "v1", "kind": "ConfigMap", "data": {RECORD_KEY: record.to_json()},
-                "metadata": self._metadata(self.config_map_name(tp), annotations)}
+    def _record_body(self, tp: TopicPartition, record: PartitionRecord) -> dict[str, Any]:
+        annotations = {TOPIC_ANNOTATION: tp.topic, PARTITION_ANNOTATION: str(tp.partition),
+                       RECORD_ANNOTATION: record.to_json()}
+        leads = record.leader != NO_LEADER and record.leader_incarnation
+        # null, not absent: a patch must remove an earlier leader's identity
+        spec = {"holderIdentity": record.leader_incarnation if leads else None}
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
+                "metadata": self._metadata(self.record_name(tp), annotations)}
 
     # Plumbing.
+    def _patch(self, what: str, name: str, body: dict[str, Any]) -> Any:
+        """Rewrite an existing Lease if it is still at `body`'s resourceVersion (else 409); 404 if it is gone.
+
+        A merge patch, not a PUT: the API server creates a Lease on a PUT to a missing name (Leases allow
+        create-on-update), which would resurrect a deleted topic's record or a session someone deleted."""
+        return self._call(what, name, self._leases.patch_namespaced_lease, name, self.namespace, body,
+                          _content_type="application/merge-patch+json")
+
     def _list(self, what: str, method: Callable[..., _T], **kwargs: Any) -> _T:
         try:
             return self._call(what, self._selector, method, self.namespace, label_selector=self._selector, **kwargs)

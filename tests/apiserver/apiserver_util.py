@@ -12,9 +12,10 @@ from __future__ import annotations
 import copy
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import kubernetes
 import yaml
@@ -23,9 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from chart_util import CRD_FILES, objects, one, render  # noqa: E402
-from node_util import ServeProcess  # noqa: E402
+from cluster_util import REFRESH_SECONDS, STUCK_AFTER_SECONDS, Cluster, OperatorThread, StorageNodes  # noqa: E402
+from node_util import ServeProcess, free_port  # noqa: E402
+from projection import ConfigMapProjection  # noqa: E402
 
-RELEASE_VALUES = {"storage": {"replicas": 2}}  # two storage nodes: placement has a choice
+from shale.operator.settings import Settings  # noqa: E402
+
+# Two storage nodes (placement has a choice) without a store: the operator journeys run one replica per
+# partition; test_replication_on_apiserver.py renders the chart with replication for its three nodes.
+RELEASE_VALUES = {"storage": {"replicas": 2, "replication": {"enabled": False}}}
 
 
 @dataclass
@@ -37,7 +44,11 @@ class Release:
 
     @property
     def service_account(self) -> str:
-        return one(self.objects, "ServiceAccount")["metadata"]["name"]
+        return one(self.objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+
+    @property
+    def storage_service_account(self) -> str:
+        return one(self.objects, "StatefulSet")["spec"]["template"]["spec"]["serviceAccountName"]
 
 
 def crd_for_1_20() -> dict[str, Any]:
@@ -116,3 +127,41 @@ def operator_env(objs: list[dict[str, Any]]) -> dict[str, str]:
     [container] = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e["value"] for e in container.get("env", ()) if "value" in e}
 
+
+
+def install_release(api: kubernetes.client.ApiClient, namespace: str, values: dict[str, Any] | None = None) -> Release:
+    """A fresh namespace holding every object the chart renders (with `values`), as `helm install` leaves it."""
+    kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    # The namespace's `default` service account is the controller-manager's doing; none runs here.
+    kubernetes.client.CoreV1Api(api).create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+    objs = release_objects(namespace, values)
+    create_objects(api, objs)
+    return Release(namespace, objs)
+
+
+@contextmanager
+def operated(apiserver: Any, release: Release, storage: StorageNodes, base: Path, monkeypatch: Any) -> Iterator[Cluster]:
+    """The storage processes' Pod objects, the ConfigMap projection and the operator — logged in with a
+    TokenRequest token of the chart's service account — around `storage` (started or not: its ports are known)."""
+    projection = operator = None
+    try:
+        api = apiserver.client()
+        run_pods(api, storage_pods(release.objects, storage.nodes))
+        token = apiserver.service_account_token(release.namespace, release.service_account)
+        kubeconfig = apiserver.write_kubeconfig(base / "kubeconfig", token)
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        settings = Settings.from_env(
+            operator_env(release.objects),  # the chart's names and namespaces; loopback where DNS would be
+            status_url_template="http://{pod_ip}:{port_http}/status", node_address_template="{pod_ip}:{port_kafka}",
+            cleaning_stuck_after_seconds=STUCK_AFTER_SECONDS, status_interval_seconds=REFRESH_SECONDS,
+            ready_wait_seconds=10, liveness_endpoint=f"http://127.0.0.1:{free_port()}/healthz",
+            metrics_host="127.0.0.1", metrics_port=free_port())
+        projection = ConfigMapProjection(api, settings.storage_namespace, settings.configmap, storage.topics_dir).start()
+        operator = OperatorThread(settings).start()
+        yield Cluster(api, storage, operator, projection, apiserver, kubeconfig, namespace=release.namespace,
+                      storage_namespace=settings.storage_namespace, configmap=settings.configmap)
+    finally:  # whatever started is stopped, also when a later step failed
+        if operator is not None:
+            operator.stop()
+        if projection is not None:
+            projection.stop()

@@ -172,13 +172,15 @@ class ApiServer:
         configuration.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
         return kubernetes.client.ApiClient(configuration)
 
-    def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
-        """A kubeconfig as `kubectl config` writes it, for `token` (default: the administrator's)."""
+    def write_kubeconfig(self, path: Path, token: str | None = None, namespace: str | None = None) -> Path:
+        """A kubeconfig as `kubectl config` writes it, for `token` (default: the administrator's), its context in
+        `namespace` when given (`kubectl config set-context --namespace`)."""
+        context = {"cluster": "test", "user": "test", **({"namespace": namespace} if namespace else {})}
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "test",
             "clusters": [{"name": "test", "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)}}],
             "users": [{"name": "test", "user": {"token": token or self.admin_token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+            "contexts": [{"name": "test", "context": context}],
         }))
         return path
 

@@ -24,7 +24,7 @@ def test_every_object_the_chart_renders_is_accepted(apiserver: ApiServer, values
     namespace = f"chart-{request.node.callspec.id}"
     api = apiserver.client()
     kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
-    objs = release_objects(namespace, values)
+    objs = release_objects(namespace, {**values, "storage": {"replicas": 3}})  # with replication: every object
     kinds = {o["kind"] for o in objs}
     assert PROMETHEUS_OPERATOR_KINDS <= kinds  # the full values render them...
     served = [o for o in objs if o["kind"] not in PROMETHEUS_OPERATOR_KINDS]
@@ -36,4 +36,8 @@ def test_every_object_the_chart_renders_is_accepted(apiserver: ApiServer, values
         stored = resource.get(name=obj["metadata"]["name"],
                               namespace=obj["metadata"].get("namespace") if resource.namespaced else None)
         assert stored.to_dict()["metadata"].get("labels") == obj["metadata"].get("labels")
-    assert ("ClusterRoleBinding" in kinds) == bool(values.get("operator", {}).get("watchAnyNamespace"))
+    bindings = {o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRoleBinding"}
+    assert bindings == {f"demo-shale-operator-{namespace}-nodes"} | (
+        {f"demo-shale-operator-{namespace}"} if values.get("operator", {}).get("watchAnyNamespace") else set())
+    assert {"demo-shale-storage", "demo-shale-operator"} <= {o["metadata"]["name"] for o in objs
+                                                             if o["kind"] == "ServiceAccount"}

@@ -58,11 +58,13 @@ def test_the_server_defaults_partitions_and_prunes_unknown_fields(apiserver: Api
     objects = kubernetes.client.CustomObjectsApi(apiserver.client())
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Topic",
             "metadata": {"name": "orders"},
-            "spec": {"config": {"cleanup.policy": "compact", "retention.msec": "1000"}, "replicas": 3},
+            "spec": {"config": {"cleanup.policy": "compact", "retention.msec": "1000"}, "replicas": 3,
+                     "replicationFactor": 3},
             "status": {"topicName": "written-by-a-user"}}
     created = objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     assert created["spec"]["partitions"] == 1  # the schema's default, filled in by the server
-    assert "replicas" not in created["spec"]  # unknown: pruned (1.20 prunes silently, no strict validation)
+    assert "replicationFactor" not in created["spec"]  # unknown: pruned (1.20 prunes silently, no strict validation)
+    assert created["spec"]["replicas"] == 3  # declared: kept
     assert created["spec"]["config"] == {"cleanup.policy": "compact"}  # an unknown config key is pruned too
     assert "status" not in created  # the status subresource: a create or a main-resource write ignores it
     assert created["metadata"]["generation"] == 1

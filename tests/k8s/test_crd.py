@@ -236,8 +236,8 @@ def test_unknown_config_key_is_refused_by_the_api_server_and_the_operator():
 
 
 def test_unknown_spec_field_is_refused():
-    obj = topic({"partitions": 1, "replicas": 3, "assignment": {"partitions": [0]}})
-    assert unknown_fields(obj, SCHEMA) == ['unknown field "spec.replicas"', 'unknown field "spec.assignment"']
+    obj = topic({"partitions": 1, "replicas": 3, "replicationFactor": 3, "assignment": {"partitions": [0]}})
+    assert unknown_fields(obj, SCHEMA) == ['unknown field "spec.replicationFactor"', 'unknown field "spec.assignment"']
 
 
 def test_values_the_crd_cannot_type_are_left_to_the_operator():

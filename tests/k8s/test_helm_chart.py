@@ -33,7 +33,8 @@ from shale.operator.crd import render_yaml
 KUBE_VERSIONS = ("1.29", kubernetes_validate.latest_version())  # the chart's kubeVersion floor, and the newest
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no schema shipped by kubernetes-validate
 STS, HEADLESS, CONFIGMAP = f"{RELEASE}-shale-storage", f"{RELEASE}-shale-storage-headless", f"{RELEASE}-shale-topics"
-OPERATOR = f"{RELEASE}-shale-operator"
+OPERATOR, STORAGE_SA = f"{RELEASE}-shale-operator", f"{RELEASE}-shale-storage"
+NODES_ROLE = f"{OPERATOR}-{NAMESPACE}-nodes"
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +106,8 @@ def test_kubernetes_validate_refuses_a_broken_object(default_objects):
     ({"metrics": {"prometheusRule": {"disabledAlerts": ["NoSuchAlert"]}}},
      "'/metrics/prometheusRule/disabledAlerts/0'"),
     ({"fullnameOverride": "x" * 41}, "'/fullnameOverride'"),
+    ({"operator": {"defaultReplicas": 0}}, "at '/operator/defaultReplicas': minimum: got 0, want 1"),
+    ({"storage": {"replication": {"enabled": "yes"}}}, "'/storage/replication/enabled'"),
 ])  # fmt: skip
 def test_values_schema_refuses_bad_values(values, message):
     with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
@@ -120,8 +123,10 @@ def test_default_objects(default_objects):
         ("ConfigMap", CONFIGMAP), ("Deployment", OPERATOR),
         ("Role", f"{OPERATOR}-storage"), ("Role", f"{OPERATOR}-topics"),
         ("RoleBinding", f"{OPERATOR}-storage"), ("RoleBinding", f"{OPERATOR}-topics"),
+        ("ClusterRole", NODES_ROLE), ("ClusterRoleBinding", NODES_ROLE),
+        ("Role", f"{STS}-leases"), ("RoleBinding", f"{STS}-leases"),
         ("Service", f"{RELEASE}-shale"), ("Service", HEADLESS), ("Service", OPERATOR),
-        ("ServiceAccount", OPERATOR), ("StatefulSet", STS),
+        ("ServiceAccount", OPERATOR), ("ServiceAccount", STORAGE_SA), ("StatefulSet", STS),
     ])  # fmt: skip
     for obj in default_objects:
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
@@ -140,7 +145,7 @@ def test_operator_deployment(default_objects):
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == one(default_objects, "ServiceAccount")["metadata"]["name"]
+    assert pod["serviceAccountName"] == one(default_objects, "ServiceAccount", OPERATOR)["metadata"]["name"]
     c = container(deployment)
     assert c["args"] == ["--log-level", "INFO", "operator"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -166,6 +171,9 @@ def test_operator_settings_come_from_the_chart(default_objects):
     fields = {"pod": f"{STS}-2", "service": HEADLESS, "namespace": NAMESPACE}
     assert s.node_address_template.format(**fields) == f"{STS}-2.{HEADLESS}.{NAMESPACE}.svc:9092"
     assert s.status_url_template.format(**fields) == f"http://{STS}-2.{HEADLESS}.{NAMESPACE}.svc:8080/status"
+    assert s.default_replicas == 3  # Kafka's usual replication factor; the operator caps it by the pods
+    unreplicated = objects(render({"storage": {"replication": {"enabled": False}}, "operator": {"defaultReplicas": 5}}))
+    assert operator_settings.Settings.from_env(env_of(one(unreplicated, "Deployment"))).default_replicas == 1
 
 
 def test_watch_namespaces():
@@ -175,24 +183,28 @@ def test_watch_namespaces():
     assert sorted(r["metadata"]["namespace"] for r in topic_roles) == ["team-a", "team-b"]
     anywhere = objects(render({"operator": {"watchAnyNamespace": True}}))
     assert env_of(one(anywhere, "Deployment"))["SHALE_WATCH_NAMESPACES"] == ""
-    assert [r["metadata"]["name"] for r in by_kind(anywhere, "Role")] == [f"{OPERATOR}-storage"]
-    assert one(anywhere, "ClusterRole")["rules"] == one(objects(render()), "Role", f"{OPERATOR}-topics")["rules"]
-    assert one(anywhere, "ClusterRoleBinding")["roleRef"]["name"] == f"{OPERATOR}-{NAMESPACE}"
-    assert not by_kind(objects(render()), "ClusterRole")  # no cluster-wide rights unless asked for
+    assert sorted(r["metadata"]["name"] for r in by_kind(anywhere, "Role")) == [f"{OPERATOR}-storage", f"{STS}-leases"]
+    topics_everywhere = one(anywhere, "ClusterRole", f"{OPERATOR}-{NAMESPACE}")
+    assert topics_everywhere["rules"] == one(objects(render()), "Role", f"{OPERATOR}-topics")["rules"]
+    assert one(anywhere, "ClusterRoleBinding", f"{OPERATOR}-{NAMESPACE}")["roleRef"]["name"] == f"{OPERATOR}-{NAMESPACE}"
+    # No cluster-wide rights unless asked for, but reading nodes' zones (rbac.nodeZones, default on).
+    assert [r["metadata"]["name"] for r in by_kind(objects(render()), "ClusterRole")] == [NODES_ROLE]
+    assert not by_kind(objects(render({"rbac": {"nodeZones": False}})), "ClusterRole")
 
 
 def test_rbac_is_least_privilege(default_objects):
     rules = {(r["metadata"]["name"], r["metadata"].get("namespace")): r["rules"]
              for r in by_kind(default_objects, "Role") + by_kind(default_objects, "ClusterRole")}
-    granted = {}
-    for (_, _), role_rules in rules.items():
+    granted: dict[str, dict] = {}
+    for (name, _), role_rules in rules.items():
         for rule in role_rules:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     assert "*" not in rule["verbs"] and resource != "*" and group != "*"
-                    granted.setdefault((group, resource), []).append((sorted(rule["verbs"]),
-                                                                      rule.get("resourceNames")))
-    assert granted == {
+                    who = "storage" if name == f"{STS}-leases" else "operator"
+                    granted.setdefault(who, {}).setdefault((group, resource), []).append(
+                        (sorted(rule["verbs"]), rule.get("resourceNames")))
+    assert granted["operator"] == {
         ("shale.dev", "topics"): [(["list", "patch", "watch"], None)],
         ("shale.dev", "topics/status"): [(["patch"], None)],
         ("", "events"): [(["create"], None)],
@@ -200,18 +212,35 @@ def test_rbac_is_least_privilege(default_objects):
         ("", "configmaps"): [(["get", "patch"], [CONFIGMAP]), (["create"], None)],
         ("", "pods"): [(["list"], None)],
         ("apps", "statefulsets"): [(["get"], [STS])],
+        ("", "nodes"): [(["get"], None)],  # zone labels (ClusterRole)
     }
-    sa = one(default_objects, "ServiceAccount")["metadata"]["name"]
+    # KubeStore's calls (tests/replication/test_kube_store.py runs them under this Role): Leases only.
+    assert granted["storage"] == {("coordination.k8s.io", "leases"): [(["create", "delete", "get", "list", "patch"],
+                                                                       None)]}
+    accounts = {"operator": one(default_objects, "ServiceAccount", OPERATOR)["metadata"]["name"],
+                "storage": one(default_objects, "ServiceAccount", STORAGE_SA)["metadata"]["name"]}
     for binding in by_kind(default_objects, "RoleBinding") + by_kind(default_objects, "ClusterRoleBinding"):
+        sa = accounts["storage" if binding["metadata"]["name"] == f"{STS}-leases" else "operator"]
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
         assert (binding["roleRef"]["name"], binding["metadata"].get("namespace")) in rules
+
+
+def test_storage_pods_run_with_the_store_and_their_own_account_only_when_replicating(default_objects):
+    sts = one(default_objects, "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == (STORAGE_SA, True)
+    assert "--store kubernetes --cluster-id demo-shale" in container(sts)["args"][0]
+    assert one(default_objects, "ServiceAccount", STORAGE_SA)["automountServiceAccountToken"] is False
+    off = objects(render({"storage": {"replication": {"enabled": False}}}))
+    pod = one(off, "StatefulSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and "--store" not in container(one(off, "StatefulSet"))["args"][0]
+    assert not [r for r in by_kind(off, "Role") if r["metadata"]["name"] == f"{STS}-leases"]
 
 
 def test_storage_statefulset(default_objects):
     sts = one(default_objects, "StatefulSet")
     pod = sts["spec"]["template"]["spec"]
     c = container(sts)
-    assert pod["automountServiceAccountToken"] is False
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"kafka": 9092, "http": 8080}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -314,7 +343,10 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
 def test_storage_command_starts_a_node_with_the_pods_ordinal_as_node_id(tmp_path):
     """The rendered `sh -c` line, run by /bin/sh with POD_NAME set as the downward API sets it."""
     kafka, http = _free_port(), _free_port()
-    values = {"storage": {"kafkaPort": kafka, "httpPort": http, "overrides": {"log.cleaner.threads": 2}}}
+    # Without replication: outside a pod and without an API server, `--store kubernetes` has nothing to talk to
+    # (tests/apiserver/test_replication_on_apiserver.py runs replicated nodes against a real one).
+    values = {"storage": {"kafkaPort": kafka, "httpPort": http, "overrides": {"log.cleaner.threads": 2},
+                          "replication": {"enabled": False}}}
     sts = one(objects(render(values)), "StatefulSet")
     c = container(sts)
     assert c["command"] == ["/bin/sh", "-c"]

@@ -1,13 +1,15 @@
 """The chart's RBAC against what the operator really does: every API call it makes is granted, and no more.
 
 The operator runs a Topic's whole life against kmock (create, grow, a refused spec with its Event,
-the topics ConfigMap deleted and written back, delete) and every request it sent — kopf's and its
-own, told apart from the tests' by User-Agent — is checked against the rules of the Roles the chart
-renders (helm/shale/templates/rbac.yaml).
+the topics ConfigMap deleted and written back, delete; the storage pods scheduled on a zoned node) and
+every request it sent — kopf's and its own, told apart from the tests' by User-Agent — is checked
+against the rules of the Roles and ClusterRoles the chart binds to its service account
+(helm/shale/templates/rbac.yaml).
 """
 
 from __future__ import annotations
 
+import kmock
 from chart_util import by_kind, objects, one, render
 from cluster_util import CONFIGMAP, STORAGE_NS, Cluster
 from k8s_util import TEST_USER_AGENT
@@ -18,11 +20,16 @@ _VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", 
 
 
 def chart_rules() -> tuple[list[dict], dict[str, str]]:
-    """The rules of the chart's Roles, and the chart's names of the objects the test cluster names otherwise."""
+    """The rules of the chart's (Cluster)Roles bound to the operator's service account, and the chart's names of
+    the objects the test cluster names otherwise."""
     rendered = objects(render())
     names = {CONFIGMAP: one(rendered, "ConfigMap")["metadata"]["name"],
              "shale": one(rendered, "StatefulSet")["metadata"]["name"]}
-    return [rule for role in by_kind(rendered, "Role") for rule in role["rules"]], names
+    account = one(rendered, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    bound = {b["roleRef"]["name"] for b in by_kind(rendered, "RoleBinding") + by_kind(rendered, "ClusterRoleBinding")
+             if any(s["name"] == account for s in b["subjects"])}
+    roles = by_kind(rendered, "Role") + by_kind(rendered, "ClusterRole")
+    return [rule for role in roles if role["metadata"]["name"] in bound for rule in role["rules"]], names
 
 
 def allowed(rules: list[dict], group: str, resource: str, verb: str, name: str | None) -> bool:
@@ -33,6 +40,12 @@ def allowed(rules: list[dict], group: str, resource: str, verb: str, name: str |
 
 def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: Cluster):
     cluster.core.create_namespaced_config_map(STORAGE_NS, {"metadata": {"name": CONFIGMAP}})  # as the chart does
+    # The pods run on a node labelled with its zone, which the operator reads to spread replicas.
+    cluster.apiserver.server.resources["v1/nodes"] = kmock.ResourceInfo(kind="Node", namespaced=False,
+                                                                        verbs={"get", "create"})
+    cluster.core.create_node({"metadata": {"name": "worker-a", "labels": {"topology.kubernetes.io/zone": "a"}}})
+    for n in range(len(cluster.storage.nodes)):
+        cluster.core.patch_namespaced_pod(f"shale-{n}", STORAGE_NS, {"spec": {"nodeName": "worker-a"}})
     cluster.create_topic("orders", 1, {"cleanup.policy": "compact"})
     cluster.wait_condition("orders", "Ready", "True")
     cluster.patch_topic("orders", {"spec": {"partitions": 2}})
@@ -68,4 +81,5 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
         ("", "configmaps", "get"), ("", "configmaps", "patch"),  # the manifests
         ("", "configmaps", "create"),  # the ConfigMap recreated after it was deleted
         ("apps", "statefulsets", "get"), ("", "pods", "list"),  # the storage pods
+        ("", "nodes", "get"),  # the zone of each pod's node (rbac.nodeZones' ClusterRole)
     }

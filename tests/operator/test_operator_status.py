@@ -48,7 +48,7 @@ def test_partitions_not_served_yet_are_named_with_the_reason():
                1: NodeReport(1, "shale-1", error="GET http://x/status: Connection refused")}
     obs = observe("t", "ns_t.yaml", [(0,), (1,), (0,), (5,)], STORAGE, reports, 60)
     assert obs.ready.status is False and obs.ready.reason == "PartitionsNotServed"
-    assert obs.ready.message == ("partitions not served: 1 (GET http://x/status: Connection refused); "
+    assert obs.ready.message == ("partitions not served: 1 (pod shale-1: GET http://x/status: Connection refused); "
                                  "2 (pod shale-0 does not serve it yet); "
                                  "3 (pod shale-5 is beyond the StatefulSet's 2 replicas)")
     assert obs.partitions[1] == {"partition": 1, "pod": "shale-1"}
@@ -183,3 +183,52 @@ def test_refreshes_share_one_fetch_per_pod_while_it_is_recent():
     first, second = asyncio.run(scenario())
     assert [r.document for r in first] == [{"n": 1}] * 5
     assert [r.document for r in second] == [{"n": 2}, {"n": 3}]  # max_age 0: always asked again
+
+
+def replica(role, in_sync=True, lag=None, epoch=2):
+    return {"role": role, "leader": 0 if role != "none" else -1, "leader_epoch": epoch, "replicas": [0, 1, 2],
+            "isr": [0, 1], "in_sync": in_sync, "lag": lag, "under_replicated": role == "leader", "under_min_isr": False}
+
+
+def test_replicated_partitions_show_each_replicas_role_and_need_a_leader():
+    three = Storage("data", "shale", "shale-headless", 3, {})
+    reports = {0: report(0, partition(0, replica=replica("leader"))),
+               1: report(1, partition(0, replica=replica("follower", lag=0))),
+               2: report(2, partition(0, replica=replica("follower", in_sync=False, lag=5)))}
+    obs = observe("t", "k", [(0, 1, 2)], three, reports, 60)
+    assert obs.ready == Condition("Ready", True, "PartitionsServed",
+                                  "1 partition(s) (3 replicas each) served by shale-0, shale-1, shale-2")
+    assert [(e["pod"], e["role"], e["inSync"], e["lag"]) for e in obs.partitions] == [
+        ("shale-0", "leader", True, 0), ("shale-1", "follower", True, 0), ("shale-2", "follower", False, 5)]
+    assert obs.disk_usage_bytes == 3 * 100  # every copy takes disk
+    # Between a leader's death and the election every replica knows of no valid leader: not Ready.
+    offline = {n: report(n, partition(0, replica=replica("none", in_sync=n < 2))) for n in (0, 1, 2)}
+    obs = observe("t", "k", [(0, 1, 2)], three, offline, 60)
+    assert obs.ready == Condition("Ready", False, "PartitionsNotServed", "partitions not served: 0 (no replica "
+                                  "leads it: shale-0 offline, shale-1 offline, shale-2 offline)")
+    assert {e["role"] for e in obs.partitions} == {"offline"}
+
+
+def test_a_real_replicated_clusters_status_reads_as_expected(tmp_path, etcd):
+    """/status of three real `shale serve --store etcd://…` replicas of one partition, as the operator reads it."""
+    from cluster_util import produce
+    from node_util import start_replicated_cluster
+
+    cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("t", 1, replicas=3))
+    try:
+        cluster.wait_for_isr("t", 0)
+        produce(cluster.bootstrap, "t", {0: 7})  # acks=all: on every in-sync replica when acknowledged
+
+        def documents():
+            docs = {}
+            for n, server in cluster.servers.items():
+                with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/status", timeout=5) as r:
+                    docs[n] = NodeReport(n, f"shale-{n}", document=json.load(r))
+            obs = observe("t", "t.yaml", [(0, 1, 2)], Storage("d", "shale", "h", 3, {}), docs, 3600)
+            caught_up = all(e.get("inSync") and e.get("lag") == 0 and e["logEndOffset"] == 7 for e in obs.partitions)
+            return obs if obs.ready.status and caught_up else None
+
+        obs = wait_for(documents, 30, what="every replica in sync and caught up in /status")
+    finally:
+        cluster.stop()
+    assert sorted(e["role"] for e in obs.partitions) == ["follower", "follower", "leader"]  # one leader

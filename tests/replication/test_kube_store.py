@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from apiserver_util import release_objects
+from chart_util import by_kind
 from kube_apiserver import ApiServer
 from node_util import wait_for
 from shale.sidecar.log.checkpoint import TopicPartition
@@ -32,21 +34,34 @@ def namespace(kube_api: ApiServer) -> str:
 
 
 def test_objects_are_the_documented_ones(kube_api, namespace):
-    """docs/replication.md's objects, as `kubectl get lease,configmap -l shale.dev/cluster=prod -o yaml` shows."""
+    """docs/replication.md's objects, as `kubectl get leases -l shale.dev/cluster=prod -o yaml` shows: Leases only."""
     store = KubeStore(kube_api.client(), namespace, "prod")
     me = node(1, "a")
     store.open_session(me, 2500)
     assert store.create_partition(TopicPartition("Orders_EU", 3), RECORD)
     api = kube_api.client()
-    lease = kubernetes.client.CoordinationV1Api(api).read_namespaced_lease("shale-prod-node-1", namespace)
+    leases = kubernetes.client.CoordinationV1Api(api)
+    lease = leases.read_namespaced_lease("shale-prod-node-1", namespace)
     assert (lease.spec.holder_identity, lease.spec.lease_duration_seconds) == ("a", 3)
     assert lease.metadata.labels == {"shale.dev/cluster": "prod"}
     assert lease.metadata.annotations == {"shale.dev/node": me.to_json()}
-    (config_map,) = kubernetes.client.CoreV1Api(api).list_namespaced_config_map(
-        namespace, label_selector="shale.dev/cluster=prod").items
-    assert config_map.metadata.name.startswith("shale-prod-p-") and config_map.metadata.name.endswith("-3")
-    assert config_map.metadata.annotations == {"shale.dev/topic": "Orders_EU", "shale.dev/partition": "3"}
-    assert config_map.data == {"record": RECORD.to_json()}
+    (record,) = [item for item in leases.list_namespaced_lease(namespace, label_selector="shale.dev/cluster=prod").items
+                 if item.metadata.name != "shale-prod-node-1"]
+    assert record.metadata.name.startswith("shale-prod-p-") and record.metadata.name.endswith("-3")
+    assert record.metadata.annotations == {"shale.dev/topic": "Orders_EU", "shale.dev/partition": "3",
+                                           "shale.dev/record": RECORD.to_json()}
+    # kubectl's HOLDER column shows the elected leader's incarnation; nobody renews a record.
+    assert (record.spec.holder_identity, record.spec.renew_time) == ("a", None)
+    assert kubernetes.client.CoreV1Api(api).list_namespaced_config_map(namespace).items == []
+
+
+def test_an_offline_partition_record_has_no_holder(kube_api, namespace):
+    store = KubeStore(kube_api.client(), namespace, "c1")
+    offline = RECORD.changed(leader=-1, leader_incarnation="", isr=(1, 2))
+    assert store.create_partition(TP, offline)
+    (record,) = kubernetes.client.CoordinationV1Api(kube_api.client()).list_namespaced_lease(namespace).items
+    assert record.spec.holder_identity is None
+    assert store.view().partitions[TP].record == offline
 
 
 def test_liveness_is_judged_on_the_observers_clock_not_the_lease_times(kube_api, namespace):
@@ -90,6 +105,17 @@ def test_a_renewal_whose_answer_was_lost_is_settled_by_rereading(kube_api, names
         store.keepalive()
 
 
+def test_a_deleted_session_lease_is_lost_not_recreated(kube_api, namespace):
+    """Leases allow create-on-update: a renewal by PUT would bring a deleted session back; ours is a patch."""
+    store = KubeStore(kube_api.client(), namespace, "c1")
+    store.open_session(node(1, "a"), 5000)
+    leases = kubernetes.client.CoordinationV1Api(kube_api.client())
+    leases.delete_namespaced_lease("shale-c1-node-1", namespace)
+    with pytest.raises(SessionLost, match="Lease shale-c1-node-1 was deleted"):
+        store.keepalive()
+    assert leases.list_namespaced_lease(namespace).items == []
+
+
 @given(st.lists(st.tuples(st.sampled_from(["renew", "wait"]), st.floats(0, 3)), max_size=30),
        st.integers(1, 3))
 def test_lease_observer_rule(steps, duration):
@@ -125,26 +151,60 @@ def test_lease_observer_forgets_deleted_leases():
 def test_unreadable_objects_are_skipped_loudly_and_kept(kube_api, namespace, caplog):
     store = KubeStore(kube_api.client(), namespace, "c1")
     assert store.create_partition(TP, RECORD)
-    core = kubernetes.client.CoreV1Api(kube_api.client())
+    leases = kubernetes.client.CoordinationV1Api(kube_api.client())
     labels = {"shale.dev/cluster": "c1"}
-    core.create_namespaced_config_map(namespace, {"metadata": {
-        "name": "broken", "labels": labels, "annotations": {"shale.dev/topic": "t", "shale.dev/partition": "0"}},
-        "data": {"record": "{not json"}})
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "unnamed", "labels": labels},
-                                                  "data": {"record": RECORD.to_json()}})
-    kubernetes.client.CoordinationV1Api(kube_api.client()).create_namespaced_lease(namespace, {
-        "metadata": {"name": "impostor", "labels": labels, "annotations": {"shale.dev/node": node(9, "a").to_json()}},
-        "spec": {"holderIdentity": "b", "leaseDurationSeconds": 60}})
+
+    def lease(name: str, annotations: dict[str, str], holder: str | None = None) -> None:
+        leases.create_namespaced_lease(namespace, {"metadata": {"name": name, "labels": labels,
+                                                                "annotations": annotations},
+                                                   "spec": {"holderIdentity": holder, "leaseDurationSeconds": 60}})
+    lease("broken", {"shale.dev/topic": "t", "shale.dev/partition": "0", "shale.dev/record": "{not json"})
+    lease("unnamed", {"shale.dev/record": RECORD.to_json()})
+    lease("impostor", {"shale.dev/node": node(9, "a").to_json()}, holder="b")
+    lease("stranger", {})
     with caplog.at_level(logging.ERROR):
         view = store.view()
     assert set(view.partitions) == {TP} and view.nodes == {}
-    for name in ("ConfigMap kube-store", "/broken", "/unnamed: no shale.dev/topic", "/impostor: holder 'b'"):
+    for name in ("Lease kube-store", "/broken: not JSON", "/unnamed: no shale.dev/topic", "/impostor: holder 'b'",
+                 "/stranger: neither a session"):
         assert name in caplog.text
     caplog.clear()
     with caplog.at_level(logging.ERROR):
         assert store.view().partitions.keys() == {TP}
     assert caplog.text == ""  # once per version of a damaged object, not on every view
-    assert core.read_namespaced_config_map("broken", namespace).data == {"record": "{not json"}
+    assert leases.read_namespaced_lease("broken", namespace).metadata.annotations["shale.dev/record"] == "{not json"
+
+
+def test_the_storage_role_of_the_chart_is_enough_and_configmaps_are_out_of_reach(kube_api, namespace):
+    """The chart's storage Role (helm/shale/templates/rbac-storage.yaml), bound to a service account: a whole
+    session and record life works with it, and the operator's ConfigMaps cannot be touched."""
+    replicating = release_objects(namespace, {"storage": {"replication": {"enabled": True}}})
+    [role] = [r for r in by_kind(replicating, "Role") if r["metadata"]["name"].endswith("-leases")]
+    api = kube_api.client()
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    rbac.create_namespaced_role(namespace, role)
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "storage"}})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "storage"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                     "name": role["metadata"]["name"]},
+        "subjects": [{"kind": "ServiceAccount", "name": "storage", "namespace": namespace}]})
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "shale-topics"}, "data": {"a.yaml": "x"}})
+    token = kube_api.service_account_token(namespace, "storage")
+    store = KubeStore(kube_api.client(token), namespace, "c1")
+    store.open_session(node(1, "a"), 2000)
+    store.keepalive()
+    assert store.create_partition(TP, RECORD)
+    version = store.view().partitions[TP].version
+    assert store.update_partition(TP, RECORD.changed(isr=(1, 2)), version)
+    store.delete_partition(TP)
+    assert store.view().partitions == {}
+    store.close_session()
+    mine = kubernetes.client.CoreV1Api(kube_api.client(token))
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        mine.patch_namespaced_config_map("shale-topics", namespace, {"data": {"a.yaml": "overwritten"}})
+    assert refused.value.status == 403
+    assert core.read_namespaced_config_map("shale-topics", namespace).data == {"a.yaml": "x"}
 
 
 def test_a_node_without_rights_gets_a_clear_store_unavailable(kube_api, namespace):
@@ -157,7 +217,7 @@ def test_a_node_without_rights_gets_a_clear_store_unavailable(kube_api, namespac
         store.open_session(node(1, "a"), 2000)
     with pytest.raises(StoreUnavailable, match="list Leases .* 403"):
         store.view()
-    with pytest.raises(StoreUnavailable, match="create ConfigMap .* 403"):
+    with pytest.raises(StoreUnavailable, match="create Lease .* 403"):
         store.create_partition(TP, RECORD)
 
 
@@ -165,3 +225,27 @@ def test_cluster_id_must_make_valid_object_names(kube_api):
     for bad in ("", "Prod", "a_b", "-a", "x" * 41):
         with pytest.raises(ValueError, match="cluster id"):
             KubeStore(kube_api.client(), "default", bad)
+
+
+def test_open_store_finds_the_api_server_as_kubectl_does(kube_api, namespace, tmp_path, monkeypatch):
+    """`shale serve --store kubernetes` outside a pod: $KUBECONFIG, its current context's namespace, else
+    "default"; without any configuration a one-line error saying what was looked for."""
+    from shale.sidecar.server.node import open_store
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match=r"--store kubernetes: not in a pod .* no usable kubeconfig"):
+        open_store("kubernetes", "c1")
+    monkeypatch.setenv("KUBECONFIG", str(kube_api.write_kubeconfig(tmp_path / "plain")))
+    store = open_store("kubernetes", "c1")
+    assert store.namespace == "default"
+    store.close()
+    monkeypatch.setenv("KUBECONFIG", str(kube_api.write_kubeconfig(tmp_path / "scoped", namespace=namespace)))
+    store = open_store("kubernetes", "c1")
+    try:
+        assert store.namespace == namespace
+        store.open_session(node(4, "k"), 2000)  # reaches the server with the kubeconfig's credentials
+        assert store.view().nodes == {4: node(4, "k")}
+        store.close_session()
+    finally:
+        store.close()

@@ -41,6 +41,20 @@ app.kubernetes.io/part-of: shale
 {{/* The bootstrap Service clients connect to: <fullname>.<namespace>.svc:<kafkaPort>. */}}
 {{- define "shale.clientServiceName" -}}{{ include "shale.fullname" . }}{{- end -}}
 
+{{/* The storage pods' ServiceAccount (their Lease rights with replication; templates/rbac-storage.yaml). */}}
+{{- define "shale.storageServiceAccountName" -}}
+{{- if .Values.storage.serviceAccount.create -}}
+{{- default (include "shale.storageName" .) .Values.storage.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.storage.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The replication factor the operator gives a Topic without spec.replicas: 1 without replication. */}}
+{{- define "shale.defaultReplicas" -}}
+{{- ternary .Values.operator.defaultReplicas 1 .Values.storage.replication.enabled -}}
+{{- end -}}
+
 {{- define "shale.topicsConfigMap" -}}
 {{- default (printf "%s-topics" (include "shale.fullname" .)) .Values.storage.topicsConfigMap -}}
 {{- end -}}
