@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-replication chaos clean
 
 # Each setup step prints one line saying what it does and why; its output goes to $(LOGS)/NAME.log,
 # whose tail is printed only if the step fails. A long step may print progress lines to fd 9 (the terminal).
@@ -52,12 +52,24 @@ endif
 	@echo "make: running the test suite (pytest on 2 workers; about 5 minutes on 2 cores)"
 	$(BIN)/pytest -n 2 -q
 
+# Replication under faults: 100 leader SIGKILLs/SIGSTOPs under acks=all load, then the invariants (~15 minutes).
+chaos: $(BIN)/.installed
+	$(BIN)/python tests/replication/chaos.py --faults 100
+
 bench: $(BIN)/.installed
 	$(BIN)/python bench/log_engine.py
 	$(BIN)/python bench/compaction.py
 	$(BIN)/python bench/broker.py
 	$(BIN)/python bench/spark_read.py
 	$(BIN)/python bench/state_backup.py --profile --also-dirty-ratio 0.9
+
+# Issue 15's replication benchmark: one etcd and three `shale serve` nodes (docs/performance.md, "Replication").
+ETCD := $(shell command -v etcd 2>/dev/null)
+bench-replication: $(BIN)/.installed
+ifeq ($(ETCD),)
+	$(call step,installing Debian's etcd-server with apt-get (the control store of the replicated nodes),$(call APT_INSTALL,etcd-server),etcd)
+endif
+	$(BIN)/python bench/replication.py
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .hypothesis build sidecar/log/_cleaner_kernel.*.so

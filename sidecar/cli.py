@@ -65,7 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
                        help="/metrics, /status, /healthz, /readyz")
     serve.add_argument("--advertised-host", default=None, help="host name clients are told to connect to")
+    serve.add_argument("--advertised-port", type=int, default=None,
+                       help="port clients are told to connect to (default: the --listen port)")
     serve.add_argument("--node-id", type=int, default=0)
+    serve.add_argument("--store", default=None, metavar="etcd://HOST:PORT[,HOST:PORT]|kubernetes",
+                       help="the control store of a replicated cluster (docs/replication.md); without it the "
+                            "node runs alone, every partition with one replica")
+    serve.add_argument("--cluster-id", default="shale",
+                       help="the cluster's name: the store's key prefix, Metadata's cluster id")
     serve.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                        help="a broker config, e.g. log.cleaner.threads=2 (repeatable, as kafka-server-start)")
 

@@ -19,6 +19,13 @@ Kafka's own JSON message definitions (``kafka/protocol/schemas/resources``).
 Nothing here is written per API version.  Record sets (Produce/Fetch
 ``records``) are carried as raw ``bytes`` and never decoded.
 
+Two paths, the same bytes and values: frames and dict bodies go through the
+functions `generated_codec` writes from those schemas per API and version (one
+pass, no intermediate objects); whatever they leave (a value of an unexpected
+type, an unknown field, a malformed frame) goes to kafka-python's own codec,
+the reference (``reference_decode_request``, ``reference_encode_response``,
+``reference_encode_response_parts``), which also names every error.
+
 Header rules (KIP-482 / KIP-511):
 * request header v1 (non-flexible API version) or v2 (flexible: adds a tagged
   field buffer); ``client_id`` is always a legacy int16-length nullable string;
@@ -71,7 +78,10 @@ from kafka.protocol.consumer.group import (
     OffsetFetchRequest, OffsetFetchResponse,
     SyncGroupRequest, SyncGroupResponse,
 )
-from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer.offsets import (
+    ListOffsetsRequest, ListOffsetsResponse,
+    OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse,
+)
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.metadata.find_coordinator import (
     FindCoordinatorRequest, FindCoordinatorResponse,
@@ -81,12 +91,14 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
 from shale.sidecar.log.varint import encode_uvarint
+from shale.sidecar.protocol import generated_codec
 
 __all__ = [
     "API_NAMES", "SUPPORTED_VERSIONS", "Request",
     "ProtocolError", "MalformedFrameError", "UnsupportedApiError", "UnsupportedVersionError",
     "decode_request", "encode_response", "encode_response_parts", "ExternalRecords",
     "request_class", "response_class",
+    "reference_decode_request", "reference_encode_response", "reference_encode_response_parts",
 ]
 
 _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
@@ -107,6 +119,7 @@ _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
     (CreateTopicsRequest, CreateTopicsResponse),            # 19
     (DeleteTopicsRequest, DeleteTopicsResponse),            # 20
     (InitProducerIdRequest, InitProducerIdResponse),        # 22
+    (OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse),  # 23
     (DescribeConfigsRequest, DescribeConfigsResponse),      # 32
     (AlterConfigsRequest, AlterConfigsResponse),            # 33
     (DescribeLogDirsRequest, DescribeLogDirsResponse),      # 35
@@ -224,10 +237,11 @@ class Request:
     @property
     def expects_response(self) -> bool:
         """False only for Produce with acks=0 (no response frame at all)."""
-        return not (self.api_key == ProduceRequest.API_KEY and self.body.acks == 0)
+        return not (self.api_key == _PRODUCE and self.body.acks == 0)
 
 
 _FIXED_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id
+_PRODUCE = ProduceRequest.API_KEY  # a plain int: the class property costs a call per request
 
 # Exceptions kafka-python's generated decoders raise on bad input.
 _DECODE_ERRORS = (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError,
@@ -251,8 +265,44 @@ def _message_class(table: dict, api_key: int, api_version: int, correlation_id: 
 _HEADER_PREFIX = 64 * 1024
 
 
+def _generated(built: dict, table: dict, build, api_key: int, api_version: int):
+    """The generated decoder or encoder of a served API version (built on first use), or None."""
+    found = built.get((api_key, api_version))
+    if found is None:
+        cls = table.get(api_key)
+        if cls is None or not SUPPORTED_VERSIONS[api_key][0] <= api_version <= SUPPORTED_VERSIONS[api_key][1]:
+            return None
+        found = built[api_key, api_version] = build(cls, api_version)
+    return found
+
+
+_DECODERS: dict[tuple[int, int], Any] = {}  # (api key, version) -> generated request decoder
+_ENCODERS: dict[tuple[int, int], Any] = {}  # (api key, version) -> generated response encoder
+
+
 def decode_request(frame: bytes | bytearray | memoryview) -> Request:
-    """Decode one request frame (without the 4-byte size prefix).
+    """Decode one request frame (without the 4-byte size prefix): :func:`reference_decode_request`'s result,
+    from the generated decoder when it reads the frame, from the reference otherwise (errors included)."""
+    if isinstance(frame, bytes) or (isinstance(frame, memoryview) and frame.format == "B" and frame.c_contiguous):
+        data = frame  # as received: no new view per request
+    else:
+        data = memoryview(frame).cast("B")
+    if len(data) >= _FIXED_HEADER.size:
+        api_key, api_version, correlation_id = _FIXED_HEADER.unpack_from(data, 0)
+        decoder = _DECODERS.get((api_key, api_version)) or _generated(
+            _DECODERS, _REQUESTS, generated_codec.request_decoder, api_key, api_version)
+        if decoder is not None:
+            try:
+                body, header = decoder(data)
+            except Exception:  # noqa: BLE001 - the reference decides, and names the error
+                pass
+            else:
+                return Request(api_key, api_version, correlation_id, header.client_id, body, header.unknown_tags)
+    return reference_decode_request(frame)
+
+
+def reference_decode_request(frame: bytes | bytearray | memoryview) -> Request:
+    """Decode one request frame (without the 4-byte size prefix) with kafka-python's codec.
 
     The frame is not copied: a server may decode from its receive buffer and
     reuse the buffer afterwards (decoded values own their bytes).
@@ -335,7 +385,27 @@ def _build(data_class: type, values: Mapping[str, Any], version: int | None) -> 
 
 def encode_response(api_key: int, api_version: int, correlation_id: int,
                     body: Any, *, framed: bool = False) -> bytes:
-    """Encode a response header + body for ``api_key``/``api_version``.
+    """:func:`reference_encode_response`'s bytes: a dict body through the generated encoder when it takes it,
+    anything else (and what it leaves) through the reference."""
+    if body.__class__ is dict:
+        encoder = _generated(_ENCODERS, _RESPONSES, generated_codec.response_encoder, api_key, api_version)
+        if encoder is not None:
+            try:
+                parts = encoder(body, correlation_id)
+                if framed:
+                    parts[0] = _SIZE.pack(sum(map(len, parts)))  # an external record set has no len(): reference
+                return b"".join(parts)
+            except Exception:  # noqa: BLE001 - the reference decides, and names the error
+                pass
+    return reference_encode_response(api_key, api_version, correlation_id, body, framed=framed)
+
+
+_SIZE = struct.Struct(">i")
+
+
+def reference_encode_response(api_key: int, api_version: int, correlation_id: int,
+                              body: Any, *, framed: bool = False) -> bytes:
+    """Encode a response header + body for ``api_key``/``api_version`` with kafka-python's codec.
 
     ``body`` is a kafka-python response object of the matching class or a
     ``dict`` of snake_case field names.  Returns the bytes **without** the
@@ -401,7 +471,40 @@ def _swap_external(value: Any, found: list) -> Any:
 
 def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any], *,
                           framed: bool = False) -> list:
-    """:func:`encode_response` as a list of ``bytes`` and the body's external record sets, in wire order.
+    """:func:`reference_encode_response_parts`'s pieces, from the generated encoder when it takes the body."""
+    if body.__class__ is dict:
+        encoder = _generated(_ENCODERS, _RESPONSES, generated_codec.response_encoder, api_key, api_version)
+        if encoder is not None:
+            try:
+                return _pieces(encoder(body, correlation_id), framed)
+            except Exception:  # noqa: BLE001 - the reference decides, and names the error
+                pass
+    return reference_encode_response_parts(api_key, api_version, correlation_id, body, framed=framed)
+
+
+def _pieces(parts: list, framed: bool) -> list:
+    """A generated encoder's parts as the reference cuts them: runs of bytes joined, around each external set."""
+    pieces: list = []
+    run: list = []
+    total = 0
+    for part in parts:
+        if isinstance(part, _BYTES_LIKE):
+            run.append(part)
+            total += len(part)
+        else:
+            pieces.append(b"".join(run))
+            pieces.append(part)
+            total += part.size
+            run = []
+    pieces.append(b"".join(run))
+    if framed:
+        pieces[0] = _SIZE.pack(total) + pieces[0]
+    return pieces
+
+
+def reference_encode_response_parts(api_key: int, api_version: int, correlation_id: int,
+                                    body: Mapping[str, Any], *, framed: bool = False) -> list:
+    """:func:`reference_encode_response` as a list of ``bytes`` and the body's external record sets, in wire order.
 
     ``body`` is a dict as for :func:`encode_response`; any value with an integer ``size`` that is not
     bytes (see :class:`ExternalRecords`) must be a nullable-bytes field such as Fetch's ``records``. The
@@ -412,7 +515,7 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
     """
     found: list = []
     swapped = _swap_external(body, found)
-    out = encode_response(api_key, api_version, correlation_id, swapped, framed=framed)
+    out = reference_encode_response(api_key, api_version, correlation_id, swapped, framed=framed)
     if not found:
         return [out]
     compact = response_class(api_key).flexible_version_q(api_version)

@@ -272,7 +272,7 @@ class Controller:
         try:
             replicas = current.record.replicas if current is not None else (
                 wanted.replicas or choose_replicas(view.nodes, wanted.replication_factor, tp.partition, tp.topic))
-            new = decide(current, replicas, view, wanted.unclean)
+            new = decide(current, replicas, view, wanted.unclean, tp=tp)
         except ValueError as exc:  # too few live nodes (it waits), or an assignment no record can hold
             self._warn_once(tp, "create", "not creating its record %s: %s",
                             "yet" if isinstance(exc, NotEnoughLiveNodes) else "(fix its assignment)", exc)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import zlib
 from typing import Mapping
 
+from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import StoreView, Versioned
-from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord
+from shale.sidecar.replication.records import NO_LEADER, UNKNOWN_INCARNATION, NodeRegistration, PartitionRecord
 
 
 class NotEnoughLiveNodes(ValueError):
@@ -20,49 +21,85 @@ class NotEnoughLiveNodes(ValueError):
     here the partition record is not created until enough nodes are live."""
 
 
-def decide(current: Versioned | None, replicas: tuple[int, ...], view: StoreView,
-           unclean: bool) -> PartitionRecord | None:
+def decide(current: Versioned | None, replicas: tuple[int, ...], view: StoreView, unclean: bool, *,
+           tp: TopicPartition | None = None) -> PartitionRecord | None:
     """The record to write for a partition, or None when electors leave it as it is.
 
     `replicas` (the assignment) is used only to create a missing record; once a record exists its own replicas
-    rule (reassignment is not supported). `unclean` is the topic's `unclean.leader.election.enable`.
+    rule (reassignment is not supported). `unclean` is the topic's `unclean.leader.election.enable`. `tp` lets
+    creation find a live replica holding data from before replication (`NodeRegistration.unreplicated`).
     """
     if current is None:
-        return _create(replicas, view)
+        return _create(tp, replicas, view)
     record = current.record
     if record.leader != NO_LEADER and view.is_live(record.leader, record.leader_incarnation):
         return None  # a valid leader: ISR changes are its own business (AlterPartition)
-    deposed = record.leader if record.leader != NO_LEADER else None
     live_isr = [r for r in record.replicas if r in record.isr and view.is_live(r)]
-    # The deposed leader's node is live only under a new incarnation: a restarted process that may have lost
-    # what it had not flushed. Kafka fences a re-registered broker out of every ISR unless it is the last
-    # member; so does this rule — it leads, and stays in the ISR, only when no other member is live.
-    others = [r for r in live_isr if r != deposed]
-    candidates = others or live_isr
-    if candidates:
-        leader = candidates[0]
+    # KIP-903: a member whose node runs another process than the one it was in sync as may have lost what it
+    # had not flushed; it is no longer in sync, whatever the ISR says. The deposed leader's node, if live, is
+    # always such a restarted process (a live leader would still be valid).
+    in_sync = [r for r in live_isr if _same_process(record, view, r)]
+    if in_sync:
+        leader = in_sync[0]
         return record.changed(leader=leader, leader_incarnation=view.nodes[leader].incarnation,
-                              isr=tuple(candidates))
+                              isr=tuple(in_sync), isr_incarnations=_incarnations(view, in_sync))
+    restarted = [r for r in live_isr if r != record.leader] + [r for r in live_isr if r == record.leader]
+    waiting_for = [r for r in record.isr if r not in restarted]  # members not live: they may return intact
+    if restarted and not waiting_for:
+        # Kafka's "last replica standing": every member is back under a new process and none is known better
+        # than another, so the first leads (the deposed leader last: it was the one writing when it died) and
+        # the others rejoin by catching up. What all of them lost is lost, as in Kafka without KIP-966.
+        leader = restarted[0]
+        return record.changed(leader=leader, leader_incarnation=view.nodes[leader].incarnation,
+                              isr=(leader,), isr_incarnations=_incarnations(view, [leader]))
     if unclean:
         live = [r for r in record.replicas if view.is_live(r)]
         if live:  # KIP-704: an unclean leader is alone in the ISR and recovering until it says otherwise
             leader = live[0]
             return record.changed(leader=leader, leader_incarnation=view.nodes[leader].incarnation,
-                                  isr=(leader,), recovering=True)
-    if record.leader == NO_LEADER:
+                                  isr=(leader,), isr_incarnations=_incarnations(view, [leader]), recovering=True)
+    # Offline. The epoch rises so that the old leader's requests are fenced; the restarted members leave the
+    # ISR (as Kafka's controller removes a fenced broker unless it is the last member) and the others stay, so
+    # that one of them leads when it returns ("last replica standing").
+    isr = tuple(r for r in record.isr if r in waiting_for)
+    if record.leader == NO_LEADER and isr == record.isr:
         return None  # already offline: nothing new to say until a member returns
-    # Offline. The epoch still rises so that the old leader's requests are fenced; the ISR is kept so that
-    # its members can lead again when they return ("last replica standing").
-    return record.changed(leader=NO_LEADER, leader_incarnation="")
+    if record.leader == NO_LEADER:
+        return record.changed(isr=isr)
+    return record.changed(leader=NO_LEADER, leader_incarnation="", isr=isr)
 
 
-def _create(replicas: tuple[int, ...], view: StoreView) -> PartitionRecord | None:
-    """A new partition: every replica is empty, so every live one is in sync and the first of them leads."""
+def _same_process(record: PartitionRecord, view: StoreView, member: int) -> bool:
+    """The live `member` is the process it was in sync as (an unrecorded incarnation is taken on trust, except
+    the deposed leader's: its own incarnation is in the record)."""
+    recorded = record.isr_incarnation(member)
+    if recorded == UNKNOWN_INCARNATION and member == record.leader:
+        recorded = record.leader_incarnation
+    return recorded == UNKNOWN_INCARNATION or view.is_live(member, recorded)
+
+
+def _incarnations(view: StoreView, members: list[int] | tuple[int, ...]) -> tuple[str, ...]:
+    return tuple(view.nodes[r].incarnation for r in members)
+
+
+def _create(tp: TopicPartition | None, replicas: tuple[int, ...], view: StoreView) -> PartitionRecord | None:
+    """A new partition record. A live replica whose log holds records from before replication leads alone: the
+    others are empty, so not in sync, and must copy from it (an empty leader would make the holder truncate).
+    Otherwise every replica is taken as empty: every live one is in sync and the first leads. (A holder that
+    is not live yet finds an empty leader when it comes: the follower side keeps its records and refuses to
+    follow — `follower.py` — until an operator decides.)"""
     live = tuple(r for r in replicas if view.is_live(r))
+    holders = [r for r in live if tp is not None and tp in view.nodes[r].unreplicated]
+    if holders:
+        leader = holders[0]
+        return PartitionRecord(replicas=replicas, isr=(leader,), leader=leader,
+                               leader_incarnation=view.nodes[leader].incarnation,
+                               isr_incarnations=_incarnations(view, [leader]))
     if not live:
         return None  # no one could lead or hold data yet; a live replica creates it later
     return PartitionRecord(replicas=replicas, isr=live, leader=live[0],
-                           leader_incarnation=view.nodes[live[0]].incarnation)
+                           leader_incarnation=view.nodes[live[0]].incarnation,
+                           isr_incarnations=_incarnations(view, live))
 
 
 def choose_replicas(live: Mapping[int, NodeRegistration], rf: int, partition: int, topic: str) -> tuple[int, ...]:

@@ -5,6 +5,11 @@ the sockets: `replica_fetcher.py` sends the Fetch and ListOffsets requests and h
 here. The log is changed only here and only in three ways — append the leader's batches as they are, cut
 (`truncation.py` decides where), raise the high watermark and the log start to the leader's — so a follower's
 log is always a prefix of its leader's log plus, at most, a tail that the next answer cuts.
+
+One exception guards data from before replication: records without a leader epoch (written by a single node
+before it had a store) cannot be compared with a leader's history, so they are never cut. A follower holding
+them checks first that the leader has unreplicated records up to the same offset (the same history, copied);
+otherwise, and whenever a cut would reach them, it refuses to follow and keeps them (`UnreplicatedRecordsKept`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.log.errors import CorruptRecordError
+from shale.sidecar.log.errors import CorruptRecordError, LogError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import BATCH_OVERHEAD, BatchHeader
 from shale.sidecar.replication.records import NodeRegistration
@@ -26,6 +31,24 @@ from shale.sidecar.replication.truncation import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class UnreplicatedRecordsKept(LogError):
+    """Following the leader would cut (or contradict) records written before replication: the replica keeps
+    them and stops following until an operator decides (docs/replication.md, "Failures")."""
+
+
+def unreplicated_end(log: Log) -> int:
+    """Where the log's records without a leader epoch end: the first epoch's start, or the log end if it has
+    none. Records in [log start, this) were written before replication (or copied from such a log)."""
+    entries = log.leader_epoch_cache.entries
+    return entries[0].start_offset if entries else log.log_end_offset
+
+
+def holds_unreplicated(log: Log) -> bool:
+    """The log holds records without a leader epoch (`NodeRegistration.unreplicated` lists such partitions)."""
+    with log.lock:
+        return unreplicated_end(log) > log.log_start_offset
 
 
 @dataclass(slots=True)
@@ -42,9 +65,11 @@ class FollowState:
     delayed_until: float = 0.0  # loop time before which the partition is not fetched (replica.fetch.backoff.ms)
     lag: int | None = None  # leader's high watermark minus our log end, at the last answer
     error: str | None = None  # the last error, until a fetch succeeds (for /status)
+    verify_below: int | None = None  # our unreplicated records end here: the first answer must show the leader's do
+    refused: str | None = None  # why this replica will not follow this leader (never fetched again)
 
     def ready(self, now: float) -> bool:
-        return now >= self.delayed_until
+        return self.refused is None and now >= self.delayed_until
 
     def describe(self) -> str:
         return f"{self.tp} (leader {self.leader.node_id} epoch {self.leader_epoch}, fetch offset {self.fetch_offset})"
@@ -52,8 +77,16 @@ class FollowState:
 
 def start_following(tp: TopicPartition, log: Log, leader: NodeRegistration, leader_epoch: int) -> FollowState:
     """A new fetch state (Kafka's InitialFetchState): a log with epochs fetches from its end and lets the
-    leader's DivergingEpoch cut it; one without is cut to its high watermark first."""
+    leader's DivergingEpoch cut it; one without is cut to its high watermark first — unless its records have
+    no epoch at all (written before replication): then nothing is cut, and the first fetch asks for the offset
+    just below their end, whose batch at the leader must be unreplicated too (`_check_unreplicated`)."""
     with log.lock:
+        kept = unreplicated_end(log)
+        if log.latest_epoch is None and kept > log.log_start_offset:
+            logger.info("%s: records %d-%d have no leader epoch (written before replication); checking that node "
+                        "%d in epoch %d holds the same unreplicated records before following it", tp,
+                        log.log_start_offset, kept - 1, leader.node_id, leader_epoch)
+            return FollowState(tp, leader, leader_epoch, kept - 1, None, verify_below=kept)
         start = fetch_start(log.latest_epoch, log.log_end_offset, log.high_watermark)
         if start.truncate_to is not None and start.truncate_to < log.log_end_offset:
             logger.warning("%s: no leader epoch in the log; truncating from %d to the high watermark %d before "
@@ -103,6 +136,8 @@ def apply_fetched(state: FollowState, log: Log, data: Any, max_append_bytes: int
     truncated: int | None = None
     with log.lock:
         try:
+            if state.verify_below is not None:
+                _check_unreplicated(state, log, data.records)
             if data.records:
                 appended, batches = _append(state, log, data.records, max_append_bytes)
             diverging = data.diverging_epoch
@@ -132,6 +167,8 @@ def _append(state: FollowState, log: Log, records: bytes | memoryview, max_appen
     if first.base_offset < log.log_end_offset:
         # Our end falls inside one of the leader's batches: our tail was written by another leader in other
         # batches, so it is not the leader's; cut to where the leader's batch starts and take it whole.
+        _check_cut(state, log, first.base_offset, f"the leader's batch {first.base_offset}-{first.last_offset} "
+                   f"spans our log end {log.log_end_offset}")
         logger.warning("%s: log end %d is inside the leader's batch %d-%d; truncating to %d", state.describe(),
                        log.log_end_offset, first.base_offset, first.last_offset, first.base_offset)
         log.truncate_to(first.base_offset)
@@ -151,6 +188,8 @@ def _append(state: FollowState, log: Log, records: bytes | memoryview, max_appen
 def _truncate_diverging(state: FollowState, log: Log, leader: EpochEndOffset) -> int:
     follower = EpochEndOffset(*log.end_offset_for_epoch(leader.epoch))
     cut = truncation_for(leader, follower, log.log_end_offset, state.fetch_offset)
+    _check_cut(state, log, cut.offset, f"the leader's log diverges at epoch {leader.epoch} end offset "
+               f"{leader.end_offset}")
     logger.info("%s: leader's log diverges at epoch %d end offset %d (ours: epoch %d end offset %d); truncating "
                 "from %d to %d%s", state.describe(), leader.epoch, leader.end_offset, follower.epoch,
                 follower.end_offset, log.log_end_offset, cut.offset, "" if cut.completed else ", then asking again")
@@ -162,6 +201,9 @@ def apply_reset(state: FollowState, log: Log, leader_end_offset: int, leader_sta
     """After OFFSET_OUT_OF_RANGE: go on where the leader's log start and end say (`out_of_range_reset`)."""
     with log.lock:
         reset = out_of_range_reset(log.log_end_offset, leader_end_offset, leader_start_offset)
+        if reset.truncate_to is not None or reset.start_at is not None:
+            _check_cut(state, log, log.log_start_offset if reset.truncate_to is None else reset.truncate_to,
+                       f"the leader's log is {leader_start_offset}-{leader_end_offset}")
         logger.warning("%s: out of range on the leader (its log %d-%d, ours ends at %d); %s", state.describe(),
                        leader_start_offset, leader_end_offset, log.log_end_offset,
                        f"truncating to {reset.truncate_to}" if reset.truncate_to is not None else
@@ -175,3 +217,42 @@ def apply_reset(state: FollowState, log: Log, leader_end_offset: int, leader_sta
         state.last_fetched_epoch = log.latest_epoch
         state.needs_reset = False
         state.lag = max(0, leader_end_offset - log.log_end_offset)
+
+
+def _check_unreplicated(state: FollowState, log: Log, records: bytes | memoryview | None) -> None:
+    """The first answer to a replica holding unreplicated records below `verify_below`: the leader's batch
+    holding the offset just below must be our last such batch, byte for byte (same offsets, same CRC) — the
+    same history, of which this replica holds a copy or the origin. Anything else means the leader's records at
+    those offsets are other records, and following it would cut or contradict ours. (Header epochs prove
+    nothing here: a single node kept whatever partition leader epoch its producers wrote.)"""
+    below = state.verify_below
+    assert below is not None
+    theirs = BatchHeader.parse(memoryview(records)) if records and len(records) >= BATCH_OVERHEAD else None
+    slice_ = log.read(below - 1, BATCH_OVERHEAD)
+    ours = BatchHeader.parse(slice_.read()) if slice_ is not None else None
+    if theirs is None:
+        why = f"the leader has no record at offset {below - 1}"
+    elif ours is None or (theirs.base_offset, theirs.last_offset, theirs.crc) != (
+            ours.base_offset, ours.last_offset, ours.crc):
+        why = (f"the leader's batch {theirs.base_offset}-{theirs.last_offset} (crc {theirs.crc:#010x}) is not ours "
+               f"{ours.base_offset}-{ours.last_offset} (crc {ours.crc:#010x})" if ours else "no local batch")
+    else:
+        state.verify_below = None
+        logger.info("%s: the leader holds the same records up to offset %d; following it", state.describe(), below)
+        return
+    raise UnreplicatedRecordsKept(_kept(state, log, why))
+
+
+def _check_cut(state: FollowState, log: Log, offset: int, why: str) -> None:
+    """Refuse a cut that would remove records without a leader epoch (see the module's docstring)."""
+    end = unreplicated_end(log)
+    if offset < end and end > log.log_start_offset:
+        raise UnreplicatedRecordsKept(_kept(state, log, f"{why}: following would truncate to offset {offset}"))
+
+
+def _kept(state: FollowState, log: Log, why: str) -> str:
+    return (f"{state.tp}: keeps its records {log.log_start_offset}-{unreplicated_end(log) - 1} written before "
+            f"replication (no leader epoch; log end {log.log_end_offset}) and will not follow node "
+            f"{state.leader.node_id} in leader epoch {state.leader_epoch}: {why}. It waits for an operator: to keep "
+            f"these records, stop the other replicas, remove their copies of {state.tp} and its record in the store "
+            f"(this node is then named leader); to take the leader's, move this partition's directory away")

@@ -11,7 +11,10 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from shale.sidecar.log.checkpoint import TopicPartition
+
 NO_LEADER = -1
+UNKNOWN_INCARNATION = ""  # an ISR entry written before entries carried one (or by an older node): never checked
 
 
 class RecordError(ValueError):
@@ -20,24 +23,37 @@ class RecordError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class NodeRegistration:
-    """A live node: its id, which process of it this is (`incarnation`), and where clients reach it."""
+    """A live node: its id, which process of it this is (`incarnation`), and where clients reach it.
+
+    `unreplicated` lists the partitions whose local log held records without leader epochs when the process
+    started — data written before replication (a single-node cluster that gained a store, or replicas). The
+    creator of a missing partition record reads it to make the holder the leader instead of an empty replica
+    (docs/replication.md, "Failures"); once a record exists the list no longer matters.
+    """
 
     node_id: int
     incarnation: str  # fresh per process start: KIP-903's broker epoch
     host: str
     port: int
     rack: str | None = None
+    unreplicated: tuple[TopicPartition, ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        raw = asdict(self)
+        raw["unreplicated"] = [[tp.topic, tp.partition] for tp in self.unreplicated]
+        if not self.unreplicated:
+            del raw["unreplicated"]  # the common case: a registration as short as before
+        return json.dumps(raw, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> "NodeRegistration":
         raw = _load(text, where)
         try:
             rack = raw.get("rack")
+            unreplicated = tuple(TopicPartition(_str(topic), _int(partition))
+                                 for topic, partition in raw.get("unreplicated", ()))
             return cls(_int(raw["node_id"]), str(raw["incarnation"]), str(raw["host"]), _int(raw["port"]),
-                       None if rack is None else str(rack))
+                       None if rack is None else str(rack), unreplicated)
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"{where}: not a node registration ({exc!r}): {text!r}") from None
 
@@ -49,6 +65,9 @@ class PartitionRecord:
     `partition_epoch` rises on every write (the version Kafka's AlterPartition compares); `leader_epoch`
     rises whenever `leader` changes, to -1 included. `leader_incarnation` names the process that was elected,
     so a node restarted under the same id does not inherit its previous process's leadership.
+    `isr_incarnations` (parallel to `isr`) names the process each member was in sync as — KIP-903's
+    NewIsrWithEpochs: a member whose node restarted since may have lost what it had not flushed, so it is no
+    longer in sync whatever the ISR says (`UNKNOWN_INCARNATION`: a record written before this field).
     """
 
     replicas: tuple[int, ...]
@@ -58,8 +77,14 @@ class PartitionRecord:
     leader_epoch: int = 0
     partition_epoch: int = 0
     recovering: bool = False  # elected uncleanly (KIP-704): the ISR stays {leader} until it has recovered
+    isr_incarnations: tuple[str, ...] = ()  # () = every member's is unknown
 
     def __post_init__(self) -> None:
+        if not self.isr_incarnations:
+            object.__setattr__(self, "isr_incarnations", (UNKNOWN_INCARNATION,) * len(self.isr))
+        if len(self.isr_incarnations) != len(self.isr):
+            raise RecordError(f"isr {self.isr} has {len(self.isr_incarnations)} incarnations "
+                              f"{self.isr_incarnations}, not one per member")
         if not self.replicas or len(set(self.replicas)) != len(self.replicas):
             raise RecordError(f"replicas must be distinct node ids, at least one: {self.replicas}")
         if not set(self.isr) <= set(self.replicas):
@@ -67,9 +92,20 @@ class PartitionRecord:
         if self.leader != NO_LEADER and self.leader not in self.isr:
             raise RecordError(f"leader {self.leader} is not in the isr {self.isr}")
 
+    def isr_incarnation(self, member: int) -> str:
+        """The process `member` was in sync as (UNKNOWN_INCARNATION if not recorded); KeyError if not a member."""
+        try:
+            return self.isr_incarnations[self.isr.index(member)]
+        except ValueError:
+            raise KeyError(f"node {member} is not in the isr {self.isr}") from None
+
     def changed(self, **fields: Any) -> "PartitionRecord":
         """This record with `fields` changed and the partition epoch (and, if the leader changed, the leader
-        epoch) raised: the one way a record is rewritten, so no writer forgets an epoch."""
+        epoch) raised: the one way a record is rewritten, so no writer forgets an epoch. A new `isr` without
+        `isr_incarnations` keeps the members' recorded incarnations (newcomers' unknown)."""
+        if "isr" in fields and "isr_incarnations" not in fields:
+            known = dict(zip(self.isr, self.isr_incarnations))
+            fields["isr_incarnations"] = tuple(known.get(r, UNKNOWN_INCARNATION) for r in fields["isr"])
         new = replace(self, **fields, partition_epoch=self.partition_epoch + 1)
         if "leader" in fields or "leader_incarnation" in fields:
             new = replace(new, leader_epoch=self.leader_epoch + 1)
@@ -84,7 +120,8 @@ class PartitionRecord:
         try:
             return cls(tuple(_int(r) for r in raw["replicas"]), tuple(_int(r) for r in raw["isr"]),
                        _int(raw["leader"]), str(raw["leader_incarnation"]), _int(raw["leader_epoch"]),
-                       _int(raw["partition_epoch"]), bool(raw.get("recovering", False)))
+                       _int(raw["partition_epoch"]), bool(raw.get("recovering", False)),
+                       tuple(_str(i) for i in raw.get("isr_incarnations", ())))  # absent: an older record
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"{where}: not a partition record ({exc}): {text!r}") from None
 
@@ -97,6 +134,12 @@ def _load(text: str | bytes, where: str) -> dict:
     if not isinstance(raw, dict):
         raise RecordError(f"{where}: a record is a JSON object, got {text!r}")
     return raw
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string")
+    return value
 
 
 def _int(value: Any) -> int:

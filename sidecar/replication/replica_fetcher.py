@@ -31,6 +31,7 @@ from shale.sidecar.protocol.client_codec import decode_response, encode_request
 from shale.sidecar.protocol.codec import ProtocolError
 from shale.sidecar.replication.follower import (
     FollowState,
+    UnreplicatedRecordsKept,
     apply_fetched,
     apply_reset,
     start_following,
@@ -144,7 +145,8 @@ class _LeaderLink:
                 ready = [s for s in states if s.ready(now)]
                 if not ready:
                     self.wake.clear()
-                    timeout = min(s.delayed_until for s in states) - now
+                    waiting = [s.delayed_until for s in states if s.refused is None]
+                    timeout = min(waiting) - now if waiting else None  # refused ones wait for a new state
                     try:
                         async with asyncio.timeout(timeout):
                             await self.wake.wait()
@@ -243,7 +245,10 @@ class _LeaderLink:
             answers.append(answer.offset)
         log = self.owner.log_of(state)
         if log is not None and self.owner.is_current(state):
-            apply_reset(state, log, answers[0], answers[1])
+            try:
+                apply_reset(state, log, answers[0], answers[1])
+            except UnreplicatedRecordsKept as exc:
+                self.owner.refuse(state, exc)
 
     def stop(self) -> None:
         self.stopped = True
@@ -307,6 +312,11 @@ class ReplicaFetchers:
         state = self._states.get(tp)
         return None if state is None else state.lag
 
+    def error(self, tp: TopicPartition) -> str | None:
+        """The followed partition's last fetch error (None once a fetch succeeds), or why it refuses to follow."""
+        state = self._states.get(tp)
+        return None if state is None else state.error
+
     def states(self) -> dict[TopicPartition, FollowState]:
         """The fetch state of every followed partition (read them, do not change them)."""
         return dict(self._states)
@@ -341,9 +351,17 @@ class ReplicaFetchers:
             return
         try:
             apply_fetched(state, log, data, self.config.max_bytes)
+        except UnreplicatedRecordsKept as exc:
+            self.refuse(state, exc)
         except LogError as exc:  # a corrupt batch, a full disk: this partition waits, the others go on
             logger.error("%s: cannot apply the leader's answer: %s", state.describe(), exc)
             self.back_off([state], f"{type(exc).__name__}: {exc}")
+
+    def refuse(self, state: FollowState, exc: UnreplicatedRecordsKept) -> None:
+        """Stop fetching a partition whose records from before replication following would lose; it stays so
+        (shown in /status) until the store names another leader or epoch (`follow` starts a new state)."""
+        state.refused = state.error = f"refused: {exc}"
+        logger.error("node %d: %s", self.node_id, exc)
 
     def back_off(self, states: Iterable[FollowState], reason: str, *, log: bool = True) -> None:
         """Fetch these partitions again only after replica.fetch.backoff.ms (logged per partition when its

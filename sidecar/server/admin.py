@@ -242,6 +242,12 @@ class AdminApis:
             raise AdminError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
         if name in RESERVED:
             raise AdminError(INVALID_TOPIC_EXCEPTION, f"Topic '{name}' is reserved for an internal topic of the node")
+        if self.registry.replication is not None:
+            # The store holds partition records, not topics: a topic created here would exist on this node only,
+            # and the other replicas would never learn its config. Manifests are read by every node alike.
+            raise AdminError(POLICY_VIOLATION, f"Topic '{name}': a node with a control store (--store) takes topics "
+                                               "from Topic manifests only, which every node reads; declare it there "
+                                               "(spec.replicas or spec.assignment give its replication)")
         unified = name.replace(".", "_")
         for other in self.registry.topics:
             if other.replace(".", "_") == unified:
@@ -473,7 +479,8 @@ class AdminApis:
         for tp, log in sorted(logs.items(), key=lambda item: (item[0].topic, item[0].partition)):
             with log.lock:
                 size = log.size_in_bytes
-            # One replica, so the high watermark is the log end: no offset lag, never a future log.
+            # Kafka's offset lag of a current log is max(HW - LEO, 0): 0, the HW never passing the log end,
+            # followers' replicas included. Never a future log (no moves between log dirs).
             by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition, "partition_size": size,
                                                       "offset_lag": 0, "is_future_key": False})
         result.update(topics=[{"name": name, "partitions": parts} for name, parts in by_topic.items()],

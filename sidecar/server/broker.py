@@ -7,11 +7,17 @@ responses; Fetch responses send large record sets from the segment file with
 `sendfile` (`connection.FileRange`), as Kafka does, instead of copying them
 through Python.
 
-The broker serves ApiVersions, Metadata, Produce, Fetch and ListOffsets itself;
-the other APIs come from components (group coordinator, admin, producer ids) as
+The broker serves ApiVersions, Metadata, Produce, Fetch, ListOffsets and
+OffsetForLeaderEpoch itself. With a control store (`replicas`, the replica
+manager) those answer what the store's records say: leaders and epochs, acks=all
+parked until the ISR has the records, followers' fetches read to the log end;
+without one every partition here has its single replica. The other APIs come from components (group coordinator, admin, producer ids) as
 a table of handlers, `async (request, connection) -> response body`.  Responses
 are written in request order per connection (a FIFO of handler tasks), so a
 Fetch or JoinGroup that waits does not reorder the replies to pipelined requests.
+A request with nothing ahead of it is handled as its frame arrives, its handler
+started in place (`eager`): one that does not wait is answered then and there,
+with no task and no further event-loop iteration.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.log import Log
 from shale.sidecar.log.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -40,13 +47,18 @@ from shale.sidecar.log.errors import InvalidTimestampError
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
+from shale.sidecar.server import eager
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
 from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_SERVER_ERROR, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION,
     NOT_LEADER_OR_FOLLOWER, MESSAGE_TOO_LARGE, INVALID_REQUIRED_ACKS, INVALID_TIMESTAMP, UNSUPPORTED_VERSION,
-    KAFKA_STORAGE_ERROR, INVALID_RECORD, UNKNOWN_TOPIC_ID,
+    KAFKA_STORAGE_ERROR, INVALID_RECORD, UNKNOWN_TOPIC_ID, LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS,
+    REQUEST_TIMED_OUT, OFFSET_NOT_AVAILABLE, UNKNOWN_LEADER_EPOCH, FENCED_LEADER_EPOCH,
 )
+from shale.sidecar.replication.partition import NO_EPOCH
+from shale.sidecar.replication.records import NO_LEADER
+from shale.sidecar.replication.replica_manager import ReplicaManager
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +73,8 @@ _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA, API_API_VERSIONS = 0, 1, 2, 3, 18
+API_OFFSET_FOR_LEADER_EPOCH = 23
+DEBUGGING_REPLICA_ID = -2  # Kafka's: a request that may read any replica, not only the leader's
 
 # Caps below the codec's ranges where a version identifies topics by ID, which is
 # not routed yet (kafka-protocol.md G6): Fetch >= 13, Produce 13, OffsetCommit and
@@ -170,8 +184,14 @@ class Broker:
         observe: Callable[[str, float], None] | None = None,
         max_request_bytes: int = MAX_FRAME_BYTES,
         queued_max_request_bytes: int = -1,
+        replicas: ReplicaManager | None = None,
     ) -> None:
         self.registry = registry
+        # With a control store: leadership, epochs and the high watermark come from the replica manager
+        # (docs/replication.md); without one (None) every partition here has one replica, as before.
+        self.replicas = replicas
+        if replicas is not None:
+            replicas.wake_fetches = self.poke
         self.host = host
         self.port = port
         self.cluster_id = cluster_id
@@ -192,6 +212,7 @@ class Broker:
             API_PRODUCE: self._produce,
             API_FETCH: self._fetch,
             API_LIST_OFFSETS: self._list_offsets,
+            API_OFFSET_FOR_LEADER_EPOCH: self._offset_for_leader_epoch,
             **(handlers or {}),
         }
         self.advertised = {key: advertised_range(key) for key in self.handlers}
@@ -295,9 +316,41 @@ class Broker:
         def client() -> str:
             return f"client {state['client_id']!r} at {where}" if state["client_id"] is not None else f"client at {where}"
 
-        # FIFO of (task producing the framed response or None).  The writer drains it in order.
-        pending: asyncio.Queue[asyncio.Task | None] = asyncio.Queue()
-        write_task = asyncio.create_task(self._write_loop(pending, conn, client))
+        replies = _Replies()
+        write_task = asyncio.create_task(self._write_loop(replies, conn, client))
+
+        def at_once(received) -> bool:
+            """A frame with nothing ahead of it, handled as it arrives: answered then and there if its handler does
+            not wait, else queued for the writer like any other. False leaves it to the loop below."""
+            request = received.request
+            if replies.waiting or conn.writing_paused or request.api_key not in self.handlers:
+                return False
+            lo, hi = self.advertised[request.api_key]
+            if not lo <= request.api_version <= hi:
+                return False
+            state["client_id"] = request.client_id
+            try:
+                answered, out = self._start(request, ConnectionInfo(request.client_id, host))
+            except Exception:  # noqa: BLE001 - as the writer does for a handler that fails
+                logger.exception("closing connection of %s: request handler failed", client())
+                conn.done(received)
+                conn.transport.abort()
+                return True
+            if not answered:
+                out.add_done_callback(lambda _task: conn.done(received))
+                replies.put(out)
+                return True
+            conn.done(received)
+            if isinstance(out, list) and not all(isinstance(part, bytes) for part in out):
+                replies.put_result(out)  # record sets to send from their files: the writer's job
+            elif isinstance(out, list):
+                for part in out:
+                    conn.write(part)
+            elif out is not None:
+                conn.write(out)
+            return True
+
+        conn.at_once = at_once
         clean = True
         try:
             while True:
@@ -321,7 +374,7 @@ class Broker:
                             body = {"error_code": UNSUPPORTED_VERSION, "api_keys": [
                                 {"api_key": API_API_VERSIONS, "min_version": lo, "max_version": hi}]}
                             out = codec.encode_response(API_API_VERSIONS, 0, exc.correlation_id, body, framed=True)
-                            await pending.put(asyncio.create_task(_ready(out)))
+                            replies.put_result(out)
                             continue
                         state["client_id"] = state["client_id"] or _peek_client_id(frame)
                         logger.error("closing connection of %s: %s", client(), exc)
@@ -346,33 +399,40 @@ class Broker:
                         clean = False
                         break
                     info = ConnectionInfo(request.client_id, host)  # not `conn`: that is the Connection read above
-                    task = asyncio.create_task(self._dispatch(request, info))
-                    task.add_done_callback(lambda _task, held=received: conn.done(held))
-                    received = None
-                    await pending.put(task)
+                    try:
+                        answered, out = self._start(request, info)
+                    except Exception as exc:  # noqa: BLE001 - the writer reports it in its turn
+                        answered, out = False, asyncio.get_running_loop().create_future()
+                        out.set_exception(exc)
+                    if answered:
+                        replies.put_result(out)
+                    else:
+                        out.add_done_callback(lambda _task, held=received: conn.done(held))
+                        received = None
+                        replies.put(out)
                 finally:
                     if received is not None:
                         conn.done(received)
         finally:
+            conn.at_once = None
             if clean:
-                await pending.put(None)
+                replies.queue.put_nowait(None)
                 try:
                     await write_task
                 except Exception:  # noqa: BLE001 - already logged by the write loop
                     pass
             else:
                 write_task.cancel()
-                while not pending.empty():
-                    t = pending.get_nowait()
-                    if t is not None:
-                        t.cancel()
+                replies.cancel()
             conn.stop_reading()  # frames never taken release their memory
             try:
                 await conn.close()
             except Exception:  # noqa: BLE001 - the peer may be gone already
                 pass
 
-    async def _write_loop(self, pending: asyncio.Queue, conn: Connection, client) -> None:
+    async def _write_loop(self, replies: "_Replies", conn: Connection, client) -> None:
+        """Write the queued answers in request order, each when its handler is done (None ends the loop)."""
+        pending = replies.queue
         try:
             while True:
                 task = await pending.get()
@@ -387,6 +447,7 @@ class Broker:
                     conn.transport.abort()
                     return
                 if out is None:
+                    replies.waiting -= 1
                     continue
                 if isinstance(out, list):  # a Fetch response: bytes, and record sets to send from their files
                     conn.cork(True)
@@ -401,15 +462,13 @@ class Broker:
                 else:
                     conn.write(out)
                 await conn.drain()
+                replies.waiting -= 1
         except ConnectionError:
             conn.transport.abort()
         except _Closing:
             conn.transport.abort()
         finally:
-            while not pending.empty():
-                t = pending.get_nowait()
-                if t is not None:
-                    t.cancel()
+            replies.cancel()
 
     async def _send_file_range(self, conn: Connection, part: FileRange, client) -> None:
         """Write `part` with sendfile (read and write it where sendfile cannot), then release its descriptor."""
@@ -444,9 +503,20 @@ class Broker:
         finally:
             part.close()
 
-    async def _dispatch(self, request: codec.Request, conn: ConnectionInfo) -> bytes | list | None:
+    def _start(self, request: codec.Request, conn: ConnectionInfo) -> tuple[bool, Any]:
+        """Run the request's handler at once: (True, the framed answer or None) when it did not wait, else (False,
+        the task that finishes it and gives the answer). A handler's exception, if raised at once, propagates."""
         started = time.perf_counter()
-        resp = await self.handlers[request.api_key](request, conn)
+        answered, value = eager.start(self.handlers[request.api_key](request, conn))
+        if answered:
+            return True, self._answer(request, value, started)
+        return False, asyncio.get_running_loop().create_task(self._dispatch(request, value, started))
+
+    async def _dispatch(self, request: codec.Request, rest: Awaitable, started: float) -> bytes | list | None:
+        return self._answer(request, await rest, started)
+
+    def _answer(self, request: codec.Request, resp: Any, started: float) -> bytes | list | None:
+        """The response frame (pieces, for a Fetch whose record sets go out with sendfile), or None for acks=0."""
         if self._observe is not None:
             self._observe(request.api_name, time.perf_counter() - started)
         if not request.expects_response:
@@ -513,6 +583,9 @@ class Broker:
                 continue
             partitions = []
             for p in range(spec.partitions):
+                if self.replicas is not None:
+                    partitions.append(self._replicated_metadata(TopicPartition(name, p), spec.replicas_of(p)))
+                    continue
                 leader = spec.node_of(p, self.node_id)
                 partitions.append({"error_code": NONE, "partition_index": p, "leader_id": leader,
                                    "leader_epoch": -1, "replica_nodes": [leader], "isr_nodes": [leader],
@@ -520,9 +593,10 @@ class Broker:
             topics.append({"error_code": NONE, "name": name, "topic_id": topic_uuid(registry.topic_id(name)),
                            "is_internal": spec.internal, "partitions": partitions,
                            "authorized_operations": TOPIC_OPERATIONS if topic_operations else None})
+        racks = {} if self.replicas is None else {n: reg.rack for n, reg in self.replicas.view.nodes.items()}
         return {
             "throttle_time_ms": 0,
-            "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": None}
+            "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": racks.get(n.node_id)}
                         for n in sorted(registry.nodes().values(), key=lambda n: n.node_id)],
             "cluster_id": self.cluster_id,
             "controller_id": controller_id(registry),
@@ -530,22 +604,89 @@ class Broker:
             "authorized_operations": CLUSTER_OPERATIONS if cluster_operations else None,
         }
 
+    def _replicated_metadata(self, tp: TopicPartition, assigned: tuple[int, ...] | None) -> dict:
+        """A partition as its store record has it: leader (-1 while being elected: LEADER_NOT_AVAILABLE, as
+        Kafka answers), leader epoch, replicas, ISR, and the replicas without a live session."""
+        replicas = self.replicas
+        record = replicas.record(tp)
+        if record is None:  # not created in the store yet
+            return {"error_code": LEADER_NOT_AVAILABLE, "partition_index": tp.partition, "leader_id": -1,
+                    "leader_epoch": -1, "replica_nodes": list(assigned or ()), "isr_nodes": [],
+                    "offline_replicas": []}
+        leader = replicas.valid_leader(record)
+        return {"error_code": NONE if leader >= 0 else LEADER_NOT_AVAILABLE, "partition_index": tp.partition,
+                "leader_id": leader, "leader_epoch": record.leader_epoch, "replica_nodes": list(record.replicas),
+                "isr_nodes": list(record.isr),
+                "offline_replicas": [r for r in record.replicas if not replicas.view.is_live(r)]}
+
     async def _produce(self, request: codec.Request, conn: ConnectionInfo) -> dict:
         version, body = request.api_version, request.body
         responses = []
+        parked: list[tuple[str, dict, Any]] = []  # acks=all appends waiting for the high watermark
         for topic in body.topic_data:
             parts = []
             for pd in topic.partition_data:
                 part = self._produce_partition(version, body.acks, topic.name, pd.index, pd.records)
                 reason = part.pop("_reason", None)
                 if reason is not None:  # Kafka logs refused appends too (ReplicaManager.processFailedRecord)
-                    stale = part["error_code"] in (UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER)
-                    logger.log(logging.INFO if stale else logging.ERROR,
-                               "produce from client %r at %s to %s-%d refused with error %d: %s", conn.client_id,
-                               conn.host, topic.name, pd.index, part["error_code"], reason)
+                    self._log_refused(conn, topic.name, pd.index, part["error_code"], reason)
+                waiter = part.pop("_waiter", None)
+                if waiter is not None:
+                    parked.append((topic.name, part, waiter))
                 parts.append(part)
             responses.append({"name": topic.name, "partition_responses": parts})
-        return {"responses": responses, "throttle_time_ms": 0}
+        if parked:
+            await self._await_replication(version, body.timeout_ms, parked, conn)
+        if self.replicas is None:
+            return {"responses": responses, "throttle_time_ms": 0}
+        endpoints = self._point_to_leaders(
+            (TopicPartition(t["name"], part["index"]), part) for t in responses for part in t["partition_responses"])
+        return {"responses": responses, "throttle_time_ms": 0, "node_endpoints": endpoints}
+
+    def _point_to_leaders(self, parts) -> list[dict]:
+        """KIP-951: a partition answered NOT_LEADER_OR_FOLLOWER (or FENCED_LEADER_EPOCH) names the leader this
+        node knows, with its epoch (`current_leader`; Produce v10+, Fetch v12+), so a client can go there
+        without first re-reading Metadata; the leaders' addresses go in `node_endpoints` (Produce v10+)."""
+        endpoints: dict[int, dict] = {}
+        for tp, out in parts:
+            if out["error_code"] not in (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH):
+                continue
+            record = self.replicas.record(tp)
+            leader = NO_LEADER if record is None else self.replicas.valid_leader(record)
+            if leader == NO_LEADER:
+                continue
+            out["current_leader"] = {"leader_id": leader, "leader_epoch": record.leader_epoch}
+            node = self.replicas.view.nodes[leader]
+            endpoints[leader] = {"node_id": leader, "host": node.host, "port": node.port, "rack": node.rack}
+        return list(endpoints.values())
+
+    @staticmethod
+    def _log_refused(conn: ConnectionInfo, topic: str, partition: int, code: int, reason: str) -> None:
+        stale = code in (UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS)
+        logger.log(logging.INFO if stale else logging.ERROR,
+                   "produce from client %r at %s to %s-%d refused with error %d: %s", conn.client_id,
+                   conn.host, topic, partition, code, reason)
+
+    async def _await_replication(self, version: int, timeout_ms: int, parked: list, conn: ConnectionInfo) -> None:
+        """Kafka's DelayedProduce: each parked partition answers when its waiter is done, or REQUEST_TIMED_OUT
+        after the request's `timeout_ms`. The records stay appended whatever the answer (the client may retry;
+        an idempotent producer's retry is answered from the log)."""
+        waiters = [w for _, _, w in parked]
+        try:
+            await asyncio.wait([w.done for w in waiters], timeout=max(timeout_ms, 0) / 1000)
+        finally:
+            for w in waiters:
+                self.replicas.delayed.forget(w)
+        for topic, part, waiter in parked:
+            code = waiter.done.result() if waiter.done.done() else REQUEST_TIMED_OUT
+            if code == NONE:
+                continue
+            part["error_code"] = code
+            message = (f"{topic}-{part['index']}: offsets {part['base_offset']}..{waiter.required_offset - 1} "
+                       f"appended in leader epoch {waiter.leader_epoch} but not acknowledged by the ISR")
+            if version >= 8:
+                part["error_message"] = message
+            self._log_refused(conn, topic, part["index"], code, message)
 
     def _produce_partition(self, version: int, acks: int, topic: str, partition: int, records) -> dict:
         out = {"index": partition, "error_code": NONE, "base_offset": -1, "log_append_time_ms": -1,
@@ -558,7 +699,10 @@ class Broker:
                 out["error_message"] = message
             return out
 
-        log = self.registry.local_log(topic, partition)
+        tp = TopicPartition(topic, partition)
+        leading = self.replicas.leader(tp) if self.replicas is not None else None
+        log = self.registry.local_log(topic, partition) if self.replicas is None else (
+            leading.log if leading is not None else None)
         if log is None:
             code = self._partition_error(topic, partition)
             where = "unknown" if code == UNKNOWN_TOPIC_OR_PARTITION else "not led by this node:"
@@ -572,16 +716,26 @@ class Broker:
         refused = _produce_records_error(version, records)
         if refused is not None:
             return fail(INVALID_RECORD, f"{refused} ({topic}-{partition})")
+        if leading is not None and acks == -1 and leading.state.under_min_isr(log.config.min_insync_replicas):
+            isr = list(leading.state.record.isr)
+            return fail(NOT_ENOUGH_REPLICAS, f"the ISR {isr} of {topic}-{partition} is smaller than its minimum "
+                                             f"{leading.state.min_isr(log.config.min_insync_replicas)} "
+                                             f"(min.insync.replicas, capped by the replication factor)")
         try:
-            info = log.append(records)
+            info = log.append(records, leader_epoch=None if leading is None else leading.leader_epoch)
         except Exception as exc:  # noqa: BLE001 - mapped to a per-partition error code
             code = _append_error_code(exc)
             if code in (UNKNOWN_SERVER_ERROR, KAFKA_STORAGE_ERROR) and not isinstance(exc, KafkaStorageError):
                 logger.exception("append to %s-%d failed", topic, partition)  # the engine logged its own reason
             return fail(code, str(exc))
-        self._poke(TopicPartition(topic, partition))
         out.update(base_offset=info.first_offset, log_append_time_ms=info.log_append_time,
                    log_start_offset=log.log_start_offset)
+        if leading is None:
+            self._poke(tp)
+            return out
+        self.replicas.appended(leading)
+        if acks == -1:
+            out["_waiter"] = self.replicas.park(leading, info.last_offset)
         return out
 
     async def _fetch(self, request: codec.Request, conn: ConnectionInfo) -> dict:
@@ -589,14 +743,16 @@ class Broker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(body.max_wait_ms, 0) / 1000
         min_bytes = max(body.min_bytes, 0)
+        first = True
         while True:
             # Take the events before reading, so an append in between still wakes us.
             events = []
             for t in body.topics:
                 for p in t.partitions:
-                    if self.registry.local_log(t.topic, p.partition) is not None:
+                    if self._hosts(t.topic, p.partition):
                         events.append(self._event(TopicPartition(t.topic, p.partition)))
-            responses, total, errors = self._fetch_once(body)
+            responses, total, errors = self._fetch_once(body, first)
+            first = False
             remaining = deadline - loop.time()
             if total >= min_bytes or errors or remaining <= 0 or not events:
                 return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
@@ -607,7 +763,13 @@ class Broker:
                 for w in waiters:
                     w.cancel()
 
-    def _fetch_once(self, body) -> tuple[list, int, bool]:
+    def _hosts(self, topic: str | None, partition: int) -> bool:
+        """A replica of the partition is here (a fetch of it may wait for appends)."""
+        if self.replicas is None:
+            return self.registry.local_log(topic, partition) is not None
+        return topic is not None and TopicPartition(topic, partition) in self.replicas.partitions
+
+    def _fetch_once(self, body, first: bool) -> tuple[list, int, bool]:
         budget = body.max_bytes if body.max_bytes > 0 else MAX_FRAME_BYTES
         read_committed = body.isolation_level == 1
         total = 0
@@ -619,18 +781,27 @@ class Broker:
                 out = {"partition_index": p.partition, "error_code": NONE, "high_watermark": -1,
                        "last_stable_offset": -1, "log_start_offset": -1, "records": b""}
                 parts.append(out)
-                log = self.registry.local_log(t.topic, p.partition)
-                if log is None:
-                    out["error_code"] = self._partition_error(t.topic, p.partition)
-                    errors = True
-                    continue
-                hw = log.high_watermark
-                lso = log.last_stable_offset
+                if self.replicas is None:
+                    log = self.registry.local_log(t.topic, p.partition)
+                    if log is None:
+                        out["error_code"] = self._partition_error(t.topic, p.partition)
+                        errors = True
+                        continue
+                    hw = log.high_watermark
+                    lso = log.last_stable_offset
+                    max_offset = lso if read_committed else hw
+                else:
+                    log, max_offset = self._replicated_fetch(body.replica_id, TopicPartition(t.topic, p.partition),
+                                                             p, read_committed, first, out)
+                    if log is None:
+                        errors = True
+                        continue
+                    hw, lso = out["high_watermark"], out["last_stable_offset"]
                 out.update(high_watermark=hw, last_stable_offset=lso, log_start_offset=log.log_start_offset)
                 limit = min(p.partition_max_bytes, budget - total)
                 try:
                     with log.lock:  # the slice and the duplicated descriptor describe the same file
-                        found = log.read(p.fetch_offset, max(limit, 0), max_offset=lso if read_committed else hw,
+                        found = log.read(p.fetch_offset, max(limit, 0), max_offset=max_offset,
                                          min_one_message=(total == 0))
                         if found is not None and found.size >= SENDFILE_MIN_BYTES:
                             try:
@@ -649,7 +820,51 @@ class Broker:
                         out["records"] = found.read()
                     total += found.size
             responses.append({"topic": t.topic, "partitions": parts})
+        if self.replicas is not None and errors:
+            self._point_to_leaders((TopicPartition(t["topic"], part["partition_index"]), part)
+                                   for t in responses for part in t["partitions"])
         return responses, total, errors
+
+    def _replicated_fetch(self, replica_id: int, tp: TopicPartition, p, read_committed: bool, first: bool,
+                          out: dict) -> tuple[Log | None, int | None]:
+        """Where a fetch of a replicated partition reads: (log, highest offset to read; None = the log end),
+        or (None, None) with the error (or the diverging epoch) set in `out`.
+
+        Consumers read the leader up to its high watermark (last stable offset); followers (replica id >= 0,
+        Kafka's FetchIsolation.LOG_END) read to the log end, are told where their log diverged from the
+        leader's (`DivergingEpoch`, from their last fetched epoch), and their first read of a request counts as
+        their position (Kafka's updateFollowerFetchState), which may raise the high watermark."""
+        replicas = self.replicas
+        follower = replica_id >= 0
+        current_epoch = p.current_leader_epoch
+        part, code = replicas.replica_for(tp, current_epoch, acknowledging=follower)
+        if part is not None and follower and replica_id not in part.state.followers:
+            part, code = None, UNKNOWN_LEADER_EPOCH if current_epoch != NO_EPOCH else NOT_LEADER_OR_FOLLOWER
+        if part is None:
+            out["error_code"] = code
+            return None, None
+        log = part.log
+        if not follower:
+            hw, lso = log.high_watermark, log.last_stable_offset
+            out.update(high_watermark=hw, last_stable_offset=lso)
+            return log, lso if read_committed else hw
+        with log.lock:
+            leo, log_start = log.log_end_offset, log.log_start_offset
+            end = log.end_offset_for_epoch(p.last_fetched_epoch) if p.last_fetched_epoch >= 0 else None
+        if end is not None:
+            epoch, end_offset = end
+            if epoch < 0 or end_offset < 0 or p.fetch_offset < log_start:
+                out["error_code"] = OFFSET_OUT_OF_RANGE
+                return None, None
+            if epoch < p.last_fetched_epoch or end_offset < p.fetch_offset:
+                out["diverging_epoch"] = {"epoch": epoch, "end_offset": end_offset}
+                out.update(high_watermark=log.high_watermark, last_stable_offset=log.last_stable_offset,
+                           log_start_offset=log_start)
+                return None, None
+        if first and log_start <= p.fetch_offset <= leo:
+            replicas.follower_fetched(part, replica_id, p.fetch_offset, p.log_start_offset, leo)
+        out.update(high_watermark=log.high_watermark, last_stable_offset=log.last_stable_offset)
+        return log, None
 
     async def _list_offsets(self, request: codec.Request, conn: ConnectionInfo) -> dict:
         body = request.body
@@ -661,6 +876,10 @@ class Broker:
                 out = {"partition_index": p.partition_index, "error_code": NONE, "timestamp": -1, "offset": -1,
                        "leader_epoch": -1}
                 parts.append(out)
+                if self.replicas is not None:
+                    self._replicated_list_offset(body.replica_id, TopicPartition(t.name, p.partition_index), p,
+                                                 read_committed, out)
+                    continue
                 log = self.registry.local_log(t.name, p.partition_index)
                 if log is None:
                     out["error_code"] = self._partition_error(t.name, p.partition_index)
@@ -678,8 +897,95 @@ class Broker:
             topics.append({"name": t.name, "partitions": parts})
         return {"throttle_time_ms": 0, "topics": topics}
 
+    def _replicated_list_offset(self, replica_id: int, tp: TopicPartition, p, read_committed: bool,
+                                out: dict) -> None:
+        """Kafka's Partition.fetchOffsetForTimestamp: the leader answers (after the epoch checks), consumers up to
+        the high watermark (last stable offset) and followers up to the log end, each answer with its leader
+        epoch. A new leader whose high watermark has not yet reached the start of its epoch answers
+        OFFSET_NOT_AVAILABLE for the latest offset, so no consumer is told an offset that may move back."""
+        part, code = self.replicas.replica_for(tp, p.current_leader_epoch,
+                                               leader_only=replica_id != DEBUGGING_REPLICA_ID)
+        if part is None:
+            out["error_code"] = code
+            return
+        log, ts = part.log, p.timestamp
+        with log.lock:
+            follower = replica_id >= 0
+            fetchable = log.log_end_offset if follower else (
+                log.last_stable_offset if read_committed else log.high_watermark)
+            lagging = not follower and part.state.leader_epoch_start_offset > log.high_watermark
+            if ts == -1:
+                if lagging:
+                    out["error_code"] = OFFSET_NOT_AVAILABLE
+                else:
+                    out.update(offset=fetchable, leader_epoch=part.leader_epoch)
+                return
+            if ts in (-2, -4):  # earliest, earliest-local (no tiered storage)
+                found = (log.log_start_offset, -1)
+            elif ts == -3 or ts >= 0:
+                found = log.offset_for_timestamp(ts)
+                if found is None or found[0] >= fetchable:
+                    found = None
+                    if lagging:
+                        out["error_code"] = OFFSET_NOT_AVAILABLE
+            else:  # other negative targets (tiered storage): offset -1, timestamp -1
+                found = None
+            if found is not None:
+                epoch = log.leader_epoch_cache.epoch_for_offset(found[0])
+                out.update(offset=found[0], timestamp=found[1], leader_epoch=-1 if epoch is None else epoch)
 
-async def _ready(value: bytes) -> bytes:
-    return value
+    async def _offset_for_leader_epoch(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        """OffsetForLeaderEpoch (API 23): the end offset of the largest leader epoch at or below the one asked for
+        (Kafka's endOffsetForEpoch: the start of the next epoch, or the log end for the latest; -1/-1 when
+        unknown). Clients check their positions with it after a leader change (KIP-320). With a control store
+        the leader answers, after the epoch checks; without one, the partition's only replica."""
+        body = request.body
+        topics = []
+        for t in body.topics:
+            parts = []
+            for p in t.partitions:
+                out = {"partition": p.partition, "error_code": NONE, "leader_epoch": -1, "end_offset": -1}
+                parts.append(out)
+                if self.replicas is not None:
+                    part, code = self.replicas.replica_for(TopicPartition(t.topic, p.partition),
+                                                           p.current_leader_epoch,
+                                                           leader_only=body.replica_id != DEBUGGING_REPLICA_ID)
+                    log = None if part is None else part.log
+                else:
+                    log = self.registry.local_log(t.topic, p.partition)
+                    code = NONE if log is not None else self._partition_error(t.topic, p.partition)
+                if log is None:
+                    out["error_code"] = code
+                    continue
+                out["leader_epoch"], out["end_offset"] = log.end_offset_for_epoch(p.leader_epoch)
+            topics.append({"topic": t.topic, "partitions": parts})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+
+
+class _Replies:
+    """One connection's answers not yet written, in request order: the writer's FIFO of futures (tasks, or
+    answers already there), and how many it holds, so a request may be answered at once only with none ahead."""
+
+    __slots__ = ("queue", "waiting")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
+        self.waiting = 0
+
+    def put(self, future: asyncio.Future) -> None:
+        self.waiting += 1
+        self.queue.put_nowait(future)
+
+    def put_result(self, out: Any) -> None:
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(out)
+        self.put(future)
+
+    def cancel(self) -> None:
+        while not self.queue.empty():
+            future = self.queue.get_nowait()
+            if future is not None:
+                future.cancel()
 
 

@@ -14,6 +14,7 @@ import collections
 import os
 import socket
 from dataclasses import dataclass
+from typing import Callable
 
 from shale.sidecar.protocol import codec
 
@@ -137,7 +138,9 @@ class Connection(asyncio.BufferedProtocol):
     so the space is reused at once. The buffer grows with the bytes that arrive (at most doubling what is
     there), never to the size a header announces, and is kept for the next frames up to KEEP_BYTES.
     A frame larger than `max_frame` ends the connection before any of it is buffered (Kafka's
-    InvalidReceiveException). The connection's task takes the decoded frames in order with `next_frame()`.
+    InvalidReceiveException). The connection's task takes the decoded frames in order with `next_frame()`;
+    a frame that arrives with none waiting before it is first offered to `at_once`, which may handle it then
+    and there (no task wake-up, no loop iteration) and says so by returning True.
     """
 
     MIN_READ = 64 * 1024  # free space offered to each recv_into
@@ -162,6 +165,7 @@ class Connection(asyncio.BufferedProtocol):
         self._drain_waiters: list[asyncio.Future] = []
         self._lost = False
         self._closed: asyncio.Future | None = None
+        self.at_once: Callable[[Frame], bool] | None = None  # set by the connection's task
 
     # -- asyncio protocol callbacks --------------------------------------------------------------
 
@@ -229,15 +233,19 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 frame = view[start + 4:start + 4 + size]
                 try:
-                    self._push(Frame(size, codec.decode_request(frame), charge=4 + size))
+                    received = Frame(size, codec.decode_request(frame), charge=4 + size)
                 except Exception as exc:  # noqa: BLE001 - handed to the connection's task, which logs and decides
-                    self._push(Frame(size, error=exc, head=bytes(frame[:self.HEAD_BYTES]), charge=4 + size))
+                    received = Frame(size, error=exc, head=bytes(frame[:self.HEAD_BYTES]), charge=4 + size)
                     if not isinstance(exc, codec.UnsupportedVersionError):
                         self._eof = True
                 finally:
                     frame.release()
                 start += 4 + size
                 completed = True
+                if self._frames or received.request is None or self.at_once is None or not self.at_once(received):
+                    self._push(received)
+                if self.transport.is_closing():  # the request's handler failed: nothing after it is handled
+                    break
         if start == end:
             start = end = 0
         self._start, self._end = start, end
@@ -267,6 +275,11 @@ class Connection(asyncio.BufferedProtocol):
     def set_memory_spent(self, spent: bool) -> None:
         """RequestMemory's call: stop reading until the bytes in flight fall below the limit, or read again."""
         self._set_reading(memory_spent=spent)
+
+    @property
+    def writing_paused(self) -> bool:
+        """The transport's write buffer is above its high-water mark: the next answer waits for `drain()`."""
+        return self._writing_paused
 
     def pause_writing(self) -> None:
         self._writing_paused = True

@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import LogError, RecordTooLargeError
@@ -59,7 +59,7 @@ from shale.sidecar.protocol.error_codes import (
     COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL,
     INVALID_GROUP_ID, UNKNOWN_MEMBER_ID, INVALID_SESSION_TIMEOUT, REBALANCE_IN_PROGRESS,
     INVALID_COMMIT_OFFSET_SIZE, INVALID_REQUEST, NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND, MEMBER_ID_REQUIRED,
-    FENCED_INSTANCE_ID, GROUP_SUBSCRIBED_TO_TOPIC,
+    FENCED_INSTANCE_ID, GROUP_SUBSCRIBED_TO_TOPIC, NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR,
 )
 
 logger = logging.getLogger(__name__)
@@ -296,9 +296,11 @@ class GroupCoordinator:
         new_member_join_timeout_ms: int = 300_000,
         clock: Clock | None = None,
         on_append: Callable[[TopicPartition], None] | None = None,
+        replication_factor: int | None = None,
     ) -> None:
         self.registry = registry
         self.offsets_partitions = offsets_partitions
+        self.replication_factor = replication_factor  # offsets.topic.replication.factor, with a control store
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
@@ -308,7 +310,15 @@ class GroupCoordinator:
         self.new_member_join_timeout_ms = new_member_join_timeout_ms
         self.clock: Clock = clock or LoopClock()
         self.on_append = on_append or (lambda _tp: None)  # the broker's poke: wake fetches of __consumer_offsets
+        # How a record batch is appended to a led partition: with a control store, in the leader epoch, and the
+        # high watermark raised (`StorageNode._append_as_leader`).
+        self.append: Callable[[TopicPartition, Log, bytes], Any] = lambda _tp, log, batch: log.append(batch)
+        # With a control store: waits until the ISR has an appended offset, returning an error code (NONE when
+        # committed); OffsetCommit answers only then, as Kafka's appends to __consumer_offsets use acks=all.
+        self.replicated: Callable[[TopicPartition, int], Awaitable[int]] | None = None
+        self.last_append: tuple[TopicPartition, int] | None = None  # partition and last offset of the last append
         self.groups: dict[str, Group] = {}
+        self.loaded: dict[int, int] = {}  # partition -> leader epoch it was loaded in (with a control store)
         self.active = False
         self._expiry_timer: Timer | None = None
 
@@ -339,7 +349,8 @@ class GroupCoordinator:
                            OFFSETS_TOPIC, plural(max(on_disk) + 1, "partition"), self.offsets_partitions)
             self.offsets_partitions = max(on_disk) + 1
         self.registry.put(TopicSpec(OFFSETS_TOPIC, self.offsets_partitions,
-                                    TopicConfig.from_mapping(OFFSETS_TOPIC_CONFIG), origin="internal", internal=True))
+                                    TopicConfig.from_mapping(OFFSETS_TOPIC_CONFIG), origin="internal", internal=True,
+                                    replication_factor=self.replication_factor))
         started = time.monotonic()
         records = 0
         for p in range(self.offsets_partitions):
@@ -372,6 +383,39 @@ class GroupCoordinator:
         group.join_timer = group.sync_timer = None
         for m in group.members.values():
             m.timer = None
+
+    def leadership_changed(self, led: dict[int, int]) -> None:
+        """With a control store: `led` is {partition: leader epoch} of the `__consumer_offsets` partitions this
+        node leads now. Groups of a partition no longer led are unloaded (their waiting members answered
+        NOT_COORDINATOR); a partition led in a new epoch is loaded again from its log, which holds whatever
+        the previous leader wrote (Kafka's onResignation / onElection)."""
+        if not self.active:
+            return
+        resigned = sorted(p for p, epoch in self.loaded.items() if led.get(p) != epoch)
+        unloaded = [g for g in self.groups.values() if self.partition_for(g.group_id) in resigned]
+        for group in unloaded:
+            self._cancel_group_timers(group)
+            for m in group.members.values():
+                _answer_waiting(m, NOT_COORDINATOR)
+            del self.groups[group.group_id]
+        for p in resigned:
+            del self.loaded[p]
+        elected, records = [], 0
+        for p, epoch in sorted(led.items()):
+            log = self.registry.log_dir.logs.get(TopicPartition(OFFSETS_TOPIC, p))
+            if p in self.loaded or log is None:
+                continue
+            records += self._load_partition(log)
+            for group in [g for g in self.groups.values() if self.partition_for(g.group_id) == p]:
+                self._finish_loading(group)
+            self.loaded[p] = epoch
+            elected.append(f"{p} (epoch {epoch})")
+        if resigned:
+            logger.info("%s partitions %s no longer led here: %s unloaded", OFFSETS_TOPIC,
+                        ", ".join(map(str, resigned)), plural(len(unloaded), "group"))
+        if elected:
+            logger.info("%s partitions %s led here: %s loaded", OFFSETS_TOPIC, ", ".join(elected),
+                        plural(records, "record"))
 
     # -- loading ----------------------------------------------------------------------------------------------
 
@@ -476,7 +520,8 @@ class GroupCoordinator:
         now = self.clock.now_ms() if now is None else now
         batch = encode_batch([Record(i, now, k, v) for i, (k, v) in enumerate(entries)])
         try:
-            log.append(batch)
+            info = self.append(TopicPartition(OFFSETS_TOPIC, p), log, batch)
+            self.last_append = (TopicPartition(OFFSETS_TOPIC, p), info.last_offset)
         except Exception as exc:  # noqa: BLE001 - mapped to the error code Kafka would answer
             logger.error("append of %s for group %s to %s-%d failed: %s", plural(len(entries), "record"), group_id,
                          OFFSETS_TOPIC, p, exc)
@@ -1287,9 +1332,19 @@ class GroupCoordinator:
                                       p.committed_leader_epoch if v >= 6 else -1, p.committed_metadata)
                       for t in b.topics for p in t.partitions]
         retention = b.retention_time_ms if 2 <= v <= 4 else -1
+        self.last_append = None
         results = self.commit_offsets(b.group_id, b.generation_id_or_member_epoch, b.member_id or "",
                                       b.group_instance_id if v >= 7 else None, partitions,
                                       retention_ms=retention, api_version=v)
+        appended = self.last_append
+        if appended is not None and self.replicated is not None:
+            code = await self.replicated(*appended)
+            if code != NONE:  # Kafka's appendForGroup error mapping: not the leader any more, or not replicated
+                code = NOT_COORDINATOR if code in (NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR) \
+                    else COORDINATOR_NOT_AVAILABLE
+                logger.warning("offset commit of group %s to %s-%d up to offset %d not replicated (error %d)",
+                               b.group_id, appended[0].topic, appended[0].partition, appended[1], code)
+                results = {tp: code if c == NONE else c for tp, c in results.items()}
         topics = [{"name": t.name, "partitions": [{"partition_index": p.partition_index,
                                                    "error_code": results[(t.name, p.partition_index)]}
                                                   for p in t.partitions]} for t in b.topics]

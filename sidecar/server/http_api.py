@@ -82,6 +82,7 @@ def status_document(f: NodeFigures, spec_digests: Mapping[str, str] | None = Non
                       for t in f.tasks},
         },
         "errors": {"manifests": f.manifest_errors, "topics": f.topic_errors},
+        "session_valid": f.session_valid,
         "manifests": None if m is None else {
             "path": m.path,
             "files": m.files,
@@ -116,6 +117,12 @@ def _partition_document(p: PartitionFigures, now: int) -> dict:
             "errno": p.storage_failure.errno, "reason": p.storage_failure.reason,
             "since_ms": p.storage_failure.since_ms, "failures": p.storage_failure.failures,
             "appends_stopped": p.storage_failure.appends_stopped},
+        "high_watermark": p.high_watermark,
+        "replica": None if p.replica is None else {
+            "role": p.replica.role, "leader": p.replica.leader, "leader_epoch": p.replica.leader_epoch,
+            "replicas": list(p.replica.replicas), "isr": list(p.replica.isr), "in_sync": p.replica.in_sync,
+            "lag": p.replica.lag, "fetch_error": p.replica.fetch_error, "under_replicated": p.replica.under_replicated,
+            "under_min_isr": p.replica.under_min_isr},
     }
 
 

@@ -35,9 +35,14 @@ Manifest layout (`apiVersion: shale.dev/v1alpha1`, `kind: Topic`; several per fi
       topicName: optional name when metadata.name cannot hold it (e.g. underscores)
       partitions: 1
       config: {cleanup.policy: compact, ...}          # Kafka topic config names and values
+      replicas: 3                                     # optional: the replication factor (needs --store)
       assignment:                                     # optional: partitions spread over several nodes
-        partitions: [0, 1]                            # node id of each partition
-        nodes: {"0": "shale-0.shale:9092", "1": "shale-1.shale:9092"}
+        partitions: [0, 1]                            # node id of each partition, or its replicas:
+                                                      #   [[0, 1, 2], [1, 2, 0]] (preferred leader first)
+        nodes: {"0": "shale-0.shale:9092", "1": "shale-1.shale:9092"}   # optional with --store
+
+With a control store, `spec.replicas` alone lets the first replica to create each partition's record choose
+its replicas from the live nodes, and the nodes' addresses come from their sessions.
 """
 
 from __future__ import annotations
@@ -303,6 +308,13 @@ def parse_topic(doc: dict[str, Any], origin: str) -> TopicSpec:
     except InvalidConfigError as exc:
         raise ManifestError(f"topic {name}: invalid config: {exc}") from None
     assignment, nodes = _parse_assignment(name, spec.get("assignment"), partitions)
+    replicas = spec.get("replicas")
+    if replicas is not None:
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise ManifestError(f"topic {name}: spec.replicas must be an integer >= 1, got {replicas!r}")
+        if assignment is not None and len(assignment[0]) != replicas:
+            raise ManifestError(f"topic {name}: spec.replicas is {replicas}, but spec.assignment.partitions names "
+                                f"{len(assignment[0])} replicas per partition")
     uid = meta.get("uid")
     topic_id = None
     if uid is not None:
@@ -311,10 +323,11 @@ def parse_topic(doc: dict[str, Any], origin: str) -> TopicSpec:
         except ValueError:
             raise ManifestError(f"topic {name}: metadata.uid {uid!r} is not a UUID") from None
     return TopicSpec(name, partitions, config, origin=origin, topic_id=topic_id, assignment=assignment,
-                     nodes=nodes)
+                     nodes=nodes, replication_factor=replicas)
 
 
-def _parse_assignment(name: str, raw: Any, partitions: int) -> tuple[tuple[int, ...] | None, dict[int, tuple[str, int]]]:
+def _parse_assignment(name: str, raw: Any, partitions: int
+                      ) -> tuple[tuple[tuple[int, ...], ...] | None, dict[int, tuple[str, int]]]:
     if raw is None:
         return None, {}
     if not isinstance(raw, dict):
@@ -331,13 +344,28 @@ def _parse_assignment(name: str, raw: Any, partitions: int) -> tuple[tuple[int, 
             raise ManifestError(f"topic {name}: spec.assignment.nodes[{key}] has no host: {address!r}")
     owners = raw.get("partitions")
     if not isinstance(owners, list) or len(owners) != partitions:
-        raise ManifestError(f"topic {name}: spec.assignment.partitions must list one node id for each of "
-                            f"the {partitions} partitions")
-    for p, node in enumerate(owners):
-        if node not in nodes:
-            raise ManifestError(f"topic {name}: partition {p} is assigned to node {node!r}, "
-                                "which spec.assignment.nodes does not name")
-    return tuple(owners), nodes
+        raise ManifestError(f"topic {name}: spec.assignment.partitions must list one node id (or a list of "
+                            f"replicas) for each of the {partitions} partitions")
+    assignment = tuple(_replicas(name, p, entry) for p, entry in enumerate(owners))
+    for p, replicas in enumerate(assignment):
+        if len(replicas) != len(assignment[0]):  # as Kafka's CreateTopics: one replication factor per topic
+            raise ManifestError(f"topic {name}: partition {p} has {len(replicas)} replicas and partition 0 "
+                                f"{len(assignment[0])}: every partition needs the same number")
+        for node in replicas:  # no addresses at all is fine: with a store they come from the nodes' sessions
+            if nodes and node not in nodes:
+                raise ManifestError(f"topic {name}: partition {p} is assigned to node {node!r}, "
+                                    "which spec.assignment.nodes does not name")
+    return assignment, nodes
+
+
+def _replicas(name: str, partition: int, entry: Any) -> tuple[int, ...]:
+    """One entry of spec.assignment.partitions: a node id, or a list of distinct node ids (leader first)."""
+    replicas = entry if isinstance(entry, list) else [entry]
+    if not replicas or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in replicas) \
+            or len(set(replicas)) != len(replicas):
+        raise ManifestError(f"topic {name}: spec.assignment.partitions[{partition}] must be a node id or a list "
+                            f"of distinct node ids, got {entry!r}")
+    return tuple(replicas)
 
 
 def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,

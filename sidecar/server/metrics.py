@@ -59,10 +59,35 @@ class RequestStats:
 
 
 @dataclass(frozen=True)
+class ReplicaFigures:
+    """This node's replica of a partition, with a control store: its role and what its record says."""
+
+    role: str  # "leader", "follower" or "none" (no valid leader known)
+    leader: int  # the node the record names leader, if its session is live; -1 otherwise
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    in_sync: bool  # this node is in the committed ISR
+    min_isr: int  # min.insync.replicas capped by the replication factor (Kafka's effective min ISR)
+    lag: int | None  # a follower's offsets behind its leader's high watermark at the last fetch; None otherwise
+    fetch_error: str | None = None  # a follower's last fetch error, or why it refuses to follow (data kept)
+
+    @property
+    def under_replicated(self) -> bool:
+        """Kafka's UnderReplicatedPartitions, counted by the leader only."""
+        return self.role == "leader" and len(self.isr) < len(self.replicas)
+
+    @property
+    def under_min_isr(self) -> bool:
+        """Kafka's UnderMinIsr, counted by the leader only: acks=all writes are refused."""
+        return self.role == "leader" and len(self.isr) < self.min_isr
+
+
+@dataclass(frozen=True)
 class PartitionFigures:
     topic: str
     partition: int
-    served: bool  # False for a stray log: on disk, assigned to no topic here
+    served: bool  # False for a stray log: on disk, assigned to no topic here (with a store: no replica here)
     log_start_offset: int
     log_end_offset: int
     recovery_point: int
@@ -75,6 +100,8 @@ class PartitionFigures:
     min_cleanable_dirty_ratio: float | None  # compacted logs only
     last_clean_ms: int | None  # the last clean by this process, if any
     storage_failure: StorageFailure | None = None  # the last write the filesystem refused, until one succeeds
+    high_watermark: int = 0
+    replica: ReplicaFigures | None = None  # with a control store
 
 
 @dataclass(frozen=True)
@@ -138,6 +165,7 @@ class NodeFigures:
     manifest_errors: dict[str, str] = field(default_factory=dict)
     topic_errors: dict[str, str] = field(default_factory=dict)
     manifests: ManifestFigures | None = None
+    session_valid: bool | None = None  # with a control store: the node may lead (its session is certainly valid)
 
     @property
     def storage_failing(self) -> list[PartitionFigures]:
@@ -172,10 +200,12 @@ def gather(node) -> NodeFigures:
     checkpoint = manager.read_checkpoint()
     uncleanable = manager.uncleanable()
     partitions = []
+    replicas = getattr(node, "replicas", None)
     for tp, log in sorted(logs.items(), key=lambda item: (item[0].topic, item[0].partition)):
         try:
             partitions.append(_partition(tp, log, registry, manager, checkpoint.get(tp), uncleanable,
-                                         cleaner.last_clean_ms.get(tp), now))
+                                         cleaner.last_clean_ms.get(tp), now,
+                                         None if replicas is None else _replica(tp, log, node)))
         except Exception as exc:  # noqa: BLE001 - e.g. deleted during the scrape: leave it out this time
             logger.debug("no figures for %s this time: %s", tp, exc)
     try:
@@ -201,7 +231,9 @@ def gather(node) -> NodeFigures:
     tasks = tuple(TaskFigures(t.name, t.interval_ms, t.runs, t.errors, t.last_run_ms, t.last_error)
                   for t in maintenance.tasks.values())
     manifests = getattr(node, "manifests", None)
+    controller = getattr(node, "controller", None)
     return replace(figures, bytes_used=sum(p.size_bytes for p in partitions),
+                   session_valid=None if replicas is None else controller is not None and controller.may_lead(),
                    had_clean_shutdown=log_dir.had_clean_shutdown, partitions=tuple(partitions),
                    cleaner=cleaner_figures, scheduler_alive=maintenance.scheduler.alive, tasks=tasks,
                    manifest_errors=dict(getattr(manifests, "errors", {}) or {}),
@@ -212,24 +244,41 @@ def gather(node) -> NodeFigures:
                        manifests.refusals))
 
 
+def _replica(tp: TopicPartition, log, node) -> ReplicaFigures | None:
+    """The replica manager's view of one local log (read from the HTTP thread: a snapshot of plain values)."""
+    partition = node.replicas.partitions.get(tp)
+    record = node.replicas.record(tp)
+    if partition is None or record is None:
+        return None
+    fetchers = node.fetchers
+    return ReplicaFigures(role=partition.state.role.value, leader=node.replicas.valid_leader(record),
+                          leader_epoch=record.leader_epoch, replicas=tuple(record.replicas), isr=tuple(record.isr),
+                          in_sync=node.options.node_id in record.isr,
+                          min_isr=min(log.config.min_insync_replicas, len(record.replicas)),
+                          lag=None if fetchers is None else fetchers.lag(tp),
+                          fetch_error=None if fetchers is None else fetchers.error(tp))
+
+
 def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | None,
                uncleanable: dict[TopicPartition, PartitionCleaning], last_clean_ms: int | None,
-               now: int) -> PartitionFigures:
+               now: int, replica: ReplicaFigures | None = None) -> PartitionFigures:
     config = log.config
     with log.lock:
         start, end, recovery = log.log_start_offset, log.log_end_offset, log.recovery_point
         size, segments, storage_failure = log.size_in_bytes, len(log.segments), log.storage_failure
+        high_watermark = log.high_watermark
     dirty = min_ratio = None
     if config.compact:  # the cleaner's own figures: the ratio it ranks this log by
         ltc = manager.log_to_clean(log, manager.cleanable_offsets(tp, log, checkpoint, now), now)
         dirty, min_ratio = ltc.cleanable_ratio, config.min_cleanable_dirty_ratio
     mark = uncleanable.get(tp)
     return PartitionFigures(
-        topic=tp.topic, partition=tp.partition, served=registry.local_log(tp.topic, tp.partition) is log,
+        topic=tp.topic, partition=tp.partition, served=registry.hosts(tp) and registry.log_dir.logs.get(tp) is log,
         log_start_offset=start, log_end_offset=end, recovery_point=recovery, size_bytes=size, segments=segments,
         cleanup_policy=tuple(config.cleanup_policy), cleaning=manager.state(tp),
         uncleanable_reason=mark.reason if mark is not None else None, dirty_ratio=dirty,
         min_cleanable_dirty_ratio=min_ratio, last_clean_ms=last_clean_ms, storage_failure=storage_failure,
+        high_watermark=high_watermark, replica=replica,
     )
 
 
@@ -246,6 +295,7 @@ class NodeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         f = gather(self.node)
         yield from _partition_families(f)
+        yield from _replica_families(f)
         yield from _node_families(f)
         yield from _cleaner_families(f)
         yield from _task_families(f)
@@ -296,6 +346,45 @@ def _partition_families(f: NodeFigures) -> Iterator[Metric]:
             last_clean.add_metric(labels, p.last_clean_ms / 1000)
         storage.add_metric(labels, 0.0 if p.storage_failure is None else 1.0)
     yield from (size, segments, start, end, state, seconds, pauses, uncleanable, dirty, min_dirty, last_clean, storage)
+
+
+def _replica_families(f: NodeFigures) -> Iterator[Metric]:
+    """Per-replica state with a control store (docs/replication.md); without one, only the high watermark has
+    samples (the other families are listed, empty, so that dashboards and alerts know them everywhere)."""
+    hw = _gauge("shale_log_high_watermark", "Offset below which records are committed: readable by consumers "
+                "(Kafka's HighWatermark); the log end offset on a node without a control store.", PARTITION_LABELS)
+    for p in f.partitions:
+        hw.add_metric([p.topic, str(p.partition)], p.high_watermark)
+    yield hw
+    session = _gauge("shale_node_session_valid", "1 while the node's session in the control store is certainly "
+                     "valid: only then may it lead and acknowledge writes (no sample without a store).")
+    if f.session_valid is not None:
+        session.add_metric([], 1.0 if f.session_valid else 0.0)
+    yield session
+    leader = _gauge("shale_replica_leader", "1 if this node's replica is the partition's leader.", PARTITION_LABELS)
+    in_sync = _gauge("shale_replica_in_sync", "1 if this node's replica is in the partition's ISR.", PARTITION_LABELS)
+    epoch = _gauge("shale_replica_leader_epoch", "The partition's leader epoch as this node last read it.",
+                   PARTITION_LABELS)
+    lag = _gauge("shale_replica_lag_offsets", "A follower's offsets behind its leader's high watermark at its last "
+                 "fetch (Kafka's ConsumerLag of the replica fetcher).", PARTITION_LABELS)
+    under = _gauge("shale_partition_under_replicated", "1 on the leader while the ISR is smaller than the replicas "
+                   "(Kafka's UnderReplicatedPartitions).", PARTITION_LABELS)
+    under_min = _gauge("shale_partition_under_min_isr", "1 on the leader while the ISR is smaller than "
+                       "min.insync.replicas: acks=all writes are refused (Kafka's UnderMinIsr).", PARTITION_LABELS)
+    for p in f.partitions:
+        r = p.replica
+        if r is None:
+            continue
+        labels = [p.topic, str(p.partition)]
+        leader.add_metric(labels, 1.0 if r.role == "leader" else 0.0)
+        in_sync.add_metric(labels, 1.0 if r.in_sync else 0.0)
+        epoch.add_metric(labels, r.leader_epoch)
+        if r.lag is not None:
+            lag.add_metric(labels, r.lag)
+        if r.role == "leader":
+            under.add_metric(labels, 1.0 if r.under_replicated else 0.0)
+            under_min.add_metric(labels, 1.0 if r.under_min_isr else 0.0)
+    yield from (leader, in_sync, epoch, lag, under, under_min)
 
 
 def _node_families(f: NodeFigures) -> Iterator[Metric]:

@@ -12,13 +12,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.errors import LogError
+from shale.sidecar.log.log import AppendInfo, Log
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.plural import plural
 from shale.sidecar.server.admin import AdminApis
 from shale.sidecar.protocol import codec
+from shale.sidecar.protocol.error_codes import NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
 from shale.sidecar.server.broker import Broker, ConnectionInfo
 from shale.sidecar.server.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from shale.sidecar.server.http_api import HttpApi
@@ -27,12 +32,20 @@ from shale.sidecar.server.manifests import ORIGIN_PREFIX, ManifestSource, requir
 from shale.sidecar.server.metrics import NodeMetrics
 from shale.sidecar.server.producer_ids import ProducerIdAllocator, init_producer_id
 from shale.sidecar.server.server_config import ServerConfig
+from shale.sidecar.replication.control_store import ControlStore, StoreView
+from shale.sidecar.replication.controller import Controller, new_incarnation
+from shale.sidecar.replication.follower import holds_unreplicated
+from shale.sidecar.replication.records import NodeRegistration
+from shale.sidecar.replication.replica_fetcher import FetcherConfig, ReplicaFetchers
+from shale.sidecar.replication.replica_manager import ReplicaManager
 from shale.sidecar.server.topics import NodeAddress, TopicRegistry
 from shale.sidecar.topic_config import TopicConfig
 
 logger = logging.getLogger(__name__)
 
 API_INIT_PRODUCER_ID = 22
+OFFSETS_COMMIT_TIMEOUT_MS = 5000  # Kafka's offsets.commit.timeout.ms: how long a commit waits for the ISR
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 @dataclass(frozen=True)
@@ -44,9 +57,42 @@ class ServeOptions:
     listen: tuple[str, int] = ("127.0.0.1", 9092)
     http: tuple[str, int] = ("127.0.0.1", 8080)
     advertised_host: str | None = None
+    advertised_port: int | None = None  # None: the listen port
     node_id: int = 0
     cluster_id: str = "shale"
+    store: str | None = None  # the control store: "etcd://h:p[,h:p]" or "kubernetes"; None = one replica, no store
     overrides: Mapping[str, str] = field(default_factory=dict)  # broker configs (`--override key=value`)
+
+
+def open_store(url: str, cluster_id: str) -> ControlStore:
+    """The control store `--store` names: `etcd://h:p[,h:p]`, or `kubernetes` — as kubectl finds its API server:
+    in a pod the in-cluster config (namespace: the pod's service account's), elsewhere $KUBECONFIG or
+    ~/.kube/config (namespace: the current context's, else "default"). ValueError for anything else."""
+    if url.startswith("etcd://"):
+        from shale.sidecar.replication.etcd_store import EtcdStore, parse_endpoints
+
+        return EtcdStore(parse_endpoints(url), cluster_id)
+    if url == "kubernetes":
+        import kubernetes
+
+        from shale.sidecar.replication.kube_store import KubeStore
+
+        try:
+            kubernetes.config.load_incluster_config()
+            with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
+                namespace = f.read().strip()
+        except kubernetes.config.ConfigException as in_pod:
+            # Read now, not at the client's import (its default is fixed then); a list of paths merges, as kubectl's.
+            config_file = os.environ.get("KUBECONFIG") or None
+            try:
+                kubernetes.config.load_kube_config(config_file=config_file)
+                _, context = kubernetes.config.list_kube_config_contexts(config_file=config_file)
+            except (kubernetes.config.ConfigException, OSError) as exc:
+                raise ValueError(f"--store kubernetes: not in a pod ({in_pod}) and no usable kubeconfig "
+                                 f"($KUBECONFIG or ~/.kube/config): {exc}") from None
+            namespace = context.get("context", {}).get("namespace") or "default"
+        return KubeStore(kubernetes.client.ApiClient(), namespace, cluster_id)
+    raise ValueError(f"--store {url!r}: expected etcd://HOST:PORT[,HOST:PORT...] or kubernetes")
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -62,6 +108,9 @@ class StorageNode:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         require_path(options.topics)  # before anything is created: a wrong --topics is one line, exit 1
+        # The store's address is checked before anything is created too; it is first used once the node listens.
+        self.store: ControlStore | None = None if options.store is None else open_store(options.store,
+                                                                                         options.cluster_id)
         self.phase = "recovering"  # -> starting -> serving -> stopping -> stopped (/status, /readyz)
         self.server_config = ServerConfig.from_mapping(options.overrides)
         self.metrics = NodeMetrics(self)
@@ -84,8 +133,19 @@ class StorageNode:
                         else "no clean-shutdown marker: recovered from the recovery points")
         host, port = options.listen
         advertised = options.advertised_host or (host if host not in ("0.0.0.0", "::", "") else "127.0.0.1")
-        self.registry = TopicRegistry(self.log_dir, NodeAddress(options.node_id, advertised, port),
+        self.registry = TopicRegistry(self.log_dir, NodeAddress(options.node_id, advertised,
+                                                                options.advertised_port or port),
                                       on_change=self._topic_changed)
+        # With a control store, the store's partition records decide where replicas live and who leads
+        # (docs/replication.md); the controller thread and the fetchers start with the event loop (run()).
+        self.replicas: ReplicaManager | None = None
+        self.controller: Controller | None = None
+        self.fetchers: ReplicaFetchers | None = None
+        if self.store is not None:
+            self.replicas = ReplicaManager(
+                self.registry, replica_lag_time_max_ms=self.server_config.replica_lag_time_max_ms,
+                default_replication_factor=self.server_config.default_replication_factor)
+            self.registry.replication = self.replicas
         self.maintenance = Maintenance(self.log_dir, self.registry, self.server_config)
         self.manifests = ManifestSource(options.topics, delete_topic_enable=self.server_config.delete_topic_enable)
         self.topic_errors: dict[str, str] = {}  # topic -> why its declared change was not applied
@@ -93,15 +153,21 @@ class StorageNode:
                                removal_held=lambda name: name in self.manifests.held)
         self.groups = GroupCoordinator(self.registry,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
-                                       initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms)
+                                       initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,
+                                       replication_factor=self.server_config.offsets_topic_replication_factor
+                                       if self.replicas is not None else None)
         self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
                              observe=self.metrics.observe_request,
                              max_request_bytes=self.server_config.socket_request_max_bytes,
                              queued_max_request_bytes=self.server_config.queued_max_request_bytes,
+                             replicas=self.replicas,
                              handlers={**self.admin.handlers(), **self.groups.handlers(),
                                        API_INIT_PRODUCER_ID: self._init_producer_id})
         self.groups.on_append = self.broker.poke  # commits wake fetches of __consumer_offsets
+        if self.replicas is not None:
+            self.groups.append = self._append_as_leader
+            self.groups.replicated = self._replicated
         self.ready = False
         self.clean_shutdown = False  # set by run() once the logs are closed; `shale serve` exits 1 without it
         self._stop: asyncio.Event | None = None
@@ -113,7 +179,8 @@ class StorageNode:
     def reload_manifests(self) -> None:
         """Apply the manifests as they are now (on the event loop); ManifestSource decides what may be deleted."""
         self.topic_errors = self.registry.sync_origin(ORIGIN_PREFIX, self.manifests.reload())
-        self._place_consumer_offsets()
+        if self.replicas is None:  # with a store, its records place __consumer_offsets like any topic
+            self._place_consumer_offsets()
         self.manifests.check_strays({tp.topic for tp in self.registry.strays()})
 
     def _place_consumer_offsets(self) -> None:
@@ -128,7 +195,7 @@ class StorageNode:
         owner = nodes[min(nodes)]
         if len(nodes) == 1 and spec.assignment is None:
             return
-        assignment = (owner.node_id,) * spec.partitions
+        assignment = ((owner.node_id,),) * spec.partitions
         if spec.assignment != assignment:
             self.registry.put(dataclasses.replace(spec, assignment=assignment,
                                                   nodes={owner.node_id: (owner.host, owner.port)}))
@@ -139,9 +206,88 @@ class StorageNode:
         fetches waiting on the topic look again, and a deleted topic's committed offsets go (onPartitionsDeleted)."""
         self.maintenance.topic_changed(name)
         self.broker.topic_changed(name)
+        if self.replicas is not None:
+            self.replicas.topics_changed(name)
+            if self.controller is not None:
+                if name not in self.registry.topics:  # its records go too; every node that deletes it says so
+                    for tp in [tp for tp in self.replicas.view.partitions if tp.topic == name]:
+                        self.controller.delete(tp)
+                self.controller.wake()
         if name not in self.registry.topics:
             self.manifests.forget(name)
             self.groups.topic_deleted(name)
+
+    def _append_as_leader(self, tp: TopicPartition, log: Log, batch: bytes) -> AppendInfo:
+        """The group coordinator's appends with a store: stamped with the leader epoch, the high watermark
+        raised as for a produce. LogError when this node does not lead the partition (any more)."""
+        partition = self.replicas.leader(tp)
+        if partition is None or partition.log is not log:
+            raise LogError(f"{tp} is not led by node {self.options.node_id} now")
+        info = log.append(batch, leader_epoch=partition.leader_epoch)
+        self.replicas.appended(partition)
+        return info
+
+    async def _replicated(self, tp: TopicPartition, last_offset: int) -> int:
+        """Wait until the ISR has `last_offset` of a partition this node leads (the coordinator's commits): the
+        error code of the parked produce, or REQUEST_TIMED_OUT after Kafka's offsets.commit.timeout.ms."""
+        partition = self.replicas.leader(tp)
+        if partition is None:
+            return NOT_LEADER_OR_FOLLOWER
+        waiter = self.replicas.park(partition, last_offset)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.done), OFFSETS_COMMIT_TIMEOUT_MS / 1000)
+            return waiter.done.result()
+        except asyncio.TimeoutError:
+            return REQUEST_TIMED_OUT
+        finally:
+            self.replicas.delayed.forget(waiter)
+
+    def _on_view(self, view: StoreView) -> None:
+        """The controller read the store: replicas follow their records, the coordinator its partitions."""
+        self.replicas.apply_view(view)
+        self._coordinator_follows_leadership()
+
+    def _on_fenced(self) -> None:
+        self.replicas.on_fenced()
+        self._coordinator_follows_leadership()
+
+    def _coordinator_follows_leadership(self) -> None:
+        """Groups are coordinated where their `__consumer_offsets` partition is led: loaded on election (from
+        the replicated log), unloaded on resignation, as Kafka's onElection / onResignation do."""
+        self.groups.leadership_changed({tp.partition: p.leader_epoch for tp, p in self.replicas.partitions.items()
+                                        if tp.topic == OFFSETS_TOPIC and self.replicas.leader(tp) is not None})
+
+    def _start_replication(self) -> None:
+        """Open the session and follow the store (after the broker listens: the session carries its port)."""
+        config = self.server_config
+        # Logs holding records from before replication are announced, so that a missing record names this
+        # node their leader rather than an empty replica (election._create).
+        unreplicated = tuple(sorted(tp for tp, log in self.log_dir.logs.items() if holds_unreplicated(log)))
+        if unreplicated:
+            logger.info("node %d holds records written before replication in %s", self.options.node_id,
+                        ", ".join(map(str, unreplicated)))
+        me = NodeRegistration(self.options.node_id, new_incarnation(), self.registry.node.host,
+                              self.registry.node.port, unreplicated=unreplicated)
+        self.controller = Controller(self.store, me, session_ms=config.broker_session_timeout_ms,
+                                     heartbeat_ms=config.broker_heartbeat_interval_ms, loop=self._loop,
+                                     on_view=self._on_view, on_fenced=self._on_fenced, wanted=self.replicas.wanted)
+        self.fetchers = ReplicaFetchers(self.options.node_id, self.log_dir.logs.get,
+                                        FetcherConfig.from_server_config(config))
+        self.replicas.attach(self.controller, self.fetchers)
+        self.replicas.topics_changed()
+        self.replicas.start()
+        self.controller.start()
+        logger.info("node %d: replication on, control store %s, cluster %s", self.options.node_id,
+                    self.options.store, self.options.cluster_id)
+
+    async def _stop_replication(self) -> None:
+        """End the session first, so the others elect new leaders at once rather than after its timeout."""
+        if self.controller is not None:
+            await asyncio.to_thread(self.controller.stop)
+        if self.fetchers is not None:
+            await self.fetchers.close()
+        if self.replicas is not None:
+            await self.replicas.close()
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -155,8 +301,10 @@ class StorageNode:
         self.reload_manifests()
         self.maintenance.start()
         await self.broker.start()
-        if self.registry.node.port == 0:  # an ephemeral port (tests): advertise the one we got
+        if self.registry.node.port == 0 and not self.options.advertised_port:  # an ephemeral port (tests)
             self.registry.node = NodeAddress(self.options.node_id, self.registry.node.host, self.broker.port)
+        if self.replicas is not None:
+            self._start_replication()
         self.ready = True
         self.phase = "serving"
         logger.info("node %d serving %s from %s", self.options.node_id, plural(len(self.registry.topics), "topic"),
@@ -168,6 +316,7 @@ class StorageNode:
             self.phase = "stopping"
             stop_watching()
             self.groups.close()  # first: JoinGroup/SyncGroup still waiting get NOT_COORDINATOR, so connections end
+            await self._stop_replication()
             await self.broker.close()
             self.maintenance.shutdown()  # the cleaner and scheduled tasks let go of the logs
             self.clean_shutdown = self.log_dir.close()

@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(data_dir=args.data_dir, topics=args.topics, listen=parse_host_port(args.listen),
                         http=parse_host_port(args.http), advertised_host=args.advertised_host,
-                        node_id=args.node_id, overrides=parse_overrides(getattr(args, "override", None) or []))
+                        advertised_port=args.advertised_port, node_id=args.node_id, cluster_id=args.cluster_id,
+                        store=args.store, overrides=parse_overrides(getattr(args, "override", None) or []))
 
 
 class ListenError(OSError):

@@ -6,7 +6,7 @@ validators, so a value is read exactly as `ConfigDef` reads it). Values come fro
 
 One deliberate difference: Kafka only warns about a key it does not know ("was supplied but isn't
 a known config"); here an unknown key is refused, because the keys Shale does not implement
-(listeners, replication, ...) would silently do nothing and a typo in a pod spec would go unnoticed.
+(listeners, ...) would silently do nothing and a typo in a pod spec would go unnoticed.
 """
 
 from __future__ import annotations
@@ -66,6 +66,44 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Bytes of requests received and not yet handled, over all connections, before the node stops "
               "reading from sockets (back-pressure); counted as they arrive, never as announced. -1 (Kafka's "
               "default; any value <= 0) bounds it by socket.request.max.bytes instead of leaving it unbounded."),
+    # Replication (docs/replication.md); without --store none of these has any effect.
+    ConfigKey("broker.session.timeout.ms", INT, 2000, Range(1),
+              "How long a node's session in the control store lives without renewal. A leader stops "
+              "acknowledging writes broker.heartbeat.interval.ms before it ends, and the others elect a new "
+              "leader once it has. Kafka's default is 9000; 2000 here keeps a failover near two seconds."),
+    ConfigKey("broker.heartbeat.interval.ms", INT, 500, Range(1),
+              "How often a node renews its session; at most a third of broker.session.timeout.ms."),
+    ConfigKey("replica.lag.time.max.ms", LONG, 30000, Range(1),
+              "How long a follower may go without catching up to the leader's log end before the leader "
+              "removes it from the ISR."),
+    ConfigKey("unclean.leader.election.enable", BOOLEAN, False, None,
+              "The default of the topic config of the same name: whether a replica outside the ISR may lead "
+              "when no ISR member is live, losing what it lacks."),
+    ConfigKey("default.replication.factor", INT, 1, Range(1),
+              "Replication factor of topics created without one (CreateTopics with -1, manifests without "
+              "replicas)."),
+    ConfigKey("offsets.topic.replication.factor", INT, 3, Range(1),
+              "Replication factor of __consumer_offsets. As in Kafka, it is not lowered to the live nodes: "
+              "its partitions are created once that many nodes are live, and until then groups have no "
+              "coordinator. Set 1 for a one-node cluster with a store."),
+    ConfigKey("replica.fetch.wait.max.ms", INT, 500, Range(0),
+              "How long a follower's fetch waits at the leader for new data (the long poll)."),
+    ConfigKey("replica.fetch.min.bytes", INT, 1, Range(1),
+              "Bytes a follower's fetch waits for at the leader before it is answered."),
+    ConfigKey("replica.fetch.max.bytes", INT, 1048576, Range(0),
+              "Bytes a follower fetches per partition at a time (a larger first batch still comes whole); "
+              "also the largest piece appended to the follower's log at once."),
+    ConfigKey("replica.fetch.response.max.bytes", INT, 10485760, Range(0),
+              "Bytes a follower's fetch takes from one leader over all its partitions."),
+    ConfigKey("replica.fetch.backoff.ms", INT, 100, Range(0),
+              "How long a follower waits before fetching a partition again after an error, or reconnecting to "
+              "a leader it lost; a new leader or epoch from the store ends the wait at once. Kafka's default "
+              "is 1000: right after an election a follower may ask the new leader before that leader has "
+              "seen its own election (UNKNOWN_LEADER_EPOCH), and a second's wait there would take half of the two "
+              "seconds a failover is meant to take."),
+    ConfigKey("replica.socket.timeout.ms", INT, 30000, Range(1),
+              "How long a follower waits to connect to a leader, and for an answer beyond "
+              "replica.fetch.wait.max.ms, before it reconnects."),
 )  # fmt: skip
 
 SERVER_CONFIG_KEYS_BY_NAME: Mapping[str, ConfigKey] = MappingProxyType({k.name: k for k in SERVER_CONFIG_KEYS})
@@ -97,6 +135,18 @@ class ServerConfig:
     delete_topic_enable: bool
     socket_request_max_bytes: int
     queued_max_request_bytes: int
+    broker_session_timeout_ms: int
+    broker_heartbeat_interval_ms: int
+    replica_lag_time_max_ms: int
+    unclean_leader_election_enable: bool
+    default_replication_factor: int
+    offsets_topic_replication_factor: int
+    replica_fetch_wait_max_ms: int
+    replica_fetch_min_bytes: int
+    replica_fetch_max_bytes: int
+    replica_fetch_response_max_bytes: int
+    replica_fetch_backoff_ms: int
+    replica_socket_timeout_ms: int
 
     def __post_init__(self) -> None:
         for key in SERVER_CONFIG_KEYS:
@@ -109,6 +159,10 @@ class ServerConfig:
         factor = self.log_cleaner_io_buffer_load_factor
         if not 0 < factor <= 1:  # CleanerConfig's rule, checked here so the message is a config error
             raise ServerConfigError("log.cleaner.io.buffer.load.factor", factor, "Value must be in (0, 1]")
+        session, heartbeat = self.broker_session_timeout_ms, self.broker_heartbeat_interval_ms
+        if 3 * heartbeat > session:  # the controller's rule: a leader stops one heartbeat before its session ends
+            raise ServerConfigError("broker.heartbeat.interval.ms", heartbeat,
+                                    f"Value must be at most a third of broker.session.timeout.ms ({session})")
 
     @classmethod
     def from_mapping(cls, overrides: Mapping[str, object]) -> ServerConfig:

@@ -7,9 +7,12 @@ delete Kafka's way). Every mutation happens on the server's event loop; the main
 read `LogDir.logs`, which has its own lock.
 
 Partitions of a topic may be spread over several `shale serve` processes: `TopicSpec.assignment`
-names the node of each partition and `TopicSpec.nodes` their addresses. A node keeps logs only for
-the partitions assigned to it and answers NOT_LEADER_OR_FOLLOWER for the others, while Metadata
-sends clients to the right node.
+names the replicas of each partition and `TopicSpec.nodes` their addresses. Without a control store
+(`--store`) every partition has one replica: a node keeps logs only for the partitions assigned to
+it and answers NOT_LEADER_OR_FOLLOWER for the others, while Metadata sends clients to the right node.
+With a store, the partition records in it decide (docs/replication.md): `TopicRegistry.replication`
+(the replica manager) says which node leads, which logs are replicas here and which nodes are live,
+and creates replica logs through `ensure_log`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Protocol
 
 from shale.sidecar.log.atomic_file import atomic_write
 from shale.sidecar.log.checkpoint import TopicPartition
@@ -62,12 +65,25 @@ class TopicSpec:
     config: TopicConfig
     origin: str = "manifest"  # the manifest's path, "api" (CreateTopics) or "internal"
     topic_id: str | None = None  # Kafka's text form; None = keep the one on disk or derive one from the name
-    assignment: tuple[int, ...] | None = None  # node id of each partition; None = all on this node
+    # The replicas of each partition, preferred leader first; None = all on this node, or (with a store) chosen
+    # from the live nodes by the first replica to create the partition's record.
+    assignment: tuple[tuple[int, ...], ...] | None = None
     nodes: Mapping[int, tuple[str, int]] = field(default_factory=dict)  # addresses of the assigned nodes
     internal: bool = False
+    replication_factor: int | None = None  # replicas per partition where no assignment names them (`spec.replicas`)
 
     def node_of(self, partition: int, default: int) -> int:
-        return default if self.assignment is None else self.assignment[partition]
+        """The partition's preferred leader: its node when it has one replica."""
+        return default if self.assignment is None else self.assignment[partition][0]
+
+    def replicas_of(self, partition: int) -> tuple[int, ...] | None:
+        """The replicas the spec names for a partition, or None when the store's first writer chooses them."""
+        return None if self.assignment is None else self.assignment[partition]
+
+    @property
+    def replicated(self) -> bool:
+        """More than one replica of some partition: only a node with a control store can serve it."""
+        return (self.replication_factor or 1) > 1 or any(len(r) > 1 for r in self.assignment or ())
 
     @functools.cached_property
     def digest(self) -> str:
@@ -76,9 +92,14 @@ class TopicSpec:
         The operator computes it from the manifest it writes, with this same code, and counts a Topic as
         Ready only once every pod reports it: proof that the pods loaded that manifest, not an older one.
         """
+        # One-replica partitions keep the plain node ids they had before replication, so that the digest of an
+        # unchanged manifest stays the same across an upgrade.
+        assignment = None if self.assignment is None else [r[0] if len(r) == 1 else list(r) for r in self.assignment]
         declared = {"name": self.name, "partitions": self.partitions, "config": self.config.as_kafka_strings(),
-                    "topic_id": self.topic_id, "assignment": self.assignment,
+                    "topic_id": self.topic_id, "assignment": assignment,
                     "nodes": sorted([node, host, port] for node, (host, port) in self.nodes.items())}
+        if self.replication_factor is not None:
+            declared["replicas"] = self.replication_factor
         return hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -90,6 +111,22 @@ def topic_id_for(name: str) -> str:
 
 def topic_uuid(topic_id: str) -> uuid.UUID:
     return uuid.UUID(bytes=base64.urlsafe_b64decode(topic_id + "=" * (-len(topic_id) % 4)))
+
+
+class Replication(Protocol):
+    """What the registry asks the replica manager when the node has a control store (`--store`)."""
+
+    def leader_id(self, tp: TopicPartition) -> int:
+        """The node the partition's record names leader; -1 when it has no leader (offline, or no record yet)."""
+
+    def leader_log(self, tp: TopicPartition) -> Log | None:
+        """The partition's log if this node leads it now (with a valid session), else None."""
+
+    def is_replica(self, tp: TopicPartition) -> bool:
+        """The partition's record names this node among its replicas."""
+
+    def live_nodes(self) -> Mapping[int, NodeAddress]:
+        """The nodes with a live session, this one included: Metadata's brokers."""
 
 
 class TopicRegistry:
@@ -105,6 +142,7 @@ class TopicRegistry:
         self._api_file = os.path.join(log_dir.path, API_TOPICS_FILE)
         # Called with each local partition before its log is deleted (the cleaner must let go of it first).
         self.before_delete: list[Callable[[TopicPartition], None]] = []
+        self.replication: Replication | None = None  # the replica manager, with a control store (set before use)
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -114,7 +152,9 @@ class TopicRegistry:
         return spec.config if spec is not None else TopicConfig.from_mapping({})
 
     def nodes(self) -> dict[int, NodeAddress]:
-        """Every node some topic is assigned to, and this one."""
+        """Every node some topic is assigned to, and this one (with a store: every live node)."""
+        if self.replication is not None:
+            return {self.node.node_id: self.node, **self.replication.live_nodes()}
         out = {self.node.node_id: self.node}
         for spec in self.topics.values():
             for node_id, (host, port) in spec.nodes.items():
@@ -123,21 +163,39 @@ class TopicRegistry:
         return out
 
     def leader(self, topic: str, partition: int) -> int | None:
+        """The node leading a partition (-1: none now), or None for an unknown topic or partition."""
         spec = self.topics.get(topic)
         if spec is None or not 0 <= partition < spec.partitions:
             return None
+        if self.replication is not None:
+            return self.replication.leader_id(TopicPartition(topic, partition))
         return spec.node_of(partition, self.node.node_id)
 
     def local_log(self, topic: str | None, partition: int) -> Log | None:
-        """The log of a partition hosted here, or None (unknown topic/partition, or led elsewhere)."""
+        """The log of a partition this node leads, or None (unknown topic/partition, or led elsewhere)."""
         if topic is None or self.leader(topic, partition) != self.node.node_id:
             return None
+        if self.replication is not None:
+            return self.replication.leader_log(TopicPartition(topic, partition))
         return self.log_dir.logs.get(TopicPartition(topic, partition))
 
     def topic_id(self, topic: str) -> str:
         return self._ids[topic]
 
+    def hosts(self, tp: TopicPartition) -> bool:
+        """This node keeps a replica of the partition (its leader, or with a store any of its replicas)."""
+        spec = self.topics.get(tp.topic)
+        if spec is None or not 0 <= tp.partition < spec.partitions:
+            return False
+        if self.replication is not None:
+            return self.replication.is_replica(tp)
+        return spec.node_of(tp.partition, self.node.node_id) == self.node.node_id
+
     def local_partitions(self, spec: TopicSpec) -> list[int]:
+        """The partitions of `spec` with a replica here (with a store: those whose log exists already)."""
+        if self.replication is not None:
+            return [p for p in range(spec.partitions) if self.hosts(TopicPartition(spec.name, p))
+                    and TopicPartition(spec.name, p) in self.log_dir.logs]
         return [p for p in range(spec.partitions) if spec.node_of(p, self.node.node_id) == self.node.node_id]
 
     # -- changes ---------------------------------------------------------------------------------
@@ -151,10 +209,14 @@ class TopicRegistry:
         if spec.assignment is not None and len(spec.assignment) != spec.partitions:
             raise TopicError(f"topic {spec.name}: the assignment names {len(spec.assignment)} nodes "
                              f"for {spec.partitions} partitions")
+        if self.replication is None:
+            self._check_unreplicated(spec)
         if old == spec:
             return False
-        missing = [TopicPartition(spec.name, p) for p in self.local_partitions(spec)
-                   if TopicPartition(spec.name, p) not in self.log_dir.logs]
+        # With a store, logs are created as the records name this node a replica (`ensure_log`), not here.
+        missing = [] if self.replication is not None else [
+            TopicPartition(spec.name, p) for p in self.local_partitions(spec)
+            if TopicPartition(spec.name, p) not in self.log_dir.logs]
         refusal = partitions_refusal(len(missing), spec.config.segment_index_bytes) if missing else None
         if refusal is not None:
             raise CapacityError(f"topic {spec.name}: {refusal}")
@@ -168,7 +230,8 @@ class TopicRegistry:
                 log.config = spec.config  # read at every append/roll/retention check: takes effect now
         for p in range(spec.partitions):  # partitions moved away from this node stay on disk, unserved
             tp = TopicPartition(spec.name, p)
-            if spec.node_of(p, self.node.node_id) != self.node.node_id and tp in self.log_dir.logs:
+            if self.replication is None and spec.node_of(p, self.node.node_id) != self.node.node_id \
+                    and tp in self.log_dir.logs:
                 logger.warning("%s is now assigned to node %d; its log stays on disk, no longer served",
                                tp, spec.node_of(p, self.node.node_id))
         if spec.origin == "api" or (old is not None and old.origin == "api"):
@@ -179,6 +242,33 @@ class TopicRegistry:
                     spec.config.overrides())
         self._on_change(spec.name)
         return True
+
+    def _check_unreplicated(self, spec: TopicSpec) -> None:
+        """Without a control store a partition has one replica, and Metadata needs every assigned node's address."""
+        if spec.replicated:
+            raise TopicError(f"topic {spec.name}: more than one replica per partition needs a control store "
+                             "(shale serve --store etcd://HOST:PORT); this node has none")
+        unknown = sorted({r[0] for r in spec.assignment or ()} - set(spec.nodes) - {self.node.node_id})
+        if unknown:
+            raise TopicError(f"topic {spec.name}: spec.assignment.nodes names no address for node "
+                             f"{', '.join(map(str, unknown))}, and without a control store nothing else does")
+
+    def ensure_log(self, tp: TopicPartition) -> Log:
+        """The partition's log here, created if missing (the replica manager, when a record names this node a
+        replica). Raises TopicError for an unknown partition, CapacityError when the node cannot hold another."""
+        spec = self.topics.get(tp.topic)
+        if spec is None or not 0 <= tp.partition < spec.partitions:
+            raise TopicError(f"{tp}: no such topic partition here")
+        log = self.log_dir.logs.get(tp)
+        if log is None:
+            refusal = partitions_refusal(1, spec.config.segment_index_bytes)
+            if refusal is not None:
+                raise CapacityError(f"topic {tp.topic}: {refusal}")
+            self._create_logs(spec, [tp], self._ids[tp.topic])
+            log = self.log_dir.logs[tp]
+        elif log.config != spec.config:  # a log loaded at start opened with the defaults; `put` skipped it then
+            log.config = spec.config
+        return log
 
     def _create_logs(self, spec: TopicSpec, missing: list[TopicPartition], topic_id: str) -> None:
         """Create the partitions' logs, all or none: a failure (out of descriptors, maps or disk despite the
@@ -249,12 +339,18 @@ class TopicRegistry:
         except FileNotFoundError:
             return
         for entry in saved:
+            assignment = entry.get("assignment")
             self.put(TopicSpec(entry["name"], entry["partitions"], TopicConfig.from_mapping(entry["config"]),
-                               origin="api", topic_id=entry["topic_id"]))
+                               origin="api", topic_id=entry["topic_id"],
+                               assignment=None if assignment is None else tuple(tuple(r) for r in assignment),
+                               replication_factor=entry.get("replication_factor")))
 
     def _save_api_topics(self) -> None:
         saved = [{"name": s.name, "partitions": s.partitions, "config": s.config.overrides(),
-                  "topic_id": self._ids[s.name]} for s in self.topics.values() if s.origin == "api"]
+                  "topic_id": self._ids[s.name],
+                  **({"assignment": [list(r) for r in s.assignment]} if s.assignment is not None else {}),
+                  **({"replication_factor": s.replication_factor} if s.replication_factor is not None else {})}
+                 for s in self.topics.values() if s.origin == "api"]
         atomic_write(self._api_file, json.dumps(saved, indent=1, sort_keys=True).encode())
 
     def _resolve_id(self, spec: TopicSpec) -> str:
@@ -270,5 +366,4 @@ class TopicRegistry:
 
     def strays(self) -> list[TopicPartition]:
         """Partition logs on disk that no topic assigns to this node: kept, never served (Kafka's strays)."""
-        return sorted((tp for tp in self.log_dir.logs if self.local_log(tp.topic, tp.partition) is None),
-                      key=str)
+        return sorted((tp for tp in self.log_dir.logs if not self.hosts(tp)), key=str)

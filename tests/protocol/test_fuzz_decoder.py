@@ -15,58 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shale.sidecar.protocol import codec
+from schema_values import ALL_VERSIONS, SCALARS, valid_frames
 
-ALL_VERSIONS = [(k, v) for k, (lo, hi) in sorted(codec.SUPPORTED_VERSIONS.items()) for v in range(lo, hi + 1)]
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-_SCALARS = {
-    "int8": st.integers(-(2**7), 2**7 - 1),
-    "int16": st.integers(-(2**15), 2**15 - 1),
-    "int32": st.integers(-(2**31), 2**31 - 1),
-    "int64": st.integers(-(2**63), 2**63 - 1),
-    "bool": st.booleans(),
-    "string": st.text(max_size=12),
-    "bytes": st.binary(max_size=40),
-    "records": st.binary(max_size=80),
-    "uuid": st.uuids(),
-}
-
-
-def _field(field, version: int) -> st.SearchStrategy:
-    kind = field._type_str
-    if field.is_struct_array():
-        base = st.lists(_struct(field.data_class, version), max_size=3)
-    elif field.is_struct():
-        base = _struct(field.data_class, version)
-    elif kind.startswith("[]"):
-        base = st.lists(_SCALARS[kind[2:]], max_size=4)
-    else:
-        base = _SCALARS[kind]
-    return st.one_of(st.none(), base) if field.nullable_for_version_q(version) else base
-
-
-def _struct(cls, version: int, *, top: bool = False) -> st.SearchStrategy:
-    fields = {name: _field(f, version) for name, f in cls._struct.fields.items() if f.for_version_q(version)}
-    if top:
-        return st.fixed_dictionaries(fields).map(lambda values: cls(version=version, **values))
-    return st.fixed_dictionaries(fields).map(lambda values: cls(**values))
-
-
-@st.composite
-def valid_frames(draw, api_key: int | None = None, version: int | None = None) -> tuple[int, int, int, str | None, bytes]:
-    """(api key, version, correlation id, client id, frame without the size prefix) as kafka-python writes it."""
-    if api_key is None:
-        api_key, version = draw(st.sampled_from(ALL_VERSIONS))
-    elif version is None:
-        lo, hi = codec.SUPPORTED_VERSIONS[api_key]
-        version = draw(st.integers(lo, hi))
-    request = draw(_struct(codec.request_class(api_key), version, top=True))
-    correlation_id = draw(_SCALARS["int32"])
-    client_id = draw(st.one_of(st.none(), st.text(max_size=10)))
-    request.with_header(correlation_id=correlation_id, client_id=client_id)
-    frame = bytes(request.encode(header=True, framed=True))
-    assert struct.unpack_from(">i", frame)[0] == len(frame) - 4
-    return api_key, version, correlation_id, client_id, frame[4:]
 
 
 def _decode_or_protocol_error(frame: bytes) -> codec.Request | None:
@@ -154,7 +105,7 @@ def test_arbitrary_bytes_decode_or_raise_protocol_error(frame):
 
 @pytest.mark.timeout(300)
 @settings(FUZZ, max_examples=800)
-@given(key_version=st.sampled_from(ALL_VERSIONS), correlation_id=_SCALARS["int32"], rest=st.binary(max_size=300))
+@given(key_version=st.sampled_from(ALL_VERSIONS), correlation_id=SCALARS["int32"], rest=st.binary(max_size=300))
 def test_known_header_then_arbitrary_bytes(key_version, correlation_id, rest):
     """A valid api key/version prefix sends the random rest into that version's generated decoder."""
     _decode_or_protocol_error(struct.pack(">hhi", *key_version, correlation_id) + rest)

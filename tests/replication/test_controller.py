@@ -129,7 +129,8 @@ def all_live(store: EtcdStore, *ids: int) -> bool:
 
 def test_first_live_replica_creates_the_record_once_and_every_node_sees_it(members, observer):
     nodes = start_together(members, observer, (1, 2, 3))
-    expected = PartitionRecord((1, 2, 3), (1, 2, 3), 1, nodes[0].controller.incarnation, 0, 0)
+    expected = PartitionRecord((1, 2, 3), (1, 2, 3), 1, nodes[0].controller.incarnation, 0, 0,
+                               isr_incarnations=tuple(m.controller.incarnation for m in nodes))
     wait_for(lambda: all(m.record() == expected for m in nodes), what="every node to see the record")
     assert record_in(observer).partition_epoch == 0  # one write: the other electors saw a valid leader
     assert [m.leads() for m in nodes] == [True, False, False]

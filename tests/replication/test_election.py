@@ -11,7 +11,7 @@ ISR member.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -48,7 +48,18 @@ LEADING = PartitionRecord(replicas=(1, 2, 3), isr=(1, 2, 3), leader=1, leader_in
 def test_no_record_first_live_replica_leads_and_every_live_replica_is_in_sync():
     new = decide_on(None, reg(2), reg(3), replicas=(1, 2, 3))
     assert new == PartitionRecord(replicas=(1, 2, 3), isr=(2, 3), leader=2, leader_incarnation="n2",
-                                  leader_epoch=0, partition_epoch=0)
+                                  leader_epoch=0, partition_epoch=0, isr_incarnations=("n2", "n3"))
+
+
+def test_no_record_a_live_replica_holding_unreplicated_data_leads_alone():
+    """Data written before replication (a single-node cluster that gained replicas): its holder leads and the
+    empty replicas are out of sync until they copied it — an empty leader would make the holder truncate."""
+    holder = NodeRegistration(3, "n3", "127.0.0.1", 9003, unreplicated=(TP, TopicPartition("other", 0)))
+    view = view_of(reg(1), reg(2), holder)
+    new = decide(None, (1, 2, 3), view, False, tp=TP)
+    assert (new.leader, new.leader_incarnation, new.isr, new.isr_incarnations) == (3, "n3", (3,), ("n3",))
+    elsewhere = decide(None, (1, 2, 3), view, False, tp=TopicPartition("orders", 1))
+    assert (elsewhere.leader, elsewhere.isr) == (1, (1, 2, 3))
 
 
 def test_no_record_and_no_live_replica_writes_nothing():
@@ -79,9 +90,49 @@ def test_deposed_leader_restarted_goes_last_and_leaves_the_isr_when_others_are_l
     assert (new.leader, new.leader_incarnation, new.isr, new.leader_epoch) == (3, "n3", (3,), 5)
 
 
-def test_deposed_leader_restarted_leads_again_when_it_is_the_only_live_isr_member():
-    new = decide_on(LEADING, reg(1, "again"))
-    assert (new.leader, new.leader_incarnation, new.isr, new.leader_epoch) == (1, "again", (1,), 5)
+def test_deposed_leader_restarted_waits_for_the_other_members_then_leads_as_the_last_one_standing():
+    """The other members are dead, not restarted: one of them may come back with what the restarted leader
+    lost, so the partition goes offline and the restarted leader leaves the ISR; once every remaining member
+    is back (under a new process, as any returning node is), the first leads (Kafka's last replica standing)."""
+    record = replace(LEADING, isr_incarnations=("n1", "n2", "n3"))
+    offline = decide_on(record, reg(1, "again"))
+    assert (offline.leader, offline.isr, offline.leader_epoch) == (NO_LEADER, (2, 3), 5)
+    new = decide_on(offline, reg(1, "again"), reg(2, "back"), reg(3, "back"))
+    assert (new.leader, new.leader_incarnation, new.isr, new.isr_incarnations, new.leader_epoch) == (
+        2, "back", (2,), ("back",), 6)
+
+
+def test_isr_member_restarted_while_no_leader_watched_is_not_in_sync():
+    """KIP-903: the ISR names each member's process; a member that restarted may have lost what it had not
+    flushed, so a member still running the process it was in sync as leads instead, without it."""
+    record = LEADING.changed(isr=(1, 2, 3), isr_incarnations=("n1", "n2", "n3"))
+    new = decide_on(record, reg(2, "restarted"), reg(3))
+    assert (new.leader, new.isr, new.isr_incarnations) == (3, (3,), ("n3",))
+
+
+def test_restarted_member_is_not_elected_while_a_member_with_the_data_may_return():
+    """The gap of issue 15: leader 1 dead (its log intact), follower 2 restarted having lost its unflushed
+    tail. The old rule elected 2 and every acknowledged record it lost was gone; now the partition waits."""
+    record = PartitionRecord((1, 2, 3), (1, 2), 1, "n1", 4, 9, isr_incarnations=("n1", "n2"))
+    offline = decide_on(record, reg(2, "restarted"), reg(3))
+    assert (offline.leader, offline.isr, offline.isr_incarnations) == (NO_LEADER, (1,), ("n1",))
+    assert decide_on(offline, reg(2, "restarted"), reg(3)) is None  # nothing new until 1 returns
+    back = decide_on(offline, reg(1, "back"), reg(2, "restarted"), reg(3))
+    assert (back.leader, back.leader_incarnation, back.isr) == (1, "back", (1,))
+
+
+def test_every_member_restarted_the_first_leads_and_the_deposed_leader_goes_last():
+    record = PartitionRecord((1, 2, 3), (1, 2), 1, "n1", 4, 9, isr_incarnations=("n1", "n2"))
+    new = decide_on(record, reg(1, "x"), reg(2, "y"))
+    assert (new.leader, new.leader_incarnation, new.isr) == (2, "y", (2,))
+
+
+def test_a_record_without_isr_incarnations_trusts_its_members_but_not_the_deposed_leader():
+    """An older record (JSON without `isr_incarnations`): members are taken as in sync, as before; the deposed
+    leader's own process is in the record, so its restart is still seen."""
+    assert LEADING.isr_incarnations == ("", "", "")
+    new = decide_on(LEADING, reg(1, "again"), reg(2, "restarted"))
+    assert (new.leader, new.isr, new.isr_incarnations) == (2, (2,), ("restarted",))
 
 
 def test_no_candidate_goes_offline_with_a_new_epoch_and_keeps_the_isr():
@@ -93,9 +144,12 @@ def test_no_candidate_goes_offline_with_a_new_epoch_and_keeps_the_isr():
 
 
 def test_offline_partition_is_led_by_the_first_isr_member_to_return():
-    offline = PartitionRecord((1, 2, 3), (1, 2), NO_LEADER, "", 5, 10)
+    offline = PartitionRecord((1, 2, 3), (1, 2), NO_LEADER, "", 5, 10)  # members' processes not recorded
     new = decide_on(offline, reg(3), reg(2, "back"))
     assert (new.leader, new.leader_incarnation, new.isr, new.leader_epoch) == (2, "back", (2,), 6)
+    last = PartitionRecord((1, 2, 3), (2,), NO_LEADER, "", 5, 10, isr_incarnations=("n2",))
+    new = decide_on(last, reg(3), reg(2, "back"))  # the last member standing leads whatever its process
+    assert (new.leader, new.leader_incarnation, new.isr, new.isr_incarnations) == (2, "back", (2,), ("back",))
 
 
 def test_unclean_election_picks_the_first_live_replica_alone_in_the_isr_and_recovering():
@@ -159,6 +213,7 @@ class Node:
     alive: bool = True
     generation: int = 0
     log: list[Entry] = field(default_factory=list)
+    flushed: int = 0  # the prefix of `log` on disk for sure: a machine crash keeps at least this much
 
     @property
     def incarnation(self) -> str:
@@ -167,10 +222,11 @@ class Node:
 
 @dataclass
 class Leadership:
-    """The leader's memory for one leader epoch: its followers' fetched log ends and its high watermark."""
+    """The leader's memory for one leader epoch: its followers' fetched log ends (per follower process, as
+    `partition.FollowerState` is reset when a follower's incarnation changes) and its high watermark."""
 
     epoch_start: int
-    follower_leo: dict[int, int] = field(default_factory=dict)
+    follower_leo: dict[tuple[int, str], int] = field(default_factory=dict)
     hw: int = 0
 
 
@@ -181,8 +237,19 @@ def common_prefix(a: list[Entry], b: list[Entry]) -> int:
     return n
 
 
+def decide_as_before_isr_incarnations(current, replicas, view, unclean, **kw):
+    """The rule before KIP-903's ISR incarnations: the same code on records that do not name the members'
+    processes, which is how the old rule saw every record (only the deposed leader's restart was visible)."""
+    if current is not None:
+        current = Versioned(replace(current.record, isr_incarnations=()), current.version)
+    return decide(current, replicas, view, unclean, **kw)
+
+
 class ElectionMachine(RuleBasedStateMachine):
-    """Every write is a CAS against the model store; electors may decide from an old view."""
+    """Every write is a CAS against the model store; electors may decide from an old view. Nodes are killed
+    (their logs stay) and restarted, a restart sometimes after a machine crash that lost the unflushed tail."""
+
+    rule_under_test = staticmethod(decide)
 
     @initialize(n=st.integers(2, 5), data=st.data())
     def setup(self, n: int, data) -> None:
@@ -211,13 +278,26 @@ class ElectionMachine(RuleBasedStateMachine):
         current = None if self.record is None else str(self.version)
         if current != expected:
             return False
-        if self.record is not None and new.leader not in (NO_LEADER, *self.record.isr):
+        old = self.record
+        if old is not None and new.leader not in (NO_LEADER, *old.isr):
             assert self.unclean, "a leader from outside the ISR without unclean.leader.election.enable"
             assert new.isr == (new.leader,) and new.recovering
             self.acked.clear()  # Kafka's unclean election loses what the new leader lacks: check from here on
+        elif old is not None and new.leader != NO_LEADER and (new.leader, new.leader_incarnation) != (
+                old.leader, old.leader_incarnation) and self.every_member_restarted(old):
+            # Kafka's last replica standing: every member is back under a new process; what the chosen one
+            # lost (all of them may have) is lost, as documented. Nothing else may lose an acknowledged record.
+            self.acked = {o: e for o, e in self.acked.items() if self.nodes[new.leader].log[o:o + 1] == [e]}
         self.record, self.version = new, self.version + 1
         self.history.append(new)
         return True
+
+    def every_member_restarted(self, record: PartitionRecord) -> bool:
+        return all(self.nodes[r].alive and not self.same_process(record, r) for r in record.isr)
+
+    def same_process(self, record: PartitionRecord, member: int) -> bool:
+        recorded = record.isr_incarnation(member) or (record.leader_incarnation if member == record.leader else "")
+        return recorded in ("", self.nodes[member].incarnation)
 
     def valid_leader(self) -> int | None:
         r = self.record
@@ -237,19 +317,28 @@ class ElectionMachine(RuleBasedStateMachine):
     def kill(self, data) -> None:
         alive = [i for i, n in self.nodes.items() if n.alive]
         if alive:
-            self.nodes[data.draw(st.sampled_from(alive))].alive = False  # SIGKILL: the log survives
+            self.nodes[data.draw(st.sampled_from(alive))].alive = False  # SIGKILL: the page cache keeps the log
+
+    @rule(data=st.data(), crashed=st.booleans())
+    def restart(self, data, crashed: bool) -> None:
+        """A new process (alive or not before). After a machine crash the log keeps its flushed prefix and
+        perhaps some of the rest: Kafka does not fsync acknowledged writes, it counts on the other replicas."""
+        node = self.nodes[data.draw(st.sampled_from(sorted(self.nodes)))]
+        node.alive, node.generation = True, node.generation + 1
+        if crashed:
+            node.log = node.log[:data.draw(st.integers(node.flushed, len(node.log)), label="survives")]
 
     @rule(data=st.data())
-    def restart(self, data) -> None:
+    def flush(self, data) -> None:
         node = self.nodes[data.draw(st.sampled_from(sorted(self.nodes)))]
-        node.alive, node.generation = True, node.generation + 1  # a new incarnation, alive or not before
+        node.flushed = len(node.log)
 
     # electors
     @rule(data=st.data(), stale=st.booleans())
     def elect(self, data, stale: bool) -> None:
         view = data.draw(st.sampled_from(self.views)) if stale and self.views else self.view()
         current = view.partitions.get(TP)
-        new = decide(current, self.assignment, view, self.unclean)
+        new = self.rule_under_test(current, self.assignment, view, self.unclean, tp=TP)
         if new is not None:
             self.cas(None if current is None else current.version, new)
 
@@ -275,15 +364,19 @@ class ElectionMachine(RuleBasedStateMachine):
         keep = common_prefix(source, mine)
         upto = data.draw(st.integers(keep, len(source)))
         self.nodes[f].log = source[:upto]
-        self.leadership().follower_leo[f] = upto
+        self.nodes[f].flushed = min(self.nodes[f].flushed, keep)
+        self.leadership().follower_leo[(f, self.nodes[f].incarnation)] = upto
         self.advance_hw()
 
     @precondition(lambda self: self.valid_leader() is not None)
     @rule()
     def advance_hw(self) -> None:
+        """Kafka's HW: the minimum log end over the ISR, each member counted by what its current process
+        fetched (a restarted member has fetched nothing yet in this leader epoch)."""
         leader, lead = self.valid_leader(), self.leadership()
         log = self.nodes[leader].log
-        ends = [len(log)] + [lead.follower_leo.get(r, -1) for r in self.record.isr if r != leader]
+        ends = [len(log)] + [lead.follower_leo.get((r, self.nodes[r].incarnation), -1)
+                             for r in self.record.isr if r != leader]
         hw = min(ends)
         if hw > lead.hw:
             lead.hw = hw
@@ -303,15 +396,18 @@ class ElectionMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.valid_leader() is not None and not self.record.recovering)
     @rule(data=st.data())
     def expand_isr(self, data) -> None:
-        """Kafka's rule: the follower's fetched log end is at least the HW and the epoch's start offset."""
+        """Kafka's rule: the follower's fetched log end is at least the HW and the epoch's start offset; the
+        new member is recorded as the process whose fetches counted (KIP-903)."""
         leader, lead = self.valid_leader(), self.leadership()
-        eligible = [r for r, leo in lead.follower_leo.items()
-                    if r not in self.record.isr and self.nodes[r].alive and leo >= lead.hw and leo >= lead.epoch_start
+        eligible = [(r, inc) for (r, inc), leo in lead.follower_leo.items()
+                    if r not in self.record.isr and self.nodes[r].alive and self.nodes[r].incarnation == inc
+                    and leo >= lead.hw and leo >= lead.epoch_start
                     and self.nodes[r].log[:leo] == self.nodes[leader].log[:leo]]
         if eligible:
-            joiner = data.draw(st.sampled_from(eligible))
+            joiner, inc = data.draw(st.sampled_from(eligible))
             isr = tuple(r for r in self.record.replicas if r in self.record.isr or r == joiner)
-            self.cas(str(self.version), self.record.changed(isr=isr))
+            incarnations = tuple(inc if r == joiner else self.record.isr_incarnation(r) for r in isr)
+            self.cas(str(self.version), self.record.changed(isr=isr, isr_incarnations=incarnations))
 
     @precondition(lambda self: self.valid_leader() is not None and self.record.recovering)
     @rule()
@@ -340,28 +436,82 @@ class ElectionMachine(RuleBasedStateMachine):
         assert all(len(nodes) == 1 for nodes in self.ack_epochs.values()), self.ack_epochs
 
     @invariant()
-    def acknowledged_records_survive_on_every_isr_member(self) -> None:
+    def acknowledged_records_survive_on_the_leader_and_every_isr_member_still_the_same_process(self) -> None:
+        """Every acknowledged record is at its offset on the valid leader, and on every ISR member whose
+        process is the one it was in sync as (dead or alive: a killed node's disk keeps its log). A member
+        that restarted since is out of sync whatever the record says, and may lack them."""
         if self.record is None:
             return
-        for member in self.record.isr:
+        holders = [r for r in self.record.isr if self.same_process(self.record, r)]
+        if self.valid_leader() is not None:
+            holders.append(self.valid_leader())
+        for member in holders:
             log = self.nodes[member].log
             for offset, entry in self.acked.items():
                 assert offset < len(log) and log[offset] == entry, (member, offset, entry, log)
 
     @invariant()
-    def a_live_isr_member_means_a_leader_after_an_election(self) -> None:
-        """Availability: deciding on the current view never leaves a partition without a leader while an ISR
-        member is live (or, with unclean election, any replica)."""
+    def an_election_leads_when_an_in_sync_member_or_every_member_is_back(self) -> None:
+        """Availability: deciding on the current view leaves no partition without a leader while an ISR member
+        runs the process it was in sync as, or every member is back (last replica standing), or — with
+        unclean election — any replica is live."""
         if self.record is None:
             return
         view = StoreView(str(self.version), {i: NodeRegistration(i, n.incarnation, "h", 1)
                                               for i, n in self.nodes.items() if n.alive},
                          {TP: Versioned(self.record, str(self.version))})
-        after = decide(view.partitions[TP], self.assignment, view, self.unclean) or self.record
-        pool = self.record.replicas if self.unclean else self.record.isr
-        if any(view.is_live(r) for r in pool):
+        after = self.rule_under_test(view.partitions[TP], self.assignment, view, self.unclean, tp=TP) or self.record
+        should = (any(self.nodes[r].alive and self.same_process(self.record, r) for r in self.record.isr)
+                  or (self.record.isr and self.every_member_restarted(self.record))
+                  or (self.unclean and any(view.is_live(r) for r in self.record.replicas)))
+        if should:
             assert after.leader != NO_LEADER and view.is_live(after.leader, after.leader_incarnation)
 
 
 TestElectionMachine = ElectionMachine.TestCase
 TestElectionMachine.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+class Script:
+    """Draws for the machine's rules, given in order: to replay one scenario step by step."""
+
+    def __init__(self, *values) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy, label=None):
+        return self.values.pop(0)
+
+
+class BeforeIsrIncarnations(ElectionMachine):
+    rule_under_test = staticmethod(decide_as_before_isr_incarnations)
+
+
+@pytest.mark.parametrize("machine, loses", [(ElectionMachine, False), (BeforeIsrIncarnations, True)])
+def test_a_follower_restarted_after_a_crash_while_no_leader_watched(machine, loses):
+    """Issue 15's gap, replayed in the model: leader 0 and follower 1 hold an acknowledged record; 0 is
+    killed (its log intact); 1 restarts after a machine crash that lost its unflushed log, before anyone saw
+    0 die. The rule without ISR incarnations elects 1 and the acknowledged record is gone; this one waits for
+    0, elects it when it is back, and 1 copies the record again."""
+    m = machine()
+    m.setup(2, Script(2, [0, 1], False))  # two replicas, node 0 first, clean elections only
+    m.elect(Script(), stale=False)
+    m.append()
+    m.replicate(Script(1, 1))  # follower 1 fetches offset 0; the high watermark passes it: acknowledged
+    assert m.acked == {0: (0, 0)}
+    m.kill(Script(0))
+    m.restart(Script(1, 0), crashed=True)  # nothing of node 1's log was flushed
+    m.elect(Script(), stale=False)
+    if loses:
+        assert m.valid_leader() == 1
+        with pytest.raises(AssertionError):
+            m.acknowledged_records_survive_on_the_leader_and_every_isr_member_still_the_same_process()
+        return
+    assert (m.record.leader, m.record.isr) == (NO_LEADER, (0,))
+    m.acknowledged_records_survive_on_the_leader_and_every_isr_member_still_the_same_process()
+    m.an_election_leads_when_an_in_sync_member_or_every_member_is_back()
+    m.restart(Script(0), crashed=False)
+    m.elect(Script(), stale=False)
+    assert m.valid_leader() == 0
+    m.replicate(Script(1, 1))
+    m.acknowledged_records_survive_on_the_leader_and_every_isr_member_still_the_same_process()
+    assert m.nodes[1].log == [(0, 0)]

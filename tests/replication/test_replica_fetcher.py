@@ -88,15 +88,16 @@ def test_whole_batches_stop_before_a_partial_tail(tmp_path):
     assert whole_batches(data[:60], "t") == []  # not even a header
 
 
-def test_a_log_without_epochs_is_cut_to_its_high_watermark_before_following(tmp_path):
-    """Kafka's initial fetch offset: a log whose batches carry no epoch cannot be checked by DivergingEpoch."""
+def test_a_log_without_epochs_keeps_its_records_and_checks_them_against_the_leader_first(tmp_path):
+    """Kafka cuts a log without epochs to its high watermark; here its records were written before replication
+    and are kept: the first fetch asks for the last of them, to compare with the leader's (issue 15)."""
     log = new_log(tmp_path)
     log.append(batch(4))  # a producer's batch, no leader epoch stamped
     log.append(batch(2))
     log.update_high_watermark(4)
     assert log.latest_epoch is None
     state = start_following(TP, log, NodeRegistration(1, "a", "h", 1), 3)
-    assert (log.log_end_offset, state.fetch_offset, state.last_fetched_epoch) == (4, 4, None)
+    assert (log.log_end_offset, state.fetch_offset, state.last_fetched_epoch, state.verify_below) == (6, 5, None, 6)
 
 
 def test_a_log_with_epochs_keeps_its_tail_for_the_leader_to_judge(tmp_path):

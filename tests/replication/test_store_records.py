@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord, RecordError
 
 node_ids = st.integers(min_value=0, max_value=2**31 - 1)
@@ -20,12 +21,14 @@ def partition_records(draw) -> PartitionRecord:
     replicas = tuple(draw(st.lists(node_ids, min_size=1, max_size=7, unique=True)))
     isr = tuple(r for r in replicas if draw(st.booleans()))
     leader = draw(st.sampled_from(isr)) if isr and draw(st.booleans()) else NO_LEADER
+    incarnations = tuple(draw(texts) for _ in isr) if draw(st.booleans()) else ()
     return PartitionRecord(replicas, isr, leader, draw(texts), draw(st.integers(0, 2**31 - 1)),
-                           draw(st.integers(0, 2**31 - 1)), draw(st.booleans()))
+                           draw(st.integers(0, 2**31 - 1)), draw(st.booleans()), incarnations)
 
 
 registrations = st.builds(NodeRegistration, node_ids, texts, texts, st.integers(0, 65535),
-                          st.none() | texts)
+                          st.none() | texts,
+                          st.lists(st.builds(TopicPartition, texts, node_ids), max_size=3).map(tuple))
 
 
 @given(partition_records())
@@ -65,6 +68,24 @@ def test_any_text_is_a_record_or_a_record_error(text):
 def test_not_a_registration(text):
     with pytest.raises(RecordError, match="nodes/3"):
         NodeRegistration.from_json(text, "/shale/c/nodes/3")
+
+
+def test_records_written_before_isr_incarnations_and_unreplicated_lists_still_read():
+    """Older nodes wrote neither field: their records read as members of unknown process, no held data."""
+    old = '{"isr": [1, 2], "leader": 1, "leader_epoch": 4, "leader_incarnation": "a", "partition_epoch": 9, ' \
+          '"recovering": false, "replicas": [1, 2, 3]}'
+    record = PartitionRecord.from_json(old, "k")
+    assert (record.isr, record.isr_incarnations, record.isr_incarnation(2)) == ((1, 2), ("", ""), "")
+    node = NodeRegistration.from_json('{"host": "h", "incarnation": "a", "node_id": 1, "port": 9, "rack": null}', "k")
+    assert node.unreplicated == () and "unreplicated" not in node.to_json()
+    with pytest.raises(RecordError, match="k: .*2 incarnations"):
+        PartitionRecord.from_json(old.replace('"isr": [1, 2]', '"isr": [1], "isr_incarnations": ["a", "b"]'), "k")
+
+
+def test_an_isr_change_keeps_the_members_processes():
+    record = PartitionRecord((1, 2, 3), (1, 2), 1, "a", 4, 9, isr_incarnations=("a", "b"))
+    assert record.changed(isr=(1, 2, 3)).isr_incarnations == ("a", "b", "")
+    assert record.changed(isr=(2,), leader=2, leader_incarnation="b").isr_incarnations == ("b",)
 
 
 def test_invalid_partition_records_are_refused():

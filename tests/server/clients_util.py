@@ -131,23 +131,28 @@ def partition_dir(data_dir: str | Path, topic: str, partition: int) -> Path:
     return Path(data_dir) / f"{topic}-{partition}"
 
 
-def stored_batches(data_dir: str | Path, topic: str, partition: int) -> list[RecordBatch]:
-    """Every whole batch in the partition's `.log` files, CRC-checked and decoded, in offset order.
+def raw_batches(data_dir: str | Path, topic: str, partition: int) -> list[tuple[bytes, str]]:
+    """Every whole batch in the partition's `.log` files as stored, with where it is, in offset order.
 
     Reads the files directly (the running server holds the directory lock); a partial batch at the
     end of the active segment — an append in progress — is not returned.
     """
-    out: list[RecordBatch] = []
+    out: list[tuple[bytes, str]] = []
     d = partition_dir(data_dir, topic, partition)
     for name in sorted(n for n in os.listdir(d) if n.endswith(".log")):
         path = d / name
         fd = os.open(path, os.O_RDONLY)
         try:
             for pos in iter_batches(fd, 0, os.fstat(fd).st_size, str(path)):
-                out.append(decode_batch(os.pread(fd, pos.size, pos.position), f"{path} position {pos.position}"))
+                out.append((os.pread(fd, pos.size, pos.position), f"{path} position {pos.position}"))
         finally:
             os.close(fd)
     return out
+
+
+def stored_batches(data_dir: str | Path, topic: str, partition: int) -> list[RecordBatch]:
+    """Every whole batch in the partition's `.log` files, CRC-checked and decoded, in offset order."""
+    return [decode_batch(raw, where) for raw, where in raw_batches(data_dir, topic, partition)]
 
 
 def stored_records(data_dir: str | Path, topic: str, partition: int) -> list[Record]:

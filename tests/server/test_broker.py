@@ -29,6 +29,7 @@ TOPICS = {
     "aio": 2,
     "offsets": 1,
     "after-bad-frame": 1,
+    "pipelined": 1,
 }
 
 
@@ -215,6 +216,59 @@ def test_fetch_waits_for_new_data(server):
         assert [(r.offset, r.key, r.value) for r in got] == [(end, b"late", b"value")]
     finally:
         consumer.close()
+
+
+def test_pipelined_answers_keep_request_order_behind_a_waiting_fetch(server):
+    """One write carries a Fetch that waits at the log end, then ApiVersions, Metadata, a Produce to the very
+    partition the Fetch waits on, and ListOffsets. The later requests are handled while the Fetch waits (the
+    Produce wakes it, so it answers with that record, long before its max wait), yet every answer comes back
+    in request order; then, with nothing ahead, requests are answered at once again, still in order."""
+    from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+    from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+    from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+    from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+    from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from clients_util import build, read_frame, request_frame
+
+    topic = "pipelined"
+    end = server.registry.local_log(topic, 0).log_end_offset
+    batch = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
+                                      producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    batch.append(0, timestamp=1_700_000_000_000, key=b"k", value=b"woke the fetch", headers=[])
+    requests = [
+        (build(FetchRequest, {"max_wait_ms": 10_000, "min_bytes": 1, "max_bytes": 1 << 20, "topics": [
+            {"topic": topic, "partitions": [{"partition": 0, "fetch_offset": end, "partition_max_bytes": 1 << 20}]}]},
+            version=11), FetchResponse),
+        (ApiVersionsRequest(version=2), ApiVersionsResponse),
+        (build(MetadataRequest, {"topics": [{"name": topic}]}, version=9), MetadataResponse),
+        (build(ProduceRequest, {"acks": 1, "timeout_ms": 5000, "topic_data": [{"name": topic, "partition_data": [
+            {"index": 0, "records": bytes(batch.build())}]}]}, version=9), ProduceResponse),
+        (build(ListOffsetsRequest, {"replica_id": -1, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]}, version=5), ListOffsetsResponse),
+    ]
+    with socket.create_connection(("127.0.0.1", server.broker.port), timeout=15) as sock:
+        started = time.monotonic()
+        sock.sendall(b"".join(request_frame(req, correlation_id=100 + i) for i, (req, _) in enumerate(requests)))
+        answers = []
+        for req, response_cls in requests:
+            frame = read_frame(sock)
+            assert frame is not None, "the server closed the connection"
+            answers.append(response_cls.decode(frame, version=req.API_VERSION, header=True))
+        assert time.monotonic() - started < 8  # the Produce woke the Fetch: not its 10 s max wait
+        assert [a.header.correlation_id for a in answers] == [100, 101, 102, 103, 104]
+        fetched, versions, metadata, produced, offsets = answers
+        records = fetched.responses[0].partitions[0].records
+        assert b"woke the fetch" in records
+        assert versions.error_code == 0 and metadata.topics[0].name == topic
+        assert produced.responses[0].partition_responses[0].base_offset == end
+        assert offsets.topics[0].partitions[0].offset == end + 1
+
+        # Nothing ahead now: each answered at once, in order, on the same connection.
+        sock.sendall(b"".join(request_frame(ApiVersionsRequest(version=2), correlation_id=200 + i) for i in range(3)))
+        assert [ApiVersionsResponse.decode(read_frame(sock), version=2, header=True).header.correlation_id
+                for _ in range(3)] == [200, 201, 202]
 
 
 def test_list_offsets(server):

@@ -72,7 +72,7 @@ async def test_list_groups_leaves_out_groups_another_node_coordinates(h):
         assert await h.commit({("t", 0): 1}, group=g) == {("t", 0): 0}
     spec = h.registry.topics[OFFSETS_TOPIC]
     h.registry.put(TopicSpec(OFFSETS_TOPIC, 5, spec.config, origin="internal", internal=True,
-                             assignment=(0, 1, 0, 0, 0), nodes={1: ("broker1", 9093)}))
+                             assignment=((0,), (1,), (0,), (0,), (0,)), nodes={1: ("broker1", 9093)}))
     assert [row[0] for row in (await listed(h))[1]] == sorted(mine[:2])
 
 
@@ -120,7 +120,7 @@ async def test_describe_a_rebalancing_group_hides_metadata_and_unknown_groups_ar
 async def test_describe_groups_another_node_coordinates_answers_not_coordinator(h):
     spec = h.registry.topics[OFFSETS_TOPIC]
     h.registry.put(TopicSpec(OFFSETS_TOPIC, 5, spec.config, origin="internal", internal=True,
-                             assignment=(1,) * 5, nodes={1: ("broker1", 9093)}))
+                             assignment=((1,),) * 5, nodes={1: ("broker1", 9093)}))
     resp = await h.call(DESCRIBE, 6, groups=["g"])
     assert (resp.groups[0].error_code, resp.groups[0].group_state) == (16, "")
 

@@ -263,7 +263,7 @@ async def test_groups_whose_offsets_partition_another_node_leads_get_not_coordin
     # __consumer_offsets partition 1 moves to node 1: its groups are coordinated there.
     spec = h.registry.topics[OFFSETS_TOPIC]
     h.registry.put(TopicSpec(OFFSETS_TOPIC, 5, spec.config, origin="internal", internal=True,
-                             assignment=(0, 1, 0, 0, 0), nodes={1: ("broker1", 9093)}))
+                             assignment=((0,), (1,), (0,), (0,), (0,)), nodes={1: ("broker1", 9093)}))
     remote = next(g for g in (f"group-{i}" for i in range(100)) if partition_for(g, 5) == 1)
     local = next(g for g in (f"group-{i}" for i in range(100)) if partition_for(g, 5) == 0)
     resp = await h.call(FIND, 4, key_type=0, coordinator_keys=[remote, local])
@@ -690,7 +690,7 @@ def test_offset_fetch_of_another_nodes_group_puts_the_error_where_the_version_ha
         try:
             spec = h.registry.topics[OFFSETS_TOPIC]
             h.registry.put(TopicSpec(OFFSETS_TOPIC, 5, spec.config, origin="internal", internal=True,
-                                     assignment=(1, 1, 1, 1, 1), nodes={1: ("broker1", 9093)}))
+                                     assignment=((1,),) * 5, nodes={1: ("broker1", 9093)}))
             resp = await h.call(FETCH, version, group_id="g", topics=[{"name": "t", "partition_indexes": [0]}],
                                 require_stable=False)
             if version < 2:  # no top-level error code in v1: each partition carries it

@@ -124,7 +124,8 @@ def test_status_has_a_stable_documented_shape_and_the_engines_values(node):
     status, doc = get_json(node.node.http_port, "/status")
     assert status == 200
     assert set(doc) == {"version", "node_id", "phase", "ready", "time_ms", "data_dir", "topics", "cleaner",
-                        "uncleanable_partitions", "maintenance", "errors", "manifests"}
+                        "uncleanable_partitions", "maintenance", "errors", "manifests", "session_valid"}
+    assert doc["session_valid"] is None  # no control store
     assert (doc["version"], doc["node_id"], doc["phase"], doc["ready"]) == (1, 3, "serving", True)
     logs = node.node.log_dir.logs
     assert doc["data_dir"]["path"] == node.node.log_dir.path
@@ -137,7 +138,8 @@ def test_status_has_a_stable_documented_shape_and_the_engines_values(node):
     p0 = events[0]
     assert set(p0) == {"partition", "served", "log_start_offset", "log_end_offset", "recovery_point", "size_bytes",
                        "segments", "cleanup_policy", "cleaning", "dirty_ratio", "min_cleanable_dirty_ratio",
-                       "last_clean_ms", "storage_error"}
+                       "last_clean_ms", "storage_error", "high_watermark", "replica"}
+    assert p0["high_watermark"] == 12 and p0["replica"] is None  # one replica: the high watermark is the log end
     assert p0["storage_error"] is None and doc["data_dir"]["storage_failing_partitions"] == 0
     log = logs[TopicPartition("events", 0)]
     assert (p0["log_start_offset"], p0["log_end_offset"], p0["size_bytes"], p0["segments"]) == (

@@ -93,13 +93,56 @@ def test_uid_becomes_the_topic_id_in_kafkas_text_form():
 def test_assignment_names_the_node_of_each_partition_and_their_addresses():
     nodes = {"0": "shale-0.shale:9092", "1": "shale-1.shale:9093"}
     spec = parse_topic(topic_manifest("spread", 3, assignment={"partitions": [1, 0, 1], "nodes": nodes}), origin="m")
-    assert spec.assignment == (1, 0, 1)
+    assert spec.assignment == ((1,), (0,), (1,))
     assert dict(spec.nodes) == {0: ("shale-0.shale", 9092), 1: ("shale-1.shale", 9093)}
     assert [spec.node_of(p, default=7) for p in range(3)] == [1, 0, 1]
 
 
+def test_assignment_lists_the_replicas_of_each_partition_and_needs_no_addresses_with_a_store():
+    spec = parse_topic(topic_manifest("replicated", 2, assignment={"partitions": [[0, 1, 2], [1, 2, 0]]}, replicas=3),
+                       origin="m")
+    assert spec.assignment == ((0, 1, 2), (1, 2, 0)) and dict(spec.nodes) == {}
+    assert [spec.node_of(p, default=7) for p in range(2)] == [0, 1]  # the preferred leader
+    assert spec.replicas_of(1) == (1, 2, 0) and spec.replication_factor == 3 and spec.replicated
+
+
+def test_replicas_alone_leave_the_choice_of_nodes_to_the_store():
+    spec = parse_topic(topic_manifest("chosen", 3, replicas=2), origin="m")
+    assert spec.assignment is None and spec.replicas_of(0) is None
+    assert spec.replication_factor == 2 and spec.replicated
+
+
+def test_the_digest_of_a_one_replica_assignment_is_the_one_it_had_before_replication():
+    """Pods that upgrade report the same spec_digest for an unchanged manifest (the operator's Ready check)."""
+    nodes = {"0": "a:1", "1": "b:2"}
+    plain = parse_topic(topic_manifest("spread", 2, assignment={"partitions": [1, 0], "nodes": nodes}), origin="m")
+    as_lists = parse_topic(topic_manifest("spread", 2, assignment={"partitions": [[1], [0]], "nodes": nodes}),
+                           origin="m")
+    assert plain == as_lists and plain.digest == "1af21b47e7dfe1d0"  # computed by the code before replication
+    assert parse_topic(topic_manifest("spread", 2, replicas=1, assignment={"partitions": [1, 0], "nodes": nodes}),
+                       origin="m").digest != plain.digest
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ({"replicas": 0}, "spec.replicas must be an integer >= 1, got 0"),
+    ({"replicas": "3"}, "spec.replicas must be an integer >= 1, got '3'"),
+    ({"replicas": 2, "assignment": {"partitions": [[0, 1, 2], [1, 2, 0]]}},
+     "spec.replicas is 2, but spec.assignment.partitions names 3 replicas per partition"),
+    ({"assignment": {"partitions": [[0, 1], [1]]}}, "partition 1 has 1 replicas and partition 0 2"),
+    ({"assignment": {"partitions": [[0, 0], [1, 2]]}}, "partitions[0] must be a node id or a list of distinct node ids"),
+    ({"assignment": {"partitions": [[], [1]]}}, "partitions[0] must be a node id or a list of distinct node ids"),
+    ({"assignment": {"partitions": [0, "1"]}}, "partitions[1] must be a node id or a list of distinct node ids"),
+    ({"assignment": {"partitions": [[0, 1], [1, 2]], "nodes": {"0": "a:1", "1": "b:1"}}},
+     "partition 1 is assigned to node 2, which spec.assignment.nodes does not name"),
+])
+def test_bad_replicas_are_refused(spec, fragment):
+    with pytest.raises(ManifestError, match="topic spread") as info:
+        parse_topic(topic_manifest("spread", 2, **spec), origin="m")
+    assert fragment in str(info.value)
+
+
 @pytest.mark.parametrize("assignment, fragment", [
-    ({"partitions": [0], "nodes": {"0": "a:1"}}, "must list one node id for each of the 2 partitions"),
+    ({"partitions": [0], "nodes": {"0": "a:1"}}, "must list one node id (or a list of replicas) for each of the 2 partitions"),
     ({"partitions": [0, 2], "nodes": {"0": "a:1"}}, "partition 1 is assigned to node 2, which spec.assignment.nodes"),
     ({"partitions": [0, 0], "nodes": {"0": "a:port"}}, "spec.assignment.nodes[0] must map a node id to 'host:port'"),
     ({"partitions": [0, 0], "nodes": {"0": ":9092"}}, "spec.assignment.nodes[0] has no host"),
