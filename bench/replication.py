@@ -38,6 +38,7 @@ import contextlib
 import datetime
 import os
 import pickle
+import re
 import shutil
 import statistics
 import sys
@@ -423,6 +424,8 @@ class Results:
     profile: dict[str, str] = field(default_factory=dict)
     errors_logged: list[str] = field(default_factory=list)
     fenced: int = 0  # times a node gave up leading because its session renewal was late (its log's "fenced")
+    fenced_late_max_s: float = 0.0  # the oldest last renewal among those
+    etcd_slowest_ms: float = 0.0  # etcd's slowest request by its own "took too long" warnings
     wall_s: float = 0.0
     load: tuple[float, float] = (0.0, 0.0)
     client: str = ""
@@ -446,14 +449,15 @@ class Results:
 
 
 @contextlib.contextmanager
-def replicated_cluster(work: Path, *topics: dict, extra: tuple[str, ...] = ()) -> Iterator[ReplicatedCluster]:
+def replicated_cluster(work: Path, *topics: dict, extra: tuple[str, ...] = ()) -> Iterator[
+        tuple[ReplicatedCluster, EtcdServer]]:
     """A fresh etcd and NODES `shale serve` nodes under `work`, stopped (and etcd killed) on the way out."""
     etcd = EtcdServer(work / "etcd")
     cluster: ReplicatedCluster | None = None
     try:
         etcd.start()
         cluster = start_replicated_cluster(work, etcd, NODES, *topics, extra=extra)
-        yield cluster
+        yield cluster, etcd
     finally:
         if cluster is not None:
             cluster.stop()
@@ -465,9 +469,18 @@ def errors_in_logs(cluster: ReplicatedCluster) -> list[str]:
             if " ERROR " in ln or "Traceback" in ln]
 
 
-def fenced_in_logs(cluster: ReplicatedCluster) -> int:
-    """How often a node fenced itself (controller.py's warning), over every run of every node."""
-    return sum(s.log().count(": fenced, incarnation ") for s in cluster.servers.values())
+FENCED = re.compile(r": fenced, incarnation \S+: its last renewal was sent ([0-9.]+) s ago")
+ETCD_SLOW = re.compile(r"took too long \(([0-9.]+)ms\)")
+
+
+def count_stalls(cluster: ReplicatedCluster, etcd: EtcdServer, res: "Results") -> None:
+    """How often a node fenced itself (controller.py's warning, every run of every node), how late its last
+    renewal was, and etcd's slowest request (its own warnings): what CPU starvation did to the sessions."""
+    late = [float(x) for s in cluster.servers.values() for x in FENCED.findall(s.log())]
+    res.fenced += len(late)
+    res.fenced_late_max_s = max([res.fenced_late_max_s, *late])
+    etcd_log = etcd.log_path.read_text(errors="replace") if etcd.log_path.exists() else ""
+    res.etcd_slowest_ms = max([res.etcd_slowest_ms, *map(float, ETCD_SLOW.findall(etcd_log))])
 
 
 def session_overrides(session_ms: int) -> tuple[str, ...]:
@@ -490,7 +503,7 @@ def run(records: int, rounds: int, latency_records: int, kills: int, mem_partiti
     res = Results(records, rounds, latency_records, kills,
                   client=f"confluent-kafka (librdkafka {librdkafka_version()[0]})")
     try:
-        with replicated_cluster(work / "main") as cluster:
+        with replicated_cluster(work / "main") as (cluster, etcd):
             say(f"memory: {mem_partitions} partitions × {NODES} replicas ...")
             res.memory = measure_memory(cluster, mem_partitions, values)
             say(f"  {res.memory.mean_per_replica_kib:.0f} KiB per replica (RSS before "
@@ -522,13 +535,13 @@ def run(records: int, rounds: int, latency_records: int, kills: int, mem_partiti
             if DEFAULT_SESSION_MS in sessions:
                 res.failovers.append(measure_failover(cluster, DEFAULT_SESSION_MS, kills, say))
             res.errors_logged += errors_in_logs(cluster)
-            res.fenced += fenced_in_logs(cluster)
+            count_stalls(cluster, etcd, res)
         for session_ms in (s for s in sessions if s != DEFAULT_SESSION_MS):
             with replicated_cluster(work / f"session-{session_ms}", rf3("failover"),
-                                    extra=session_overrides(session_ms)) as cluster:
+                                    extra=session_overrides(session_ms)) as (cluster, etcd):
                 res.failovers.append(measure_failover(cluster, session_ms, kills, say))
                 res.errors_logged += errors_in_logs(cluster)
-                res.fenced += fenced_in_logs(cluster)
+                count_stalls(cluster, etcd, res)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res.wall_s = time.perf_counter() - started
@@ -746,8 +759,9 @@ def interpretation(res: Results) -> str:
         "renewal older than its session allows and fenced itself (`controller.py`: it stops acknowledging, opens a "
         "new session, and its partitions are elected again). The controller is a thread of the node's process, "
         "and on this machine (load average above, two cores) neither it nor etcd always got a CPU within the "
-        "session: nodes fenced with their last renewal sent up to 3.6 s before, and etcd logged requests (reads "
-        "of the whole view, which every node makes every heartbeat) taking up to 0.5 s. Each such fencing is a "
+        f"session: nodes fenced with their last renewal sent up to {res.fenced_late_max_s:.1f} s before, and etcd "
+        f"logged requests (among them reads of the whole view, which every node makes every heartbeat) taking up "
+        f"to {res.etcd_slowest_ms / 1000:.1f} s. Each such fencing is a "
         "failover of every partition the node led: it shows up as leader epochs rising between kills, as "
         "NOT_LEADER_OR_FOLLOWER answers to parked `acks=all` produces, and in the throughput phases' spread.")
     out.append(

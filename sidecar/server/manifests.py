@@ -416,7 +416,10 @@ def watch(path: str, on_change: Callable[[], None], debounce_s: float = 0.2,
 
     class _Handler(FileSystemEventHandler):
         def on_any_event(self, event) -> None:
-            if path in (event.src_path, getattr(event, "dest_path", "")) and event.event_type != "modified":
+            # Only these replace `path`; opening and reading it (every reload does) must not, or each look
+            # would reload again while nothing changed.
+            if event.event_type in ("created", "deleted", "moved") \
+                    and path in (event.src_path, getattr(event, "dest_path", "")):
                 watched[0] = ("replaced",)  # a new directory may reuse the old inode: follow it at the next look
             if relevant(event):
                 trigger()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -584,5 +585,37 @@ def test_watching_a_directory_follows_it_when_it_is_replaced(tmp_path):
             (root / "g.yaml").write_text("kind: Topic\n")  # the watch has moved by now
             assert changed.wait(10), "a change in the directory made again did not trigger a reload"
             changed.clear()
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize("layout", ["file", "directory"])
+def test_reading_the_manifests_does_not_trigger_another_reload(tmp_path, layout):
+    """A reload opens and reads the watched file; those events are no change, so nothing may follow.
+
+    They used to mark the file as replaced, and every resync then reloaded again (YAML parsed on the
+    event loop every few seconds while nothing changed)."""
+    root = tmp_path / "topics"
+    root.mkdir()
+    manifest = root / "topics.yaml"
+    manifest.write_text("kind: Topic\nmetadata: {name: a}\n")
+    watched = manifest if layout == "file" else root
+    reloads: list[int] = []
+
+    def read_all() -> None:
+        for p in sorted(root.iterdir()):
+            p.read_text()
+
+    def on_change() -> None:
+        reloads.append(1)
+        read_all()
+
+    stop = watch(str(watched), on_change, debounce_s=0.05, resync_s=0.1)
+    try:
+        read_all()  # as the node reads the manifests right after it starts watching
+        time.sleep(1.5)  # fifteen looks
+        assert reloads == [], f"{len(reloads)} reloads while nothing changed"
+        manifest.write_text("kind: Topic\nmetadata: {name: b}\n")
+        wait_for(lambda: reloads, timeout=10, what="a reload after a real change")
     finally:
         stop()
