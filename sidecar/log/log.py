@@ -38,7 +38,6 @@ from .records import (
     LOG_OVERHEAD,
     TIMESTAMP_TYPE_BIT,
     BatchHeader,
-    TimestampType,
     check_batch,
     check_records,
     compute_crc,
@@ -111,7 +110,10 @@ def parse_batch_set(data: bytes | bytearray | memoryview, where: str) -> _Parsed
             raise CorruptRecordError(
                 f"batch at byte {pos} of the append declares {size} bytes, {len(view) - pos} present ({where})"
             )
-        headers.append((pos, check_batch(view[pos : pos + size], f"{where}, byte {pos} of the append")))
+        try:
+            headers.append((pos, check_batch(view[pos : pos + size])))
+        except CorruptRecordError as e:  # the where is formatted only for a refused batch
+            raise CorruptRecordError(f"{e} ({where}, byte {pos} of the append)") from None
         pos += size
     if not headers:
         raise CorruptRecordError(f"append with no record batch ({where})")
@@ -316,8 +318,10 @@ class Log:
                     f"out of order offsets: first offset {first_offset} is below the log end offset "
                     f"{self.log_end_offset} of {self.name}"
                 )
-            update = self.producer_state.prepare(producer_batches, validate=assign_offsets)
-            if update.duplicates:
+            # Batches without a producer id (idempotence off) have no producer state to check or change.
+            update = (self.producer_state.prepare(producer_batches, validate=assign_offsets) if producer_batches
+                      else None)
+            if update is not None and update.duplicates:
                 return self._duplicate(update.duplicates, len(parsed.headers))
             epochs_before = self.leader_epoch_cache.entries if epochs else None
             if epochs or self.leader_epoch_cache.dirty:
@@ -336,7 +340,8 @@ class Log:
                     self.leader_epoch_cache.replace(tuple(epochs_before), f"the failed append at offset {first_offset}")
                 raise self._storage_failed(e, f"append at offset {first_offset}",
                                            stop_appends=isinstance(e, TornSegmentError)) from e
-            self.producer_state.apply(update)
+            if update is not None:
+                self.producer_state.apply(update)
             self.log_end_offset = last_offset + 1
             if self.storage_failure is not None:
                 logger.warning("%s: appends succeed again (log end offset %d) after %s",
@@ -393,13 +398,13 @@ class Log:
             and min(cfg.message_timestamp_before_max_ms, cfg.message_timestamp_after_max_ms) < 2**63 - 1
             else None
         )
+        if not assign_offsets:
+            # A follower appends what the leader accepted: Kafka runs no LogValidator and passes
+            # ignoreRecordSize=true (appendAsFollower), so keys, timestamps and sizes are not rechecked.
+            return
         view = memoryview(data)
+        at = f"{self.name} offset {self.log_end_offset}"
         for pos, h in parsed.headers:
-            at = f"{self.name} offset {self.log_end_offset}"
-            if not assign_offsets:
-                # A follower appends what the leader accepted: Kafka runs no LogValidator and passes
-                # ignoreRecordSize=true (appendAsFollower), so keys, timestamps and sizes are not rechecked.
-                continue
             if h.size > cfg.max_message_bytes:
                 raise RecordTooLargeError(
                     f"the batch of {h.size} bytes for {at} is larger than max.message.bytes ({cfg.max_message_bytes})"
@@ -408,7 +413,7 @@ class Log:
                 raise InvalidRecordError(
                     f"batch for {at} has {h.records_count} records but an offset range of {h.last_offset_delta + 1}"
                 )
-            if h.timestamp_type is TimestampType.LOG_APPEND_TIME:
+            if h.attributes & TIMESTAMP_TYPE_BIT:  # LogAppendTime
                 raise InvalidTimestampError(f"a producer may not send a LogAppendTime batch ({at})")
             check_records(
                 h, view[pos + BATCH_OVERHEAD : pos + h.size], at,

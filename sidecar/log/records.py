@@ -177,28 +177,35 @@ def compute_crc(batch: bytes | memoryview) -> int:
     return crc32c.crc32c(memoryview(batch)[CRC_START:])
 
 
+def _at(where: str) -> str:
+    """The ` (where)` suffix of an error message, empty without a where."""
+    return f" ({where})" if where else ""
+
+
 def check_batch(batch: bytes | memoryview, where: str = "") -> BatchHeader:
     """Validate one whole batch (size, magic, declared length, CRC) and return its header.
 
-    `where` names the topic-partition/file/position for the error message.
+    `where` names the topic-partition/file/position for the error message (formatted only for one:
+    every produced and recovered batch comes through here).
     """
-    at = f" ({where})" if where else ""
     if len(batch) < BATCH_OVERHEAD:
-        raise CorruptRecordError(f"record batch of {len(batch)} bytes is smaller than the v2 header of 61{at}")
+        raise CorruptRecordError(f"record batch of {len(batch)} bytes is smaller than the v2 header of 61{_at(where)}")
     header = BatchHeader.parse(batch)
     if header.magic != MAGIC:
-        raise CorruptRecordError(f"unsupported record batch magic {header.magic} at offset {header.base_offset}{at}")
+        raise CorruptRecordError(
+            f"unsupported record batch magic {header.magic} at offset {header.base_offset}{_at(where)}")
     if header.size != len(batch):
         raise CorruptRecordError(
-            f"record batch at offset {header.base_offset} declares {header.size} bytes but has {len(batch)}{at}"
+            f"record batch at offset {header.base_offset} declares {header.size} bytes but has {len(batch)}{_at(where)}"
         )
     computed = compute_crc(batch)
     if computed != header.crc:
         raise CorruptRecordError(
-            f"record batch at offset {header.base_offset} is corrupt (stored crc = {header.crc}, computed crc = {computed}){at}"
+            f"record batch at offset {header.base_offset} is corrupt (stored crc = {header.crc}, computed crc = "
+            f"{computed}){_at(where)}"
         )
     if header.records_count < 0:
-        raise CorruptRecordError(f"record batch at offset {header.base_offset} has negative record count{at}")
+        raise CorruptRecordError(f"record batch at offset {header.base_offset} has negative record count{_at(where)}")
     if header.attributes & COMPRESSION_MASK > Compression.ZSTD:
         Compression.from_attributes(header.attributes)  # raises with the codec id
     return header
@@ -320,11 +327,10 @@ def check_records(
     timestamp must lie in it. The C walk (`records_check`) decides the common case — a valid batch —
     without building a Record per record; only when it declines does Python decode and name the fault.
     """
-    at = f" ({where})" if where else ""
     try:
-        data = decompress(header.compression, body) if header.compression else body
+        data = decompress(header.compression, body) if header.attributes & COMPRESSION_MASK else body
     except CorruptRecordError as e:
-        raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}{at}") from None
+        raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}{_at(where)}") from None
     lo, hi = timestamp_range if timestamp_range is not None else (_INT64_MIN, _INT64_MAX)
     lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX)  # the C walk takes int64; Python's ints do not overflow
     if _records_check is not None and _records_check(
@@ -353,10 +359,11 @@ def check_records(
                 raise CorruptRecordError(f"record of {length} bytes runs past the end of the batch")
             pos += length
     except CorruptRecordError as e:
-        raise InvalidRecordError(f"batch at offset {header.base_offset}: found invalid record framing: {e}{at}") from None
+        raise InvalidRecordError(
+            f"batch at offset {header.base_offset}: found invalid record framing: {e}{_at(where)}") from None
     if pos != end:
         raise InvalidRecordError(
-            f"batch at offset {header.base_offset}: incorrect declared batch size, records still remaining{at}"
+            f"batch at offset {header.base_offset}: incorrect declared batch size, records still remaining{_at(where)}"
         )
 
 

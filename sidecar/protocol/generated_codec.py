@@ -30,7 +30,7 @@ from kafka.protocol.schemas.fields.codecs.types import (
     BitField, Boolean, Bytes, Float64, Int8, Int16, Int32, Int64, String, UnsignedInt16, UUID,
 )
 
-__all__ = ["request_decoder", "response_encoder", "KIP511_HEADER_APIS"]
+__all__ = ["request_decoder", "request_encoder", "response_encoder", "KIP511_HEADER_APIS"]
 
 # Fixed-size types, by the struct format of one value.
 _FIXED = {Int8: "b", Int16: "h", UnsignedInt16: "H", Int32: "i", Int64: "q", Float64: "d", Boolean: "?"}
@@ -515,6 +515,28 @@ def response_encoder(message_class: type, version: int) -> Callable:
     ind = "    "
     enc.emit(ind, f"parts = [b'', pack('>i', correlation_id){' + ' + repr(header_tags) if header_tags else ''}]")
     enc.emit(ind, "w = parts.append")
+    enc.struct(message_class._struct, "body", ind, version, flexible, flexible, top=True)
+    enc.emit(ind, "return parts")
+    return src.compile(f"<generated_encode:{message_class.__name__}_v{version}>", "_encode")
+
+
+@functools.cache
+def request_encoder(message_class: type, version: int) -> Callable:
+    """`encode(body, correlation_id, client_id) -> parts` for one request API version, `body` a dict: the client
+    side (`client_codec.py`, a follower's Fetch), where the reference took ~100 µs per Fetch.
+
+    `parts[0]` is an empty placeholder for the caller's size prefix; then the request header (v2 in flexible
+    versions, else v1) and body as byte strings. Raises on a body it leaves to the reference codec.
+    """
+    flexible = message_class.flexible_version_q(version)
+    src = _Source()
+    enc = _Encoder(src, src.function("def _encode(body, correlation_id, client_id):"))
+    ind = "    "
+    enc.emit(ind, "parts = [b'']")
+    enc.emit(ind, "w = parts.append")
+    enc.emit(ind, f"header = {{'request_api_key': {message_class.API_KEY}, 'request_api_version': {version}, "
+                  "'correlation_id': correlation_id, 'client_id': client_id}")
+    enc.struct(RequestHeader._struct, "header", ind, 2 if flexible else 1, False, flexible, top=True)
     enc.struct(message_class._struct, "body", ind, version, flexible, flexible, top=True)
     enc.emit(ind, "return parts")
     return src.compile(f"<generated_encode:{message_class.__name__}_v{version}>", "_encode")

@@ -1,4 +1,5 @@
-"""The control store's interface: sessions, live nodes, and partition records written by compare-and-set.
+"""The control store's interface: sessions, live nodes, partition records and API-created topics' records,
+written by compare-and-set.
 
 Two implementations stand on a real consensus engine (docs/replication.md): `etcd_store.EtcdStore` and
 `kube_store.KubeStore`. Everything that decides (election, ISR changes) is pure and sees only a `StoreView`;
@@ -13,10 +14,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Generic, Mapping, Protocol, TypeVar
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
+from shale.sidecar.replication.topic_record import TopicRecord
 
 logger = logging.getLogger(__name__)
 
@@ -29,21 +31,28 @@ class SessionLost(Exception):
     """This node's session is gone (expired, revoked, replaced): its leaderships are void; open a new one."""
 
 
-@dataclass(frozen=True, slots=True)
-class Versioned:
-    """A partition record and the store's version of it (etcd mod_revision, Kubernetes resourceVersion)."""
+R = TypeVar("R", PartitionRecord, TopicRecord)
 
-    record: PartitionRecord
+
+@dataclass(frozen=True, slots=True)
+class Versioned(Generic[R]):
+    """A record and the store's version of it (etcd mod_revision, Kubernetes resourceVersion)."""
+
+    record: R
     version: str
 
 
 @dataclass(frozen=True, slots=True)
 class StoreView:
-    """One consistent read of the store: the live nodes and every partition record of the cluster."""
+    """One consistent read of the store: the live nodes, every partition record and every API-created topic."""
 
     revision: str  # opaque; `wait_for_change(revision, …)` returns once the store has moved past it
     nodes: Mapping[int, NodeRegistration] = field(default_factory=dict)  # live sessions only
-    partitions: Mapping[TopicPartition, Versioned] = field(default_factory=dict)
+    partitions: Mapping[TopicPartition, Versioned[PartitionRecord]] = field(default_factory=dict)
+    topics: Mapping[str, Versioned[TopicRecord]] = field(default_factory=dict)  # CreateTopics' topics, by name
+    # False when some topic record could not be read: a topic missing from `topics` may then still exist, and no
+    # node deletes a topic on the word of such a view.
+    topics_complete: bool = True
 
     def is_live(self, node_id: int, incarnation: str | None = None) -> bool:
         node = self.nodes.get(node_id)
@@ -82,10 +91,10 @@ class ControlStore(Protocol):
         """End the session now (clean shutdown): the others see this node gone without waiting for the TTL."""
 
     def view(self) -> StoreView:
-        """The live nodes and all partition records, read at one revision."""
+        """The live nodes, all partition records and all topic records, read at one revision."""
 
     def wait_for_change(self, revision: str, timeout_s: float) -> None:
-        """Block until the store changed after `revision` (a node's session or a partition record) or the
+        """Block until the store changed after `revision` (a node's session, a partition or topic record) or the
         timeout passed, whichever is first. Spurious returns are allowed."""
 
     def create_partition(self, tp: TopicPartition, record: PartitionRecord) -> bool:
@@ -97,6 +106,17 @@ class ControlStore(Protocol):
 
     def delete_partition(self, tp: TopicPartition) -> None:
         """Remove a deleted topic's partition record (DeleteTopics / manifest removal)."""
+
+    def create_topic(self, record: TopicRecord) -> bool:
+        """Create the topic's record if there is none; False if one exists (the name is taken)."""
+
+    def update_topic(self, record: TopicRecord, expected_version: str) -> bool:
+        """Rewrite the topic's record (configs, more partitions) if its version is still `expected_version`;
+        False on a miss, the record deleted included."""
+
+    def delete_topic(self, name: str, expected_version: str) -> bool:
+        """Remove the topic's record if its version is still `expected_version` (a deletion never undoes a change
+        it did not see); False on a miss, the record already gone included."""
 
     def close(self) -> None:
         """Release connections (after close_session)."""

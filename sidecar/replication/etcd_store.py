@@ -2,8 +2,9 @@
 
 Keys live under `/shale/<cluster id>/` (docs/replication.md, "What is stored where"): `nodes/<id>` bound to
 the node's lease, so etcd itself deletes it when the node stops renewing, and `partitions/<topic>/<n>`
-written only by transactions that compare the key's `mod_revision` (the record's version) or, for a create,
-that its `create_revision` is 0. A view is one range read, so nodes and records come from one revision.
+and `topics/<name>` (API-created topics) written only by transactions that compare the key's `mod_revision`
+(the record's version) or, for a create, that its `create_revision` is 0. A view is one range read, so nodes
+and records come from one revision.
 
 Every call is bounded by `timeout_s` per endpoint (default 1 s, well inside a session) and tries the
 endpoints in turn, starting with the last one that answered; when none answers it raises StoreUnavailable.
@@ -29,6 +30,7 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import (SessionLost, StoreUnavailable, StoreView, UnreadableRecords,
                                                      Versioned, session_ttl_seconds)
 from shale.sidecar.replication.records import NodeRegistration, PartitionRecord, RecordError
+from shale.sidecar.replication.topic_record import TopicRecord
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +148,9 @@ class EtcdStore:
     def view(self) -> StoreView:
         answer = self._post("/kv/range", {"key": _b64(self.prefix), "range_end": _b64(_prefix_end(self.prefix))})
         nodes: dict[int, NodeRegistration] = {}
-        partitions: dict[TopicPartition, Versioned] = {}
+        partitions: dict[TopicPartition, Versioned[PartitionRecord]] = {}
+        topics: dict[str, Versioned[TopicRecord]] = {}
+        topics_complete = True
         for kv in answer.get("kvs", []):
             key = _unb64(kv["key"])
             value = _unb64(kv.get("value", ""))
@@ -163,10 +167,16 @@ class EtcdStore:
                         raise RecordError(f"{key}: not a partitions/<topic>/<partition> key")
                     partitions[TopicPartition(topic, int(partition))] = Versioned(
                         PartitionRecord.from_json(value, key), str(kv["mod_revision"]))
+                elif kind == "topics":
+                    topic = TopicRecord.from_json(value, key)
+                    if rest != topic.name:
+                        raise RecordError(f"{key}: holds the record of topic {topic.name}")
+                    topics[topic.name] = Versioned(topic, str(kv["mod_revision"]))
             except RecordError as exc:
                 # Left in the store untouched for a person to read; the rest of the view is still good.
                 self._unreadable.report(key, kv["mod_revision"], exc)
-        return StoreView(str(answer["header"]["revision"]), nodes, partitions)
+                topics_complete &= kind != "topics"
+        return StoreView(str(answer["header"]["revision"]), nodes, partitions, topics, topics_complete)
 
     def wait_for_change(self, revision: str, timeout_s: float) -> None:
         body = json.dumps({"create_request": {"key": _b64(self.prefix), "range_end": _b64(_prefix_end(self.prefix)),
@@ -226,6 +236,23 @@ class EtcdStore:
     def delete_partition(self, tp: TopicPartition) -> None:
         self._post("/kv/deleterange", {"key": _b64(self._partition_key(tp))})
 
+    def create_topic(self, record: TopicRecord) -> bool:
+        key = self._topic_key(record.name)
+        return self._txn([{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+                         [{"request_put": {"key": _b64(key), "value": _b64(record.to_json())}}])
+
+    def update_topic(self, record: TopicRecord, expected_version: str) -> bool:
+        key = self._topic_key(record.name)
+        return self._txn([{"key": _b64(key), "target": "MOD", "result": "EQUAL",
+                           "mod_revision": int(expected_version)}],
+                         [{"request_put": {"key": _b64(key), "value": _b64(record.to_json())}}])
+
+    def delete_topic(self, name: str, expected_version: str) -> bool:
+        key = self._topic_key(name)
+        return self._txn([{"key": _b64(key), "target": "MOD", "result": "EQUAL",
+                           "mod_revision": int(expected_version)}],
+                         [{"request_delete_range": {"key": _b64(key)}}])
+
     def close(self) -> None:
         for client in self._clients:
             client.session.close()
@@ -238,6 +265,11 @@ class EtcdStore:
         if not tp.topic or "/" in tp.topic:
             raise ValueError(f"topic {tp.topic!r} cannot be an etcd key part")
         return f"{self.prefix}partitions/{tp.topic}/{tp.partition}"
+
+    def _topic_key(self, name: str) -> str:
+        if not name or "/" in name:
+            raise ValueError(f"topic {name!r} cannot be an etcd key part")
+        return f"{self.prefix}topics/{name}"
 
     def _get_one(self, key: str) -> tuple[str, int, dict[str, Any]] | None:
         """(value, mod_revision, raw kv) of `key`, None when absent."""

@@ -18,6 +18,8 @@ Inside Kubernetes the API server (and the etcd behind it) is the consensus engin
   404: deleted — never a PUT, which would create the Lease again).
   Leases rather than ConfigMaps so that the storage pods' Role grants `leases` only: a node can then never
   overwrite the operator's topics ConfigMap, whatever it does.
+- an API-created topic's record is the Lease `shale-<cluster>-t-<hash of topic>`: the `TopicRecord` JSON in
+  its `shale.dev/topic-record` annotation; created, patched and deleted under the same preconditions.
 - a view is one list of the cluster's Leases (label `shale.dev/cluster`): one revision, as an etcd range
   read gives, so no record can name an incarnation whose session the view has not seen yet.
 
@@ -48,6 +50,7 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import (SessionLost, StoreUnavailable, StoreView, UnreadableRecords,
                                                      Versioned, session_ttl_seconds)
 from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord, RecordError
+from shale.sidecar.replication.topic_record import TopicRecord
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ NODE_ANNOTATION = "shale.dev/node"
 TOPIC_ANNOTATION = "shale.dev/topic"
 PARTITION_ANNOTATION = "shale.dev/partition"
 RECORD_ANNOTATION = "shale.dev/record"
+TOPIC_RECORD_ANNOTATION = "shale.dev/topic-record"
 DEFAULT_TIMEOUT_S = 1.0
 DEFAULT_POLL_S = 0.25
 _CLUSTER_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
@@ -220,7 +224,9 @@ class KubeStore:
         leases = self._list("list Leases", self._leases.list_namespaced_lease)
         now = time.monotonic()
         nodes: dict[int, NodeRegistration] = {}
-        partitions: dict[TopicPartition, Versioned] = {}
+        partitions: dict[TopicPartition, Versioned[PartitionRecord]] = {}
+        topics: dict[str, Versioned[TopicRecord]] = {}
+        topics_complete = True
         digest = hashlib.sha256()
         for lease in leases.items:
             name, version = lease.metadata.name, lease.metadata.resource_version
@@ -228,6 +234,14 @@ class KubeStore:
             try:
                 if NODE_ANNOTATION in annotations:
                     node = self._node_of(lease, annotations[NODE_ANNOTATION])
+                elif TOPIC_RECORD_ANNOTATION in annotations:
+                    where = f"Lease {self.namespace}/{name}"
+                    topic = TopicRecord.from_json(annotations[TOPIC_RECORD_ANNOTATION], where)
+                    if name != self.topic_name(topic.name):
+                        raise RecordError(f"Lease {self.namespace}/{name}: holds the record of topic {topic.name}")
+                    topics[topic.name] = Versioned(topic, version)
+                    digest.update(f"t {name} {version}\n".encode())
+                    continue
                 elif TOPIC_ANNOTATION in annotations or RECORD_ANNOTATION in annotations:
                     tp, record = self._record_of(name, annotations)
                     partitions[tp] = Versioned(record, version)
@@ -238,6 +252,7 @@ class KubeStore:
                                       f"partition record ({TOPIC_ANNOTATION})")
             except RecordError as exc:
                 self._unreadable.report(f"Lease {name}", version, exc)
+                topics_complete &= TOPIC_RECORD_ANNOTATION not in annotations
                 continue
             spec = lease.spec
             marker = (spec.holder_identity, str(spec.renew_time), spec.lease_duration_seconds)
@@ -245,7 +260,7 @@ class KubeStore:
                 nodes[node.node_id] = node
                 digest.update(f"n {node.node_id} {node.incarnation}\n".encode())
         self._observer.forget_except({lease.metadata.name for lease in leases.items})
-        return StoreView(digest.hexdigest(), nodes, partitions)
+        return StoreView(digest.hexdigest(), nodes, partitions, topics, topics_complete)
 
     def _node_of(self, lease: Any, text: str) -> NodeRegistration:
         where = f"Lease {self.namespace}/{lease.metadata.name}"
@@ -302,6 +317,40 @@ class KubeStore:
             if exc.status != 404:
                 raise self._refused("delete Lease", name, exc) from None
 
+    def create_topic(self, record: TopicRecord) -> bool:
+        name = self.topic_name(record.name)
+        try:
+            self._call("create Lease", name, self._leases.create_namespaced_lease, self.namespace,
+                       self._topic_body(record))
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise self._refused("create Lease", name, exc) from None
+        return True
+
+    def update_topic(self, record: TopicRecord, expected_version: str) -> bool:
+        name, body = self.topic_name(record.name), self._topic_body(record)
+        body["metadata"]["resourceVersion"] = expected_version
+        try:
+            self._patch("replace Lease", name, body)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise self._refused("replace Lease", name, exc) from None
+        return True
+
+    def delete_topic(self, name: str, expected_version: str) -> bool:
+        lease = self.topic_name(name)
+        options = kubernetes.client.V1DeleteOptions(
+            preconditions=kubernetes.client.V1Preconditions(resource_version=expected_version))
+        try:
+            self._call("delete Lease", lease, self._leases.delete_namespaced_lease, lease, self.namespace, body=options)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise self._refused("delete Lease", lease, exc) from None
+        return True
+
     def close(self) -> None:
         self._api.close()
 
@@ -312,6 +361,14 @@ class KubeStore:
     def record_name(self, tp: TopicPartition) -> str:
         # Topic names may hold '_' and upper case, which object names may not: an 80-bit digest stands in.
         return f"shale-{self.cluster_id}-p-{hashlib.sha256(tp.topic.encode()).hexdigest()[:20]}-{tp.partition}"
+
+    def topic_name(self, topic: str) -> str:
+        return f"shale-{self.cluster_id}-t-{hashlib.sha256(topic.encode()).hexdigest()[:20]}"
+
+    def _topic_body(self, record: TopicRecord) -> dict[str, Any]:
+        annotations = {TOPIC_RECORD_ANNOTATION: record.to_json()}
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": {},
+                "metadata": self._metadata(self.topic_name(record.name), annotations)}
 
     def _metadata(self, name: str, annotations: dict[str, str]) -> dict[str, Any]:
         return {"name": name, "namespace": self.namespace, "labels": {CLUSTER_LABEL: self.cluster_id},

@@ -212,8 +212,9 @@ class PartitionState:
                    and s.log_end_offset >= self.leader_epoch_start_offset}
         if joining:
             isr = tuple(r for r in record.replicas if r in record.isr or r in joining)
-            incarnations = tuple(self.followers[r].incarnation or UNKNOWN_INCARNATION if r in joining else record.isr_incarnation(r)
-                                 for r in isr)  # each newcomer as the process whose fetches caught it up
+            # each newcomer recorded as the process whose fetches caught it up (KIP-903)
+            incarnations = tuple(self.followers[r].incarnation or UNKNOWN_INCARNATION if r in joining
+                                 else record.isr_incarnation(r) for r in isr)
             return record.changed(isr=isr, isr_incarnations=incarnations, recovering=False)
         return None
 

@@ -47,7 +47,7 @@ class NodeRegistration:
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> "NodeRegistration":
-        raw = _load(text, where)
+        raw = load_object(text, where)
         try:
             rack = raw.get("rack")
             unreplicated = tuple(TopicPartition(_str(topic), _int(partition))
@@ -116,7 +116,7 @@ class PartitionRecord:
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> "PartitionRecord":
-        raw = _load(text, where)
+        raw = load_object(text, where)
         try:
             return cls(tuple(_int(r) for r in raw["replicas"]), tuple(_int(r) for r in raw["isr"]),
                        _int(raw["leader"]), str(raw["leader_incarnation"]), _int(raw["leader_epoch"]),
@@ -126,7 +126,8 @@ class PartitionRecord:
             raise RecordError(f"{where}: not a partition record ({exc}): {text!r}") from None
 
 
-def _load(text: str | bytes, where: str) -> dict:
+def load_object(text: str | bytes, where: str) -> dict:
+    """A store value as a JSON object, or RecordError naming `where`."""
     try:
         raw = json.loads(text)
     except ValueError as exc:

@@ -213,17 +213,21 @@ class _LeaderLink:
         if response.error_code != error_codes.NONE:
             self.owner.back_off([s for s, _ in sent.values()], f"Fetch: {error_codes.name_of(response.error_code)}")
             return
+        appended = False
         for topic in response.responses:
             for data in topic.partitions:
                 tp = TopicPartition(topic.topic, data.partition_index)
-                if tp in sent:
-                    self.owner.apply(sent[tp][0], sent[tp][1], data)
-                    if data.records:
-                        # Let the loop serve clients between partitions: an answer holds up to
-                        # replica.fetch.response.max.bytes, a partition up to replica.fetch.max.bytes.
-                        await asyncio.sleep(0)
-                        if self.stopped:
-                            return
+                if tp not in sent:
+                    continue
+                if appended:
+                    # Let the loop serve clients between partitions: an answer holds up to
+                    # replica.fetch.response.max.bytes, a partition up to replica.fetch.max.bytes. Not after the
+                    # last one: the next Fetch, which tells the leader our new log end, goes out at once.
+                    await asyncio.sleep(0)
+                    if self.stopped:
+                        return
+                self.owner.apply(sent[tp][0], sent[tp][1], data)
+                appended = bool(data.records)
 
     async def _reset(self, state: FollowState) -> None:
         """OFFSET_OUT_OF_RANGE: ask the leader's log end and start (as a replica: its log end, not its high

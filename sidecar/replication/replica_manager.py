@@ -89,6 +89,8 @@ class ReplicaManager:
         self.controller: Leadership | None = None
         self.fetchers: Fetchers | None = None
         self.wake_fetches: Callable[[TopicPartition], None] = lambda tp: None  # the broker's poke
+        # The high watermark alone rose: consumers may read more, followers (reading to the log end) may not.
+        self.wake_consumers: Callable[[TopicPartition], None] = lambda tp: self.wake_fetches(tp)
         self.delayed = DelayedProduces()
         self.partitions: dict[TopicPartition, Partition] = {}
         self.view = StoreView(revision="")
@@ -305,16 +307,26 @@ class ReplicaManager:
 
     def follower_fetched(self, p: Partition, replica: int, fetch_offset: int, log_start_offset: int,
                          leader_leo: int) -> bool:
-        """A follower fetched from `fetch_offset` (its log end); False if it is not a follower of ours."""
+        """A follower fetched from `fetch_offset` (its log end); False if it is not a follower of ours.
+
+        As Kafka's Partition.updateFollowerFetchState, the leader's decisions are revisited only when they can
+        change: the follower's log end moved, or it is not a settled ISR member (it may join), or an ISR change
+        is in flight. A follower's Fetch names every partition it follows, idle ones too."""
+        follower = p.state.followers.get(replica)
+        before = None if follower is None else follower.log_end_offset
         if not p.state.follower_fetched(replica, fetch_offset, log_start_offset, leader_leo, self.clock_ms()):
             return False
-        self._leader_changed(p, wake=False)
+        record = p.state.record
+        if (fetch_offset != before or follower.replaced or p.state.pending is not None or record is None
+                or replica not in record.isr):
+            self._leader_changed(p, wake=False)
         return True
 
     def _leader_changed(self, p: Partition, *, wake: bool = True, shrink_lagging: bool = False) -> None:
         """Something the leader's decisions depend on moved: raise the high watermark if it may, answer the
         parked produces whose fate is known, propose an ISR change if one is due, and wake the fetches waiting
-        on the partition (`wake`: new records for followers; always when the high watermark rose, for consumers)."""
+        on the partition (`wake`: new records or a new role, for every fetch; else, when the high watermark rose,
+        the consumers' fetches only)."""
         if p.state.role is not Role.LEADER:
             return
         log, now = p.log, self.clock_ms()
@@ -322,8 +334,10 @@ class ReplicaManager:
         rose = candidate is not None and log.update_high_watermark(candidate)
         self.delayed.complete(p.tp, lambda w: self._outcome(p, w))
         self._maybe_propose(p, now, shrink_lagging)
-        if wake or rose:
+        if wake:
             self.wake_fetches(p.tp)
+        elif rose:
+            self.wake_consumers(p.tp)
 
     def _outcome(self, p: Partition, waiter: Waiter) -> int | None:
         may_lead = self.controller is not None and self.controller.may_lead()

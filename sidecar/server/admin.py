@@ -17,9 +17,12 @@ saying which manifest to edit; once their manifest is gone and the removal is on
 DeleteTopics deletes them. Internal topics (`__consumer_offsets`) belong to the node and are refused alike.
 DeleteTopics honours the broker setting `delete.topic.enable` (TOPIC_DELETION_DISABLED when false).
 
-Shale keeps one replica of each partition on the node that leads it, so a replication factor above 1
-cannot be honoured and is refused with INVALID_REPLICATION_FACTOR, as Kafka refuses a factor larger
-than its number of brokers.
+Without a control store Shale keeps one replica of each partition on the node that leads it, so a
+replication factor above 1 cannot be honoured and is refused with INVALID_REPLICATION_FACTOR, as Kafka
+refuses a factor larger than its number of brokers. With one (`--store`), the API's topics are topic records
+in the store (`store_topics`), applied by every node from its view: replication factors and manual
+assignments are checked against the live nodes with Kafka's errors, the replicas are fixed in the record
+when a topic is created or grown, and the answer goes out once this node serves the change.
 """
 
 from __future__ import annotations
@@ -29,21 +32,27 @@ import logging
 import os
 import re
 import uuid
+from base64 import urlsafe_b64encode
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
+from shale.sidecar.replication.control_store import StoreUnavailable, StoreView
+from shale.sidecar.replication.election import choose_replicas
+from shale.sidecar.replication.topic_record import TopicRecord
 from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS
 from shale.sidecar.server.broker import ConnectionInfo, Handler, controller_id
 from shale.sidecar.server.manifests import ORIGIN_PREFIX, RESERVED
 from shale.sidecar.server.server_config import SERVER_CONFIG_KEYS, ServerConfig
-from shale.sidecar.server.topics import CapacityError, TopicError, TopicRegistry, TopicSpec, topic_id_for, topic_uuid
+from shale.sidecar.server.store_topics import StoreConflict, StoreTopics
+from shale.sidecar.server.topics import (CapacityError, TopicError, TopicRegistry, TopicSpec, record_spec, topic_id_for,
+                                         topic_uuid)
 from shale.sidecar.topic_config import CONFIG_KEYS, CONFIG_KEYS_BY_NAME, InvalidConfigError, TopicConfig
 from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS,
     INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG, INVALID_REQUEST, POLICY_VIOLATION,
-    KAFKA_STORAGE_ERROR, TOPIC_DELETION_DISABLED, UNKNOWN_TOPIC_ID, MISMATCHED_ENDPOINT_TYPE,
+    KAFKA_STORAGE_ERROR, REQUEST_TIMED_OUT, TOPIC_DELETION_DISABLED, UNKNOWN_TOPIC_ID, MISMATCHED_ENDPOINT_TYPE,
     UNSUPPORTED_ENDPOINT_TYPE,
 )
 
@@ -74,6 +83,7 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 _OP_NAMES = {OP_SET: "SET", OP_DELETE: "DELETE", OP_APPEND: "APPEND", OP_SUBTRACT: "SUBTRACT"}
 
 DEFAULT_NUM_PARTITIONS = 1  # Kafka's num.partitions
+DEFAULT_TIMEOUT_MS = 30000  # how long a store write waits to be applied here when the request names no timeout
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]+")
 
@@ -167,8 +177,11 @@ class AdminApis:
     """The admin handlers a `Broker` serves; every topic change goes through `registry.put`."""
 
     def __init__(self, registry: TopicRegistry, server_config: ServerConfig | None = None,
-                 cluster_id: str = "shale", removal_held: Callable[[str], bool] = lambda _name: False) -> None:
+                 cluster_id: str = "shale", removal_held: Callable[[str], bool] = lambda _name: False,
+                 store_topics: StoreTopics | None = None) -> None:
         self.registry = registry
+        # With a control store the API's topics are its topic records (every node applies them); None: this node's.
+        self.store_topics = store_topics
         self.server_config = server_config
         self.cluster_id = cluster_id
         # A topic whose manifest is gone but whose removal the manifests hold (`ManifestSource.held`, e.g. an
@@ -210,9 +223,9 @@ class AdminApis:
             try:
                 if counts[topic.name] > 1:
                     raise AdminError(INVALID_REQUEST, "Duplicate topic name.")
-                spec = self._new_topic(topic)
+                spec = self._new_topic(topic, None if self.store_topics is None else await self._view())
                 if not validate_only:
-                    self._put(spec)
+                    spec = await self._create(spec, _timeout_s(body))
             except AdminError as exc:
                 logger.info("CreateTopics from %s refused for topic %s: %s", _client(conn), topic.name, exc.message)
                 out.update(error_code=exc.code, error_message=exc.message)
@@ -222,18 +235,45 @@ class AdminApis:
                 logger.info("topic %s created by CreateTopics from %s (%s)", spec.name, _client(conn),
                             plural(spec.partitions, "partition"))
             if version >= 5:
-                out.update(num_partitions=spec.partitions, replication_factor=1, topic_config_error_code=NONE,
+                replicas = len(spec.assignment[0]) if spec.assignment else 1
+                out.update(num_partitions=spec.partitions, replication_factor=replicas, topic_config_error_code=NONE,
                            configs=[{"name": name, "value": value, "read_only": False, "config_source": source,
                                      "is_sensitive": False}
                                     for name, value, source in _topic_entries(spec.config, None)])
             if version >= 7:  # validate_only: the id the topic would get
                 exists = spec.name in self.registry.topics
-                out["topic_id"] = topic_uuid(self.registry.topic_id(spec.name) if exists else topic_id_for(spec.name))
+                out["topic_id"] = topic_uuid(spec.topic_id or (self.registry.topic_id(spec.name) if exists
+                                                               else topic_id_for(spec.name)))
             results.append(out)
         return {"throttle_time_ms": 0, "topics": results}
 
-    def _new_topic(self, topic: Any) -> TopicSpec:
-        """The spec a CreatableTopic asks for, or AdminError, checked in Kafka's order."""
+    async def _create(self, spec: TopicSpec, timeout_s: float) -> TopicSpec:
+        """Create the topic: in the registry, or with a store as a topic record under a fresh random topic id
+        (Kafka's Uuid.randomUuid: a topic deleted and created again is another topic)."""
+        if self.store_topics is None:
+            self._put(spec)
+            return spec
+        topic_id = urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        record = TopicRecord(spec.name, topic_id, spec.assignment, spec.config.overrides())
+        if not await self._stored(self.store_topics.create(record, timeout_s)):
+            raise AdminError(TOPIC_ALREADY_EXISTS, f"Topic '{spec.name}' already exists.")
+        return record_spec(record)
+
+    async def _view(self) -> StoreView:
+        return await self._stored(self.store_topics.view())
+
+    @staticmethod
+    async def _stored(write: Any) -> Any:
+        """A store call's result; its failures as the retriable error Kafka answers when its controller
+        does not answer in time."""
+        try:
+            return await write
+        except (StoreUnavailable, StoreConflict) as exc:
+            raise AdminError(REQUEST_TIMED_OUT, f"The control store did not take the change: {exc}") from None
+
+    def _new_topic(self, topic: Any, view: StoreView | None) -> TopicSpec:
+        """The spec a CreatableTopic asks for, or AdminError, checked in Kafka's order. With a store (`view`:
+        a fresh read of it) the spec carries the replicas of every partition."""
         name = topic.name
         problem = topic_name_error(name)
         if problem is not None:
@@ -242,38 +282,69 @@ class AdminApis:
             raise AdminError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
         if name in RESERVED:
             raise AdminError(INVALID_TOPIC_EXCEPTION, f"Topic '{name}' is reserved for an internal topic of the node")
-        if self.registry.replication is not None:
-            # The store holds partition records, not topics: a topic created here would exist on this node only,
-            # and the other replicas would never learn its config. Manifests are read by every node alike.
-            raise AdminError(POLICY_VIOLATION, f"Topic '{name}': a node with a control store (--store) takes topics "
-                                               "from Topic manifests only, which every node reads; declare it there "
-                                               "(spec.replicas or spec.assignment give its replication)")
+        if view is not None and name in view.topics:  # created through another node, not applied here yet
+            raise AdminError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
         unified = name.replace(".", "_")
-        for other in self.registry.topics:
+        for other in {*self.registry.topics, *(view.topics if view is not None else ())}:
             if other.replace(".", "_") == unified:
                 raise AdminError(INVALID_TOPIC_EXCEPTION, f"Topic '{name}' collides with existing topic: {other}")
         nulls = [c.name for c in topic.configs if c.value is None]
         if nulls:
             raise AdminError(INVALID_CONFIG, "Null value not supported for topic configs: " + ",".join(nulls))
         config = _parse_config({c.name: c.value for c in topic.configs})
-        partitions = self._partition_count(topic)
-        return TopicSpec(name, partitions, config, origin="api")
+        if view is None:
+            return TopicSpec(name, self._partition_count(topic), config, origin="api")
+        assignment = self._replicated_assignment(topic, view)
+        return TopicSpec(name, len(assignment), config, origin="api", assignment=assignment)
 
-    def _partition_count(self, topic: Any) -> int:
-        """Partitions of a new topic; the replication factor must come out as 1 (one replica per partition)."""
+    def _replicated_assignment(self, topic: Any, view: StoreView) -> tuple[tuple[int, ...], ...]:
+        """The replicas of each partition of a new topic on a cluster with a store (ReplicationControlManager's
+        createTopic): a manual assignment checked against the live nodes, or Kafka's round robin over them."""
         if topic.assignments:
-            if topic.replication_factor != -1:
-                raise AdminError(INVALID_REQUEST, "A manual partition assignment was specified, but replication "
-                                                  "factor was not set to -1.")
-            if topic.num_partitions != -1:
-                raise AdminError(INVALID_REQUEST, "A manual partition assignment was specified, but numPartitions "
-                                                  "was not set to -1.")
-            return self._manual_partitions(topic.assignments)
+            self._check_manual_counts(topic)
+            replicas: dict[int, tuple[int, ...]] = {}
+            for a in topic.assignments:
+                if a.partition_index in replicas:
+                    raise AdminError(INVALID_REPLICA_ASSIGNMENT, "Found multiple manual partition assignments for "
+                                                                 f"partition {a.partition_index}")
+                rf = len(next(iter(replicas.values()))) if replicas else None
+                replicas[a.partition_index] = _checked_replicas(list(a.broker_ids), view, rf)
+            if set(replicas) != set(range(len(replicas))):
+                raise AdminError(INVALID_REPLICA_ASSIGNMENT,
+                                 "partitions should be a consecutive 0-based integer sequence")
+            return tuple(replicas[p] for p in range(len(replicas)))
+        self._check_counts(topic)
+        rf = self._default_replication_factor() if topic.replication_factor == -1 else topic.replication_factor
+        partitions = DEFAULT_NUM_PARTITIONS if topic.num_partitions == -1 else topic.num_partitions
+        return tuple(_round_robin(view, rf, p, topic.name) for p in range(partitions))
+
+    def _default_replication_factor(self) -> int:
+        """Kafka's default.replication.factor: the replicas of a topic created without a factor."""
+        return self.server_config.default_replication_factor if self.server_config is not None else 1
+
+    @staticmethod
+    def _check_manual_counts(topic: Any) -> None:
+        if topic.replication_factor != -1:
+            raise AdminError(INVALID_REQUEST, "A manual partition assignment was specified, but replication "
+                                              "factor was not set to -1.")
+        if topic.num_partitions != -1:
+            raise AdminError(INVALID_REQUEST, "A manual partition assignment was specified, but numPartitions "
+                                              "was not set to -1.")
+
+    @staticmethod
+    def _check_counts(topic: Any) -> None:
         if topic.replication_factor < -1 or topic.replication_factor == 0:
             raise AdminError(INVALID_REPLICATION_FACTOR,
                              "Replication factor must be larger than 0, or -1 to use the default value.")
         if topic.num_partitions < -1 or topic.num_partitions == 0:
             raise AdminError(INVALID_PARTITIONS, "Number of partitions was set to an invalid non-positive value.")
+
+    def _partition_count(self, topic: Any) -> int:
+        """Partitions of a new topic; the replication factor must come out as 1 (one replica per partition)."""
+        if topic.assignments:
+            self._check_manual_counts(topic)
+            return self._manual_partitions(topic.assignments)
+        self._check_counts(topic)
         if topic.replication_factor > 1:
             raise AdminError(INVALID_REPLICATION_FACTOR,
                              f"Unable to replicate the partition {topic.replication_factor} time(s): The target "
@@ -346,7 +417,7 @@ class AdminApis:
                 if targets[name] > 1:
                     raise AdminError(INVALID_REQUEST, "The provided topic name maps to an ID that was already "
                                                       "supplied.")
-                self._delete_topic(name)
+                await self._delete_topic(name, _timeout_s(body))
             except AdminError as exc:
                 logger.info("DeleteTopics from %s refused for topic %s: %s", _client(conn), name or tid, exc.message)
                 responses.append({"name": name, "topic_id": tid, "error_code": exc.code,
@@ -373,12 +444,17 @@ class AdminApis:
             raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_MESSAGE)
         return name, topic_uuid(self.registry.topic_id(name))
 
-    def _delete_topic(self, name: str) -> None:
-        if not self.removal_held(name):
+    async def _delete_topic(self, name: str, timeout_s: float) -> None:
+        held = self.removal_held(name)
+        if not held:
             self._check_api_owned(self.registry.topics[name],
                                   "delete the manifest (kubectl delete) to delete the topic; a deletion through the "
                                   "Kafka API would be undone by the manifest",
                                   "the node keeps it")
+        if self.store_topics is not None and not held:  # every node deletes it as its view loses the record
+            if not await self._stored(self.store_topics.delete(name, timeout_s)):
+                raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_MESSAGE)
+            return
         try:
             self.registry.remove(name)
         except OSError as exc:
@@ -401,10 +477,10 @@ class AdminApis:
             try:
                 if counts[topic.name] > 1:
                     raise AdminError(INVALID_REQUEST, "Duplicate topic name.")
-                spec = self._grown(topic)
+                spec = self._grown(topic, None if self.store_topics is None else await self._view())
                 if not body.validate_only:
                     old = self.registry.topics[topic.name].partitions
-                    self._put(spec)
+                    await self._grow(topic, spec, _timeout_s(body))
                     logger.info("topic %s grown from %d to %d partitions by CreatePartitions from %s", spec.name,
                                 old, spec.partitions, _client(conn))
             except AdminError as exc:
@@ -414,9 +490,24 @@ class AdminApis:
             results.append(out)
         return {"throttle_time_ms": 0, "results": results}
 
-    def _grown(self, topic: Any) -> TopicSpec:
-        """The spec a CreatePartitionsTopic asks for, or AdminError, checked in Kafka's order."""
-        spec = self.registry.topics.get(topic.name)
+    async def _grow(self, topic: Any, spec: TopicSpec, timeout_s: float) -> None:
+        """Apply a growth checked by `_grown`; with a store, to the topic record as it is when written."""
+        if self.store_topics is None:
+            self._put(spec)
+            return
+
+        def grown(record: TopicRecord | None, view: StoreView) -> TopicRecord:
+            if record is None:
+                raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_MESSAGE)
+            new = self._grown(topic, view, record_spec(record))
+            return dataclasses.replace(record, assignment=new.assignment)
+        await self._stored(self.store_topics.change(topic.name, grown, timeout_s))
+
+    def _grown(self, topic: Any, view: StoreView | None, spec: TopicSpec | None = None) -> TopicSpec:
+        """The spec a CreatePartitionsTopic asks for, or AdminError, checked in Kafka's order. With a store
+        (`view`), the new partitions' replicas are added to the assignment: as many as the topic's first
+        partition has, on live nodes."""
+        spec = spec or self.registry.topics.get(topic.name)
         if spec is None:
             raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_MESSAGE)
         self._check_api_owned(spec, "edit the manifest's partitions (kubectl apply) to add partitions; the manifest "
@@ -433,6 +524,14 @@ class AdminApis:
                 raise AdminError(INVALID_REPLICA_ASSIGNMENT, f"Attempted to add {added} additional partition(s), but "
                                                              f"only {len(topic.assignments)} assignment(s) were "
                                                              "specified.")
+        if view is not None:
+            rf = len(spec.replicas_of(0) or (1,))
+            added_replicas = (tuple(_checked_replicas(list(a.broker_ids), view, rf) for a in topic.assignments)
+                              if topic.assignments is not None else
+                              tuple(_round_robin(view, rf, p, spec.name) for p in range(spec.partitions, topic.count)))
+            return dataclasses.replace(spec, partitions=topic.count,
+                                       assignment=(spec.assignment or ()) + added_replicas)
+        if topic.assignments is not None:
             for i, a in enumerate(topic.assignments):
                 self._check_local_replica(spec.partitions + i, list(a.broker_ids), INVALID_REPLICA_ASSIGNMENT)
         return dataclasses.replace(spec, partitions=topic.count)
@@ -588,13 +687,13 @@ class AdminApis:
 
     async def _alter_configs(self, request: codec.Request, conn: ConnectionInfo) -> dict:
         """Legacy AlterConfigs: the given configs become the topic's whole override set."""
-        return self._alter(request, conn, _replace_all)
+        return await self._alter(request, conn, _replace_all)
 
     async def _incremental_alter_configs(self, request: codec.Request, conn: ConnectionInfo) -> dict:
         """SET/DELETE/APPEND/SUBTRACT applied to the topic's current overrides."""
-        return self._alter(request, conn, _apply_ops)
+        return await self._alter(request, conn, _apply_ops)
 
-    def _alter(self, request: codec.Request, conn: ConnectionInfo, compute: NewOverrides) -> dict:
+    async def _alter(self, request: codec.Request, conn: ConnectionInfo, compute: NewOverrides) -> dict:
         body = request.body
         counts = Counter((r.resource_type, r.resource_name) for r in body.resources)
         responses = []
@@ -607,7 +706,7 @@ class AdminApis:
                 if len({c.name for c in res.configs}) != len(res.configs):
                     raise AdminError(INVALID_REQUEST, "Error due to duplicate config keys")
                 if res.resource_type == RESOURCE_TOPIC:
-                    self._alter_topic(res.resource_name, res.configs, compute, bool(body.validate_only), conn)
+                    await self._alter_topic(res.resource_name, res.configs, compute, bool(body.validate_only), conn)
                 elif res.resource_type == RESOURCE_BROKER:
                     if res.resource_name != "":
                         self._check_broker_name(res.resource_name)
@@ -624,8 +723,8 @@ class AdminApis:
             responses.append(out)
         return {"throttle_time_ms": 0, "responses": responses}
 
-    def _alter_topic(self, name: str, configs: list, compute: NewOverrides, validate_only: bool,
-                     conn: ConnectionInfo) -> None:
+    async def _alter_topic(self, name: str, configs: list, compute: NewOverrides, validate_only: bool,
+                           conn: ConnectionInfo) -> None:
         if name == "":
             raise AdminError(INVALID_REQUEST, "Default topic resources are not allowed.")
         spec = self._existing_topic(name)
@@ -635,8 +734,53 @@ class AdminApis:
         config = _parse_config(compute(spec, list(configs)))
         if validate_only or config == spec.config:
             return
-        self._put(dataclasses.replace(spec, config=config))
+        if self.store_topics is None:
+            self._put(dataclasses.replace(spec, config=config))
+        else:  # computed again on the record as written: an incremental change applies to the latest overrides
+            def altered(record: TopicRecord | None, _view: StoreView) -> TopicRecord:
+                if record is None:
+                    raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.")
+                new = _parse_config(compute(record_spec(record), list(configs)))
+                return dataclasses.replace(record, config=new.overrides())
+            config = record_spec(await self._stored(
+                self.store_topics.change(name, altered, DEFAULT_TIMEOUT_MS / 1000))).config
         logger.info("topic %s config altered by %s: overrides now %s", name, _client(conn), config.overrides())
+
+
+def _round_robin(view: StoreView, rf: int, partition: int, topic: str) -> tuple[int, ...]:
+    """Kafka's replica placement over the store's live nodes, or its error when there are too few."""
+    if rf > len(view.nodes):
+        raise AdminError(INVALID_REPLICATION_FACTOR,
+                         f"Unable to replicate the partition {rf} time(s): The target replication factor of {rf} "
+                         f"cannot be reached because only {len(view.nodes)} broker(s) are registered.")
+    return choose_replicas(view.nodes, rf, partition, topic)
+
+
+def _checked_replicas(brokers: list[int], view: StoreView, rf: int | None) -> tuple[int, ...]:
+    """Kafka's validateManualPartitionAssignment: a non-empty list of distinct live nodes, as many as the other
+    partitions' (`rf`, None for the first)."""
+    if not brokers:
+        raise AdminError(INVALID_REPLICA_ASSIGNMENT, "The manual partition assignment includes an empty replica list.")
+    previous = None
+    for broker in sorted(brokers):
+        if broker not in view.nodes:
+            raise AdminError(INVALID_REPLICA_ASSIGNMENT, f"The manual partition assignment includes broker {broker}, "
+                                                         "but no such broker is registered.")
+        if broker == previous:
+            raise AdminError(INVALID_REPLICA_ASSIGNMENT, f"The manual partition assignment includes the broker "
+                                                         f"{broker} more than once.")
+        previous = broker
+    if rf is not None and len(brokers) != rf:
+        raise AdminError(INVALID_REPLICA_ASSIGNMENT,
+                         f"The manual partition assignment includes a partition with {len(brokers)} replica(s), but "
+                         f"this is not consistent with previous partitions, which have {rf} replica(s).")
+    return tuple(brokers)
+
+
+def _timeout_s(body: Any) -> float:
+    """The request's timeout_ms (CreateTopics, DeleteTopics, CreatePartitions), in seconds."""
+    timeout_ms = getattr(body, "timeout_ms", None)
+    return (timeout_ms if timeout_ms is not None and timeout_ms > 0 else DEFAULT_TIMEOUT_MS) / 1000
 
 
 def _replace_all(spec: TopicSpec, configs: list) -> dict[str, str]:

@@ -166,6 +166,19 @@ def _whole_batch_size(records: bytes, pos: int) -> int | None:
     return 12 + length if pos + 12 + length <= len(records) else None
 
 
+@dataclass(eq=False, slots=True)
+class _ParkedFetch:
+    """A Fetch waiting for its partitions to change: one future, set by the first poke or by its max wait (no
+    task per partition, and the handler resumes in the loop iteration after the poke)."""
+
+    wake: asyncio.Future
+    follower: bool  # a replica reads to the log end: a high watermark that rose alone gives it nothing new
+
+    def wake_up(self) -> None:
+        if not self.wake.done():
+            self.wake.set_result(None)
+
+
 class _Closing(Exception):
     """The connection must be closed without a response (already logged)."""
 
@@ -192,6 +205,7 @@ class Broker:
         self.replicas = replicas
         if replicas is not None:
             replicas.wake_fetches = self.poke
+            replicas.wake_consumers = self.poke_consumers
         self.host = host
         self.port = port
         self.cluster_id = cluster_id
@@ -204,7 +218,7 @@ class Broker:
         self._accept_retry: asyncio.TimerHandle | None = None
         self._accept_delay = 0.0
         self._accept_logged = (float("-inf"), 0)  # (loop time of the last log line, accept_errors then)
-        self._events: dict[TopicPartition, asyncio.Event] = {}
+        self._events: dict[TopicPartition, set[_ParkedFetch]] = {}  # the fetches parked on each partition
         self._connections: set[asyncio.Task] = set()
         self.handlers: dict[int, Handler] = {
             API_API_VERSIONS: self._api_versions,
@@ -522,8 +536,10 @@ class Broker:
         if not request.expects_response:
             return None
         if request.api_key == API_FETCH:  # record sets in files stay out of the encoding (sendfile)
-            return codec.encode_response_parts(request.api_key, request.api_version, request.correlation_id,
-                                               resp, framed=True)
+            parts = codec.encode_response_parts(request.api_key, request.api_version, request.correlation_id,
+                                                resp, framed=True)
+            # All inline (a follower's fetch of the newest records, mostly): one write, no TCP_CORK round trip.
+            return parts[0] if len(parts) == 1 else parts
         return codec.encode_response(request.api_key, request.api_version, request.correlation_id, resp,
                                      framed=True)
 
@@ -544,16 +560,33 @@ class Broker:
         for tp in [tp for tp in self._events if tp.topic == name]:
             self._poke(tp)
 
-    def _event(self, tp: TopicPartition) -> asyncio.Event:
-        ev = self._events.get(tp)
-        if ev is None:
-            ev = self._events[tp] = asyncio.Event()
-        return ev
+    def poke_consumers(self, tp: TopicPartition) -> None:
+        """Wake the consumers' fetches of a partition whose high watermark rose (followers read to the log end:
+        they wait for records, as Kafka's DelayedFetch of a follower does not complete on the high watermark)."""
+        self._poke(tp, followers=False)
 
-    def _poke(self, tp: TopicPartition) -> None:
-        ev = self._events.pop(tp, None)
-        if ev is not None:
-            ev.set()
+    def _poke(self, tp: TopicPartition, *, followers: bool = True) -> None:
+        for parked in self._events.get(tp, ()):
+            if followers or not parked.follower:
+                parked.wake_up()
+
+    async def _park(self, tps: set[TopicPartition], deadline: float, follower: bool) -> None:
+        """Wait until one of `tps` is poked or the loop time reaches `deadline`."""
+        loop = asyncio.get_running_loop()
+        parked = _ParkedFetch(loop.create_future(), follower)
+        for tp in tps:
+            self._events.setdefault(tp, set()).add(parked)
+        timer = loop.call_at(deadline, parked.wake_up)
+        try:
+            await parked.wake
+        finally:
+            timer.cancel()
+            for tp in tps:
+                waiting = self._events.get(tp)
+                if waiting is not None:
+                    waiting.discard(parked)
+                    if not waiting:
+                        del self._events[tp]
 
     # -- APIs --------------------------------------------------------------------------------
 
@@ -743,25 +776,22 @@ class Broker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(body.max_wait_ms, 0) / 1000
         min_bytes = max(body.min_bytes, 0)
+        follower = self.replicas is not None and body.replica_id >= 0
         first = True
         while True:
-            # Take the events before reading, so an append in between still wakes us.
-            events = []
-            for t in body.topics:
-                for p in t.partitions:
-                    if self._hosts(t.topic, p.partition):
-                        events.append(self._event(TopicPartition(t.topic, p.partition)))
+            # Reading and parking are one synchronous step (appends run on this loop too), so no append falls
+            # between them; a poke made by this very read (a follower's position raising the high watermark)
+            # does not wake it back.
             responses, total, errors = self._fetch_once(body, first)
             first = False
-            remaining = deadline - loop.time()
-            if total >= min_bytes or errors or remaining <= 0 or not events:
-                return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
-            waiters = [asyncio.ensure_future(ev.wait()) for ev in set(events)]
-            try:
-                await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
+            if total >= min_bytes or errors or loop.time() >= deadline:
+                break
+            hosted = {TopicPartition(t.topic, p.partition) for t in body.topics for p in t.partitions
+                      if self._hosts(t.topic, p.partition)}
+            if not hosted:
+                break
+            await self._park(hosted, deadline, follower)
+        return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
 
     def _hosts(self, topic: str | None, partition: int) -> bool:
         """A replica of the partition is here (a fetch of it may wait for appends)."""

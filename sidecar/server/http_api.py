@@ -121,8 +121,8 @@ def _partition_document(p: PartitionFigures, now: int) -> dict:
         "replica": None if p.replica is None else {
             "role": p.replica.role, "leader": p.replica.leader, "leader_epoch": p.replica.leader_epoch,
             "replicas": list(p.replica.replicas), "isr": list(p.replica.isr), "in_sync": p.replica.in_sync,
-            "lag": p.replica.lag, "fetch_error": p.replica.fetch_error, "under_replicated": p.replica.under_replicated,
-            "under_min_isr": p.replica.under_min_isr},
+            "lag": p.replica.lag, "fetch_error": p.replica.fetch_error,
+            "under_replicated": p.replica.under_replicated, "under_min_isr": p.replica.under_min_isr},
     }
 
 

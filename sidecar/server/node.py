@@ -32,6 +32,7 @@ from shale.sidecar.server.manifests import ORIGIN_PREFIX, ManifestSource, requir
 from shale.sidecar.server.metrics import NodeMetrics
 from shale.sidecar.server.producer_ids import ProducerIdAllocator, init_producer_id
 from shale.sidecar.server.server_config import ServerConfig
+from shale.sidecar.server.store_topics import StoreTopics
 from shale.sidecar.replication.control_store import ControlStore, StoreView
 from shale.sidecar.replication.controller import Controller, new_incarnation
 from shale.sidecar.replication.follower import holds_unreplicated
@@ -149,8 +150,11 @@ class StorageNode:
         self.maintenance = Maintenance(self.log_dir, self.registry, self.server_config)
         self.manifests = ManifestSource(options.topics, delete_topic_enable=self.server_config.delete_topic_enable)
         self.topic_errors: dict[str, str] = {}  # topic -> why its declared change was not applied
+        # The admin API writes topic records through a store client of its own (a store is used from one thread).
+        store_topics = None if options.store is None else StoreTopics(open_store(options.store, options.cluster_id),
+                                                                      self.registry)
         self.admin = AdminApis(self.registry, self.server_config, options.cluster_id,
-                               removal_held=lambda name: name in self.manifests.held)
+                               removal_held=lambda name: name in self.manifests.held, store_topics=store_topics)
         self.groups = GroupCoordinator(self.registry,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
                                        initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,
@@ -243,7 +247,21 @@ class StorageNode:
             self.replicas.delayed.forget(waiter)
 
     def _on_view(self, view: StoreView) -> None:
-        """The controller read the store: replicas follow their records, the coordinator its partitions."""
+        """The controller read the store: the API's topics follow their records (first: replicas need their
+        topics), replicas follow theirs, the coordinator its partitions."""
+        partitions = {name: spec.partitions for name, spec in self.registry.topics.items()}
+        try:
+            removed = self.registry.apply_store_topics({name: v.record for name, v in view.topics.items()},
+                                                       view.topics_complete)
+        except OSError as exc:  # a deletion failed (logged by the log dir); the replicas still follow this view
+            logger.error("node %d: applying the topic records of the control store failed: %s",
+                         self.options.node_id, exc)
+            removed = []
+        for name in removed:
+            # Every partition the topic had, not only those in a view: a record this node's controller created
+            # from the topic while it still served it must go too (deletion is idempotent).
+            for partition in range(partitions[name]):
+                self.controller.delete(TopicPartition(name, partition))
         self.replicas.apply_view(view)
         self._coordinator_follows_leadership()
 
@@ -284,6 +302,8 @@ class StorageNode:
         """End the session first, so the others elect new leaders at once rather than after its timeout."""
         if self.controller is not None:
             await asyncio.to_thread(self.controller.stop)
+        if self.admin.store_topics is not None:
+            await asyncio.to_thread(self.admin.store_topics.close)
         if self.fetchers is not None:
             await self.fetchers.close()
         if self.replicas is not None:

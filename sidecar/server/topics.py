@@ -12,7 +12,8 @@ names the replicas of each partition and `TopicSpec.nodes` their addresses. With
 it and answers NOT_LEADER_OR_FOLLOWER for the others, while Metadata sends clients to the right node.
 With a store, the partition records in it decide (docs/replication.md): `TopicRegistry.replication`
 (the replica manager) says which node leads, which logs are replicas here and which nodes are live,
-and creates replica logs through `ensure_log`.
+and creates replica logs through `ensure_log`; topics created through the admin API are topic records in
+the store, applied on every node from its view (`apply_store_topics`) as manifests are.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from shale.sidecar.log.log import Log
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.server.capacity import partitions_refusal
 from shale.sidecar.plural import plural
-from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.replication.topic_record import TopicRecord
+from shale.sidecar.topic_config import InvalidConfigError, TopicConfig
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +105,12 @@ class TopicSpec:
         return hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def record_spec(record: TopicRecord) -> TopicSpec:
+    """The spec a topic record in the control store declares; InvalidConfigError for a config this node refuses."""
+    return TopicSpec(record.name, record.partitions, TopicConfig.from_mapping(record.config), origin="api",
+                     topic_id=record.topic_id, assignment=record.assignment)
+
+
 def topic_id_for(name: str) -> str:
     """A stable topic id for a topic that brings none: the same on every node that hosts part of it."""
     raw = uuid.uuid5(_TOPIC_ID_NAMESPACE, name).bytes
@@ -143,6 +151,7 @@ class TopicRegistry:
         # Called with each local partition before its log is deleted (the cleaner must let go of it first).
         self.before_delete: list[Callable[[TopicPartition], None]] = []
         self.replication: Replication | None = None  # the replica manager, with a control store (set before use)
+        self._refused_records: set[tuple[str, str]] = set()  # (topic, why) of store records logged as not applied
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -234,7 +243,7 @@ class TopicRegistry:
                     and tp in self.log_dir.logs:
                 logger.warning("%s is now assigned to node %d; its log stays on disk, no longer served",
                                tp, spec.node_of(p, self.node.node_id))
-        if spec.origin == "api" or (old is not None and old.origin == "api"):
+        if self.replication is None and (spec.origin == "api" or (old is not None and old.origin == "api")):
             self._save_api_topics()
         logger.info("topic %s %s: %s (%d here), config overrides %s", spec.name,
                     "created" if old is None else "updated", plural(spec.partitions, "partition"),
@@ -301,7 +310,7 @@ class TopicRegistry:
                 for hook in self.before_delete:
                     hook(tp)
                 self.log_dir.delete(tp)
-        if spec.origin == "api":
+        if spec.origin == "api" and self.replication is None:
             self._save_api_topics()
         logger.info("topic %s deleted", name)
         self._on_change(name)
@@ -331,8 +340,56 @@ class TopicRegistry:
             logger.error("refused topic change: %s", message)
         return errors
 
+    def apply_store_topics(self, records: Mapping[str, TopicRecord], complete: bool = True) -> list[str]:
+        """Make the API's topics exactly the control store's topic records (one view's, every node alike).
+
+        A record naming a topic a manifest or the node owns is not applied (manifests keep precedence); one
+        whose config this node refuses keeps the topic at its current spec. A record whose topic id differs
+        from the served topic's is a topic deleted and created again: the old one's logs go first. When some
+        record was unreadable (`complete` false) no topic is deleted: a topic missing may be that one. Returns
+        the names of the API topics removed, for the caller to delete their partition records."""
+        specs: list[TopicSpec] = []
+        for name, record in records.items():
+            current = self.topics.get(name)
+            if current is not None and current.origin != "api":
+                self._refuse_record_once(name, f"topic {name} is declared by {current.origin}; its record in the "
+                                               "control store is not applied")
+                continue
+            try:
+                spec = record_spec(record)
+            except InvalidConfigError as exc:
+                self._refuse_record_once(name, f"topic {name}: its record in the control store has a config this "
+                                               f"node refuses ({exc}); kept as it is")
+                if current is not None:
+                    specs.append(current)
+                continue
+            if current is not None and self._ids.get(name) != spec.topic_id:
+                logger.info("topic %s: the control store holds it with topic id %s, not %s: deleted and created "
+                            "again", name, spec.topic_id, self._ids.get(name))
+                self.remove(name)
+            specs.append(spec)
+        missing = [s for n, s in self.topics.items() if s.origin == "api" and n not in records]
+        if not complete:
+            specs += missing
+            missing = []
+        removed = [s.name for s in missing]
+        self.sync_origin("api", specs)
+        return removed
+
+    def _refuse_record_once(self, name: str, message: str) -> None:
+        """Views arrive several times a second; a record that cannot be applied is logged once per reason."""
+        if (name, message) not in self._refused_records:
+            self._refused_records.add((name, message))
+            logger.error("%s", message)
+
     def load_api_topics(self) -> None:
-        """Re-create the topics CreateTopics made before a restart."""
+        """Re-create the topics CreateTopics made before a restart (without a control store, which holds them
+        otherwise: then those of the file are left unserved, their logs on disk as strays)."""
+        if self.replication is not None:
+            if os.path.exists(self._api_file):
+                logger.warning("%s lists topics created through the API before this node had a control store; "
+                               "they are not served (their logs stay on disk)", self._api_file)
+            return
         try:
             with open(self._api_file, encoding="utf-8") as f:
                 saved = json.load(f)

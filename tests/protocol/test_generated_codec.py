@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from kafka.protocol.consumer.fetch import FetchRequest
 
 from schema_values import ALL_VERSIONS, SCALARS, struct_dicts, valid_frames
-from shale.sidecar.protocol import codec, generated_codec
+from shale.sidecar.protocol import client_codec, codec, generated_codec
 
 PROPERTY = settings(deadline=None, max_examples=12,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -75,6 +75,25 @@ def test_requests_decode_to_the_reference_values(api_key, version, data):
     assert (fast.api_key, fast.api_version, fast.correlation_id, fast.client_id, fast.header_tags) == (
         ref.api_key, ref.api_version, ref.correlation_id, ref.client_id, ref.header_tags)
     assert_same_value(fast.body, ref.body)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("api_key,version", ALL_VERSIONS)
+@PROPERTY
+@given(data=st.data())
+def test_requests_encode_to_the_reference_bytes(api_key, version, data):
+    """The client side (`client_codec`, a follower's requests): a dict body, the same frame as kafka-python's."""
+    body = data.draw(struct_dicts(codec.request_class(api_key), version))
+    correlation_id = data.draw(SCALARS["int32"])
+    client_id = data.draw(st.none() | st.text(max_size=20))
+    try:
+        ref = client_codec.reference_encode_request(api_key, version, correlation_id, client_id, body)
+    except codec.ProtocolError:
+        ref = None
+    parts = generated_codec.request_encoder(codec.request_class(api_key), version)(body, correlation_id, client_id)
+    assert parts[0] == b""
+    assert struct.pack(">i", sum(map(len, parts))) + b"".join(parts) == ref
+    assert client_codec.encode_request(api_key, version, correlation_id, client_id, body) == ref
 
 
 def test_known_tagged_fields_of_a_request_decode_into_their_fields():

@@ -10,6 +10,7 @@ import pytest
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import ControlStore, StoreUnavailable
 from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
+from shale.sidecar.replication.topic_record import TopicRecord
 
 TP = TopicPartition("orders", 3)
 RECORD = PartitionRecord(replicas=(1, 2, 3), isr=(1, 2, 3), leader=1, leader_incarnation="a")
@@ -26,6 +27,9 @@ def assert_unavailable(store: ControlStore, version: str) -> None:
         "create_partition": lambda: store.create_partition(TopicPartition("x", 0), RECORD),
         "update_partition": lambda: store.update_partition(TP, RECORD.changed(isr=(1,)), version),
         "delete_partition": lambda: store.delete_partition(TP),
+        "create_topic": lambda: store.create_topic(TopicRecord("t", "id", ((1,),))),
+        "update_topic": lambda: store.update_topic(TopicRecord("t", "id", ((1,),)), version),
+        "delete_topic": lambda: store.delete_topic("t", version),
         "open_session": lambda: store.open_session(node(5, "z"), 5000),
     }
     for name, call in calls.items():

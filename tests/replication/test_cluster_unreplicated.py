@@ -86,7 +86,8 @@ def test_single_node_records_stay_readable_when_the_topic_gains_replicas_and_fol
 def test_a_holder_that_returns_to_an_empty_leader_keeps_its_records_and_refuses_to_follow(tmp_path, etcd):
     write_single_node_data(tmp_path, 20)
     cluster = ReplicatedCluster(tmp_path, etcd)
-    write_manifests(cluster.topics_dir / "topics.yaml", topic_manifest(TOPIC, 1, assignment={"partitions": [[0, 1, 2]]}))
+    write_manifests(cluster.topics_dir / "topics.yaml",
+                    topic_manifest(TOPIC, 1, assignment={"partitions": [[0, 1, 2]]}))
     for n in range(3):
         cluster.servers[n] = ServeProcess(tmp_path / f"data{n}", cluster.topics_dir, "--store", etcd.url,
                                           *TEST_OVERRIDES, node_id=n)

@@ -8,6 +8,7 @@ asserts on elapsed time.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -22,6 +23,7 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import ControlStore, SessionLost
 from shale.sidecar.replication.etcd_store import EtcdStore
 from shale.sidecar.replication.kube_store import KubeStore
+from shale.sidecar.replication.topic_record import TopicRecord
 from store_util import RECORD, TP, assert_unavailable, node
 
 _namespaces = itertools.count(1)
@@ -206,6 +208,56 @@ def test_clusters_do_not_see_each_other(engine):
     assert two.view().nodes == {} and two.view().partitions == {}
     assert two.create_partition(TP, RECORD.changed(isr=(1,)))
     assert one.view().partitions[TP].record == RECORD
+
+
+# Topic records (CreateTopics on a replicated cluster).
+TOPIC = TopicRecord("A.b_c-d", "dGhpcyBpcyBhIHRvcGljIQ", ((1, 2, 3), (2, 3, 1)), {"retention.ms": "60000"})
+
+
+def test_topic_record_create_is_create_if_absent_and_seen_by_another_node(engine):
+    store, other = engine.store(), engine.store()
+    assert store.create_topic(TOPIC)
+    assert not other.create_topic(dataclasses.replace(TOPIC, topic_id="b3RoZXIgdG9waWMgaWQhIQ"))  # name taken
+    view = other.view()
+    assert {name: v.record for name, v in view.topics.items()} == {TOPIC.name: TOPIC}
+    assert view.partitions == {}  # topic records are no partition records
+
+
+def test_topic_record_update_and_delete_are_compare_and_set(engine):
+    store = engine.store()
+    assert store.create_topic(TOPIC)
+    created = store.view().topics[TOPIC.name]
+    grown = dataclasses.replace(TOPIC, assignment=TOPIC.assignment + ((3, 1, 2),), config={})
+    assert store.update_topic(grown, created.version)
+    current = store.view().topics[TOPIC.name]
+    assert current.record == grown and current.version != created.version
+    assert not store.update_topic(TOPIC, created.version)  # stale: the growth stands
+    assert not store.delete_topic(TOPIC.name, created.version)  # a deletion never undoes a change it did not see
+    assert store.view().topics[TOPIC.name].record == grown
+    assert store.delete_topic(TOPIC.name, current.version)
+    assert TOPIC.name not in store.view().topics
+    assert not store.delete_topic(TOPIC.name, current.version)  # gone already
+    assert not store.update_topic(grown, current.version)  # deleted: no resurrection
+    assert TOPIC.name not in store.view().topics
+    assert store.create_topic(TOPIC)
+
+
+def test_concurrent_topic_creators_exactly_one_wins(engine):
+    writers = [engine.store() for _ in range(6)]
+    records = [dataclasses.replace(TOPIC, topic_id=f"id{i}") for i in range(len(writers))]
+    results = race([lambda w=w, r=r: w.create_topic(r) for w, r in zip(writers, records)])
+    assert sum(results) == 1
+    assert engine.store().view().topics[TOPIC.name].record == records[results.index(True)]
+
+
+def test_wait_for_change_wakes_on_a_topic_write(engine):
+    store, writer = engine.store(), engine.store()
+    revision = store.view().revision
+    timer = threading.Timer(0.3, lambda: writer.create_topic(TOPIC))
+    timer.start()
+    store.wait_for_change(revision, 30.0)
+    timer.join()
+    assert TOPIC.name in store.view().topics
 
 
 # Waiting for changes.

@@ -7,6 +7,7 @@ OffsetForLeaderEpoch, Metadata, and a fenced leader that stops acknowledging (do
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -54,20 +55,23 @@ class Follower:
         self.store.close_session()
         self.store.close()
 
-    def fetch(self, port: int, offset: int, *, last_fetched_epoch: int = -1, current_leader_epoch: int = -1):
+    def fetch(self, port: int, offset: int, *, last_fetched_epoch: int = -1, current_leader_epoch: int = -1,
+              max_wait_ms: int = 0):
         return fetch(port, offset, replica_id=self.node_id, last_fetched_epoch=last_fetched_epoch,
-                     current_leader_epoch=current_leader_epoch)
+                     current_leader_epoch=current_leader_epoch, max_wait_ms=max_wait_ms)
 
 
 def fetch(port: int, offset: int, *, replica_id: int = -1, last_fetched_epoch: int = -1,
-          current_leader_epoch: int = -1):
+          current_leader_epoch: int = -1, max_wait_ms: int = 0):
+    """One Fetch of the partition; with `max_wait_ms`, a long poll that waits for at least one byte."""
     request = build(FetchRequest, {
-        "replica_id": replica_id, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+        "replica_id": replica_id, "max_wait_ms": max_wait_ms, "min_bytes": 1 if max_wait_ms else 0,
+        "max_bytes": 1 << 20, "isolation_level": 0,
         "session_id": 0, "session_epoch": -1, "topics": [{"topic": TOPIC, "partitions": [{
             "partition": 0, "current_leader_epoch": current_leader_epoch, "fetch_offset": offset,
             "last_fetched_epoch": last_fetched_epoch, "log_start_offset": 0, "partition_max_bytes": 1 << 20}]}],
         "forgotten_topics_data": [], "rack_id": ""}, version=12)
-    return call(port, request, FetchResponse).responses[0].partitions[0]
+    return call(port, request, FetchResponse, timeout=max_wait_ms / 1000 + 10).responses[0].partitions[0]
 
 
 def batches(records: bytes | None) -> list[tuple[int, int, int]]:
@@ -159,6 +163,47 @@ def test_acks_all_is_answered_once_every_isr_member_has_fetched_the_records(tmp_
             assert [m.value for m in consumed(node, 1)] == [b"v0"]
         finally:
             producer.close(5)
+    finally:
+        node.stop()
+        for f in followers:
+            f.leave()
+
+
+def test_a_parked_follower_fetch_wakes_for_records_and_a_consumer_fetch_for_the_high_watermark(tmp_path, etcd):
+    """The leader wakes a follower's long poll as soon as records are appended (the acks=all round trip waits
+    for it), and a consumer's when the high watermark rises; a rise alone leaves a follower's waiting, as
+    Kafka's DelayedFetch of a follower reads to the log end."""
+    followers = [Follower(etcd, 1), Follower(etcd, 2)]
+    node = start_node(tmp_path, etcd)
+    try:
+        record = leader_record(node, isr=(0, 1, 2))
+        broker, port, epoch = node.node.broker, node.node.broker.port, record.leader_epoch
+        assert produce(port, [b"v0"], acks=1).error_code == NONE
+        assert batches(followers[0].fetch(port, 0).records) == [(0, 0, epoch)]
+        assert batches(followers[1].fetch(port, 0).records) == [(0, 0, epoch)]
+        answers: dict[str, object] = {}
+
+        def long_poll(name: str, **kw) -> threading.Thread:
+            thread = threading.Thread(target=lambda: answers.__setitem__(name, fetch(port, **kw)))
+            thread.start()
+            return thread
+
+        parked = lambda n: len(broker._events.get(TP, ())) == n  # noqa: E731 - the broker's parked fetches
+        follower = long_poll("follower", offset=1, replica_id=1, last_fetched_epoch=epoch, max_wait_ms=120_000)
+        wait_for(lambda: parked(1), what="node 1's fetch to be parked")
+        consumer = long_poll("consumer", offset=0, max_wait_ms=120_000)
+        wait_for(lambda: parked(2), what="the consumer's fetch to be parked")
+
+        # Node 2 reaches offset 1: the high watermark rises to 1, which the consumer may read; node 1 may not.
+        assert followers[1].fetch(port, 1, last_fetched_epoch=epoch).high_watermark == 1
+        consumer.join(60)
+        assert not consumer.is_alive() and batches(answers["consumer"].records) == [(0, 0, epoch)]
+        assert follower.is_alive() and "follower" not in answers and parked(1)
+
+        assert produce(port, [b"v1"], acks=1).error_code == NONE  # an append: node 1's fetch answers with it
+        follower.join(60)
+        assert not follower.is_alive() and batches(answers["follower"].records) == [(1, 1, epoch)]
+        assert answers["follower"].high_watermark == 1
     finally:
         node.stop()
         for f in followers:
