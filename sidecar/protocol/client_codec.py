@@ -24,7 +24,7 @@ from shale.sidecar.protocol.codec import (
     request_class,
     response_class,
 )
-from shale.sidecar.protocol.generated_codec import request_encoder
+from shale.sidecar.protocol.generated_codec import KIP511_HEADER_APIS, request_encoder
 
 _SIZE = struct.Struct(">i")
 _HEADER_PREFIX = 4096  # a response header is a correlation id and (flexible) a few tagged fields
@@ -85,18 +85,23 @@ def decode_response(api_key: int, api_version: int, frame: bytes | bytearray | m
     (correlation_id,) = struct.unpack_from(">i", frame, 0)
     _check_version(api_key, api_version, correlation_id)
     data = memoryview(frame).cast("B") if not isinstance(frame, bytes) else memoryview(frame)
+    flexible = cls.flexible_version_q(api_version)
     try:
-        head = io.BytesIO(bytes(data[:_HEADER_PREFIX]))
-        try:
-            cls.parse_header(head, version=api_version)
-        except _DECODE_ERRORS:
-            if len(data) <= _HEADER_PREFIX:
-                raise
-            head = io.BytesIO(bytes(data))  # header tags beyond the prefix: decode it whole
-            cls.parse_header(head, version=api_version)
-        flexible = cls.flexible_version_q(api_version)
+        tagged_header = flexible and api_key not in KIP511_HEADER_APIS
+        if not tagged_header or (len(data) > 4 and data[4] == 0):
+            start = 5 if tagged_header else 4  # the correlation id, and no header tags: the usual header, read here
+        else:
+            head = io.BytesIO(bytes(data[:_HEADER_PREFIX]))
+            try:
+                cls.parse_header(head, version=api_version)
+            except _DECODE_ERRORS:
+                if len(data) <= _HEADER_PREFIX:
+                    raise
+                head = io.BytesIO(bytes(data))  # header tags beyond the prefix: decode it whole
+                cls.parse_header(head, version=api_version)
+            start = head.tell()
         decoder = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible, data_class=cls)
-        body, end = decoder(data, head.tell())
+        body, end = decoder(data, start)
     except _DECODE_ERRORS as exc:
         raise MalformedFrameError(api_key, api_version, correlation_id, f"malformed response: {exc!r}") from exc
     if end != len(data):

@@ -144,3 +144,40 @@ def test_versions_outside_the_served_range_are_refused_both_ways():
 def test_an_unknown_field_is_a_protocol_error_not_a_silent_default():
     with pytest.raises(ProtocolError, match="fetch_ofset"):
         encode_request(FETCH, 12, 1, None, {"topics": [{"topic": "t", "partitions": [{"fetch_ofset": 3}]}]})
+
+
+@settings(max_examples=50, deadline=None)
+@given(FETCH_RESPONSE, st.integers(0, 2**31 - 1),
+       st.lists(st.tuples(st.integers(0, 120), st.binary(max_size=300)), min_size=1, max_size=20,
+                unique_by=lambda t: t[0]))
+def test_an_answer_whose_header_carries_tagged_fields_reads_as_one_without(body, correlation_id, tags):
+    """Flexible headers end with tagged fields; a node writes none (read without the reference), another
+    writer may (read by the reference, even past its 4 KiB header prefix)."""
+    plain = encode_response(FETCH, 12, correlation_id, body)
+    assert plain[4] == 0  # no header tags, as a node writes it
+    buffer = bytes([len(tags)])
+    for tag, value in sorted(tags):
+        buffer += bytes([tag]) + _uvarint(len(value)) + value
+    tagged = plain[:4] + buffer + plain[5:]
+    response = decode_response(FETCH, 12, tagged)
+    assert response.correlation_id == correlation_id
+    assert_carries(response.body, body)
+    assert_carries(decode_response(FETCH, 12, plain).body, body)
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def test_an_api_versions_answer_has_an_untagged_header_in_flexible_versions():
+    """KIP-511: the ApiVersions response header is v0 in every version, so its body starts after the id."""
+    frame = encode_response(18, 3, 7, {"error_code": 0, "api_keys": [
+        {"api_key": 1, "min_version": 4, "max_version": 12}], "throttle_time_ms": 0})
+    response = decode_response(18, 3, frame)
+    assert response.correlation_id == 7 and response.body.error_code == 0
+    assert [(k.api_key, k.min_version, k.max_version) for k in response.body.api_keys] == [(1, 4, 12)]
