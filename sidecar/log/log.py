@@ -295,6 +295,11 @@ class Log:
                     )
                 if leader_epoch is not None:
                     struct.pack_into(">i", buf, pos + 12, leader_epoch)
+                elif assign_offsets and h.partition_leader_epoch != -1:
+                    # A single replica has no leader epoch: a producer's own value (librdkafka writes 0) must not
+                    # read as one when an unclean recovery rebuilds the cache from the batches, or these records
+                    # would pass for replicated ones that a follower may truncate (docs/replication.md).
+                    struct.pack_into(">i", buf, pos + 12, -1)
                 # A producer's own partition leader epoch means nothing to a single-replica leader.
                 epoch = leader_epoch if leader_epoch is not None else -1 if assign_offsets else h.partition_leader_epoch
                 if epoch >= 0:

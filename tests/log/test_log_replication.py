@@ -81,10 +81,16 @@ def test_a_single_replica_log_writes_no_epochs(tmp_path) -> None:
     log.truncate_to(0)
     assert stamped_epochs(log) == []
     log.append(simple_batch())
-    log.append(simple_batch(partition_leader_epoch=4))  # whatever a producer put there is no epoch of this log
-    assert stamped_epochs(log) == [(0, -1), (1, 4)]
+    log.append(simple_batch(partition_leader_epoch=4))  # whatever a producer put there is no epoch of this log:
+    assert stamped_epochs(log) == [(0, -1), (1, -1)]  # stamped -1 (outside the CRC), so no recovery reads it as one
     assert log.latest_epoch is None and log.end_offset_for_epoch(0) == (-1, -1)
     assert not os.path.exists(os.path.join(log.dir, LEADER_EPOCH_CHECKPOINT))
+    log.close()
+    # An unclean recovery rebuilds the cache from the batches: the records still read as unreplicated ones
+    # (which a follower never truncates), not as written in an epoch 4 that never was.
+    reopened = open_log(tmp_path / "t-0", clean=False, recovery_point=0)
+    assert reopened.latest_epoch is None and reopened.leader_epoch_cache.entries == []
+    assert [len(b.records) for seg in reopened.segments for _, b in segment_batches(seg)] == [1, 1]
 
 
 def test_a_follower_append_assigns_each_batchs_own_epoch(tmp_path) -> None:
