@@ -288,6 +288,13 @@ class ElectionMachine(RuleBasedStateMachine):
             # Kafka's last replica standing: every member is back under a new process; what the chosen one
             # lost (all of them may have) is lost, as documented. Nothing else may lose an acknowledged record.
             self.acked = {o: e for o, e in self.acked.items() if self.nodes[new.leader].log[o:o + 1] == [e]}
+        elif old is not None and new.leader != NO_LEADER and (new.leader, new.leader_incarnation) != (
+                old.leader, old.leader_incarnation) and not self.same_process(old, new.leader):
+            # An ISR member by id but restarted since (it may have lost its tail) while another member is away:
+            # only an unclean election may pick it, and loses what it lacks, as any unclean election does.
+            assert self.unclean, "a restarted ISR member elected without unclean.leader.election.enable"
+            assert new.isr == (new.leader,) and new.recovering
+            self.acked.clear()
         self.record, self.version = new, self.version + 1
         self.history.append(new)
         return True
