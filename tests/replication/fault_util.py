@@ -53,6 +53,13 @@ class AckedLoad:
         assert not self._thread.is_alive(), f"the {self.client} producer did not finish"
         return list(self.acked)
 
+    def finish(self, cluster: "ReplicatedCluster", partition: int = 0) -> tuple[list[tuple[int, int, bytes]], int]:
+        """Stop, and check what every fault test checks at the end: the application was told of no failure,
+        and `check_acknowledged` holds for the partition. Returns the acknowledgements and its high watermark."""
+        acked = self.stop()
+        assert self.failed == [], f"{self.client} was told of {len(self.failed)} failures: {self.failed[:3]}"
+        return acked, check_acknowledged(cluster, self.topic, partition, acked)
+
     def close(self) -> None:
         """Stop if still running (for `finally` blocks: a failed test leaves no producer thread behind)."""
         if self._thread is not None and self._thread.is_alive():

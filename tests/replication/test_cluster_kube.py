@@ -10,7 +10,7 @@ import json
 import kubernetes
 import yaml
 
-from fault_util import AckedLoad, check_acknowledged
+from fault_util import AckedLoad
 from node_util import KubeStoreUrl, start_replicated_cluster, topic_manifest
 
 
@@ -33,9 +33,7 @@ def test_a_leader_sigkilled_fails_over_through_leases_and_configmaps(tmp_path, k
         cluster.wait_for_leader("load", 0, excluding=(old.leader,), newer_than=old.leader_epoch, timeout=60)
         load.wait_for_acks(len(load.acked) + 50)
         cluster.restart(old.leader)
-        acked = load.stop()
-        assert load.failed == []
-        check_acknowledged(cluster, "load", 0, acked)
+        load.finish(cluster)
         # The store is the API server, in the kubeconfig context's namespace: a Lease per live node, and the
         # partition's record (kube_store.py says which objects hold what) naming the leader Metadata shows.
         leases = kubernetes.client.CoordinationV1Api(kube_api.client()).list_namespaced_lease(namespace).items

@@ -4,7 +4,6 @@ when nothing fails (docs/replication.md)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 
 import pytest

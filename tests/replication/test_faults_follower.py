@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from fault_proxy import FREEZE
-from fault_util import CLIENTS, AckedLoad, check_acknowledged
+from fault_util import CLIENTS, AckedLoad
 from node_util import start_replicated_cluster, topic_manifest, wait_for
 
 TOPIC = topic_manifest("load", 1, replicas=3, config={"min.insync.replicas": 2})
@@ -45,9 +45,7 @@ def test_follower_cut_off_is_shrunk_out_and_rejoins_once_healed(tmp_path, etcd, 
         cluster.proxies[leader].heal()
         cluster.wait_for_isr("load", 0)  # caught up: expanded again
         load.wait_for_acks(len(load.acked) + 50)
-        acked = load.stop()
-        assert load.failed == [], f"{client} was told of {len(load.failed)} failures: {load.failed[:3]}"
-        check_acknowledged(cluster, "load", 0, acked)
+        load.finish(cluster)
         assert cluster.proxies[leader].cut_count >= 1
     finally:
         load.close()
@@ -65,9 +63,7 @@ def test_follower_restarted_is_shrunk_out_at_once_and_expanded_when_caught_up(tm
         load.wait_for_acks(len(load.acked) + 100)
         cluster.wait_for_isr("load", 0)
         load.wait_for_acks(len(load.acked) + 50)
-        acked = load.stop()
-        assert load.failed == []
-        check_acknowledged(cluster, "load", 0, acked)
+        load.finish(cluster)
         leader_log = cluster.servers[cluster.wait_for_leader("load", 0).leader].log()
         assert shrinks_of(leader_log, follower), f"node {follower} was never shrunk out of the ISR"
     finally:
@@ -107,9 +103,7 @@ def test_store_stopped_leaders_stop_acknowledging_reads_go_on_and_writes_resume(
         assert len(load.acked) == during, "a write was acknowledged while no node could hold a session"
         etcd.start()
         load.wait_for_acks(during + 50, timeout=90)
-        acked = load.stop()
-        assert load.failed == [], f"{client} was told of {len(load.failed)} failures: {load.failed[:3]}"
-        check_acknowledged(cluster, "load", 0, acked)
+        load.finish(cluster)
     finally:
         load.close()
         cluster.stop()

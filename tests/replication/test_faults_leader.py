@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fault_util import CLIENTS, AckedLoad, check_acknowledged
+from fault_util import CLIENTS, AckedLoad
 from node_util import start_replicated_cluster, topic_manifest
 
 TOPIC = topic_manifest("load", 1, replicas=3, config={"min.insync.replicas": 2})
@@ -31,9 +31,7 @@ def test_leader_sigkill_under_acks_all_load_loses_no_acknowledged_record(tmp_pat
             epochs.append((old.leader, old.leader_epoch, new.leader, new.leader_epoch))
             load.wait_for_acks(acked_before_failover + 50)  # the same client writes on to the new leader
             cluster.restart(old.leader)
-        acked = load.stop()
-        assert load.failed == [], f"{client} was told of {len(load.failed)} failures: {load.failed[:3]}"
-        hw = check_acknowledged(cluster, "load", 0, acked)
+        acked, hw = load.finish(cluster)
         assert hw >= len(acked)
         assert len({e[3] for e in epochs}) == KILLS  # each kill moved the partition to a new epoch
     finally:
@@ -56,9 +54,7 @@ def test_leader_paused_past_its_session_becomes_a_follower_and_loses_nothing_ack
         state = cluster.wait_for_isr("load", 0)  # back as a follower, caught up
         assert state.leader != old.leader or state.leader_epoch > new.leader_epoch
         load.wait_for_acks(len(load.acked) + 50)
-        acked = load.stop()
-        assert load.failed == [], f"{client} was told of {len(load.failed)} failures: {load.failed[:3]}"
-        check_acknowledged(cluster, "load", 0, acked)
+        load.finish(cluster)
         woke = cluster.servers[old.leader].log()
         assert "fenced" in woke, "the paused leader never noticed that its session was gone"
     finally:
