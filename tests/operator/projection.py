@@ -42,7 +42,7 @@ class ConfigMapProjection:
         """No projection inside the block: a kubelet that has not synced the volume yet (it may take a minute)."""
         with self._lock:
             yield
-        self.sync()
+            self.sync()  # under the lock: the thread's sync would race for the same `.tmp` file
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,31 @@ from shale.sidecar.log.records import BatchHeader
 from shale.sidecar.server.node import ServeOptions, StorageNode
 
 
+_PORTS_PER_WORKER = 2000
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, from a block of its own for each pytest-xdist worker.
+
+    Port 0 would hand out ephemeral ports: a node restarted on its old port could then find it taken by
+    another worker's node or by any client's outgoing connection, and a test would talk to someone else.
+    """
+    if not _next_port:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+        block = 20000 + (int(worker) if worker.isdigit() else 0) % 6 * _PORTS_PER_WORKER
+        _next_port.append(block + random.randrange(_PORTS_PER_WORKER))  # apart from other test runs' nodes
+    base = _next_port[0] - _next_port[0] % _PORTS_PER_WORKER
+    for _ in range(_PORTS_PER_WORKER):
+        port = _next_port[0]
+        _next_port[0] = base + (port + 1 - base) % _PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {base}..{base + _PORTS_PER_WORKER - 1}")
 
 
 def topic_manifest(name: str, partitions: int = 1, config: dict | None = None, **spec) -> dict:
