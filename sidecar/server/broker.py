@@ -59,6 +59,7 @@ from shale.sidecar.protocol.error_codes import (
 from shale.sidecar.replication.partition import NO_EPOCH
 from shale.sidecar.replication.records import NO_LEADER
 from shale.sidecar.replication.replica_manager import ReplicaManager
+from shale.sidecar.security.principal import ANONYMOUS, KafkaPrincipal
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +85,13 @@ VERSION_CAPS = {API_FETCH: 12, API_PRODUCE: 12, 8: 9, 9: 9}
 
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:
-    """Who sent a request: group members record the client id and host."""
+    """Who sent a request: group members record the client id and host; the authorizer checks the principal
+    (`User:ANONYMOUS` on a PLAINTEXT listener) and which listener it came through."""
 
     client_id: str | None
     host: str
+    principal: KafkaPrincipal = ANONYMOUS
+    listener: str = "PLAINTEXT"
 
 
 Handler = Callable[[codec.Request, ConnectionInfo], Awaitable[Any]]
