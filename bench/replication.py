@@ -88,13 +88,9 @@ FAILOVER_PRODUCER_CONFIG = {
     "enable.idempotence": True,
     "linger.ms": 0,
     "max.in.flight": 1,
-    "message.timeout.ms": 300_000,  # never given up: every record is acknowledged or the run fails
-    "retry.backoff.ms": 50,
-    "retry.backoff.max.ms": 250,  # librdkafka's default (1000) would add up to a second per failover
-    # librdkafka re-reads Metadata when a connection attempt to the dead leader fails; its default backoff
-    # between attempts doubles up to 10 s, so it would find the new leader seconds after it was elected.
-    "reconnect.backoff.ms": 50,
-    "reconnect.backoff.max.ms": 250,
+    "message.timeout.ms": 300_000,  # librdkafka's default, stated: every record is acknowledged or the run fails
+    # Nothing else is tuned: retry.backoff.ms (100, up to retry.backoff.max.ms 1000), reconnect.backoff.ms (100,
+    # up to 10 s), topic.metadata.refresh.fast.interval.ms (100) are librdkafka's defaults, as an application has.
     "log_level": 3,
 }
 

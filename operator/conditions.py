@@ -14,6 +14,8 @@ READY = "Ready"
 CLEANING_STUCK = "CleaningStuck"
 PAUSED = "ReconciliationPaused"
 UNMANAGED = "Unmanaged"
+REASSIGNING = "Reassigning"  # replicas moving between pods (docs/moves.md)
+SCALE_IN_BLOCKED = "ScaleInBlocked"  # draining the pods of a scale-in would lose this topic's data
 
 
 @dataclass(frozen=True)

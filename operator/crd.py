@@ -129,8 +129,9 @@ def spec_schema() -> dict[str, Any]:
                 "description": (
                     "Copies of each partition (Kafka's replication factor), each on a different storage pod, and in "
                     "different zones when the pods' nodes carry topology.kubernetes.io/zone. Capped by the pods. "
-                    "Default: the operator's default-replicas (the chart's operator.defaultReplicas). Read when the "
-                    "topic is created: partitions added later get the replication factor the topic has, as in Kafka."
+                    "Default: the operator's default-replicas (the chart's operator.defaultReplicas). With replication "
+                    "on, changing it moves replicas (a reassignment, a few partitions at a time: status.moves); "
+                    "without it, it is read when the topic is created."
                 ),
             },
             "config": config_schema(),
@@ -232,6 +233,27 @@ def applied_spec_schema() -> dict[str, Any]:
     }
 
 
+def move_status_schema() -> dict[str, Any]:
+    """One partition's move between pods (docs/moves.md), as Strimzi's replicasChange shows it."""
+    replicas = {"type": "array", "items": {"type": "integer", "format": "int32", "minimum": 0}}
+    return {
+        "type": "object",
+        "required": ["partition", "state"],
+        "properties": {
+            "partition": {"type": "integer", "format": "int32", "minimum": 0},
+            "fromReplicas": {**replicas, "description": "Pod ordinals of the replicas before the move."},
+            "targetReplicas": {**replicas, "description": "Pod ordinals of the replicas the move ends with."},
+            "state": {"type": "string", "enum": ["pending", "ongoing", "done", "failed"],
+                      "description": "pending (waits for its turn), ongoing, done, failed (message says why)."},
+            "message": {"type": "string", "description": "Why the move failed."},
+            "bytesCopied": _int64("Bytes the new replicas hold so far.", 0),
+            "bytesRemaining": _int64("Bytes the new replicas still have to copy (against the leader's log).", 0),
+            "startedAt": _timestamp("When the operator wrote the move's target (RFC 3339)."),
+            "finishedAt": _timestamp("When the pods reported the move complete (RFC 3339)."),
+        },
+    }
+
+
 def status_schema() -> dict[str, Any]:
     return {
         "type": "object",
@@ -246,7 +268,9 @@ def status_schema() -> dict[str, Any]:
                     "Ready: the spec is applied on every storage node (False with the reason, e.g. InvalidConfig or "
                     "a refused change). CleaningStuck: a partition's cleaning is paused, uncleanable or not "
                     "progressing (True with the partitions in the message). ReconciliationPaused and Unmanaged: "
-                    "the pause or managed annotation (see the Topic's description) is set."
+                    "the pause or managed annotation (see the Topic's description) is set. Reassigning: partitions "
+                    "are moving between pods (True while one is pending, ongoing or failed). ScaleInBlocked: the "
+                    "storage StatefulSet's scale-in would lose this topic's data and waits (the message says why)."
                 ),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
@@ -254,6 +278,8 @@ def status_schema() -> dict[str, Any]:
             },
             "partitions": {"type": "array", "items": partition_status_schema()},
             "diskUsageBytes": _int64("Bytes in all the topic's partition logs.", 0),
+            "moves": {"type": "array", "items": move_status_schema(),
+                      "description": "Partitions moving between pods, or moved last (docs/moves.md)."},
         },
     }
 
@@ -337,9 +363,14 @@ def render_yaml() -> str:
     return GENERATED_HEADER + body
 
 
-def main(outputs: Sequence[str] = ()) -> int:
-    """`shale crd`: print the CRD, or write it to each of `outputs`."""
-    text = render_yaml()
+def main(outputs: Sequence[str] = (), kind: str = "topic") -> int:
+    """`shale crd`: print the CRD of `kind` (topic or user), or write it to each of `outputs`."""
+    if kind == "user":
+        from shale.operator.user_crd import render_yaml as render_user
+
+        text = render_user()
+    else:
+        text = render_yaml()
     if not outputs:
         sys.stdout.write(text)
     for output in outputs:

@@ -39,17 +39,22 @@ from typing import Any, Mapping
 import kopf
 import kubernetes
 
-from shale.operator.conditions import PAUSED, READY, UNMANAGED, Condition, find, merge, rfc3339
+from shale.operator.conditions import (PAUSED, READY, REASSIGNING, SCALE_IN_BLOCKED, UNMANAGED, Condition, find, merge,
+                                      rfc3339)
 from shale.operator.configmap import ConflictError, Snapshot, TopicsConfigMap
 from shale.operator.crd import GROUP, MANAGED_ANNOTATION, PAUSE_ANNOTATION, PLURAL, VERSION
 from shale.operator.kube import connection_info
 from shale.operator.manifests import (PLACEHOLDER_KEY, PLACEHOLDER_TEXT, DesiredTopic, SpecError, configmap_key,
                                       desired_topic, loaded_digest, parse_applied)
 from shale.operator.metrics import OperatorMetrics
-from shale.operator.planning import Restore, lost_topics, plan, plan_restore
+from shale.operator.moves import Progress, moves_status, progress_of, reassigning, scale_in_refusal
+from shale.operator.planning import Moves, Restore, lost_topics, plan, plan_restore
+from shale.operator.scaling import scale_loop
 from shale.operator.settings import Settings
-from shale.operator.status import Observation, ReportCache, fetch_reports, observe, placements
+from shale.operator.status import (NodeReport, Observation, ReportCache, fetch_reports, observe, partitions_of,
+                                   placements, refusals)
 from shale.operator.storage import Storage, StorageError, read_storage
+from shale.operator.user_handlers import register as register_users
 
 FINALIZER = f"{GROUP}/topic-operator"
 _POLL_SECONDS = 0.25  # while a change handler waits for the pods
@@ -68,6 +73,7 @@ class Context:
     reports: ReportCache = field(default_factory=lambda: ReportCache(0.0))
     deleted: set[str] = field(default_factory=set)  # uids whose key was removed: never written again
     unrestorable: dict[str, str] = field(default_factory=dict)  # lost key → why it cannot be written back (reported)
+    scaler: asyncio.Task | None = None  # scaling.scale_loop: the StatefulSet's size against the drains
 
     @classmethod
     def create(cls, settings: Settings, api: kubernetes.client.ApiClient) -> "Context":
@@ -125,7 +131,7 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: lo
             return
         drop = (PAUSED, UNMANAGED)
         try:
-            topic, observation = await _apply(ctx, body, logger, wait, topics)
+            topic, observation, moved = await _apply(ctx, body, logger, wait, topics)
         except (SpecError, StorageError) as exc:
             reason = exc.reason if isinstance(exc, SpecError) else "StorageNotReady"
             cond = Condition(READY, False, reason, str(exc))
@@ -143,19 +149,85 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: lo
         except ConflictError as exc:
             raise kopf.TemporaryError(str(exc), delay=2) from None
         ctx.metrics.set_ready(namespace, name, bool(observation.ready.status))
+        ctx.metrics.set_moves(namespace, name, moved.moves)
         if not _same(find(status.get("conditions"), READY), observation.ready):
             logger.info("Topic %s/%s: Ready=%s (%s): %s", namespace, name, observation.ready.status_text,
                         observation.ready.reason, observation.ready.message)
-        conditions = merge(status.get("conditions"), [observation.ready, observation.cleaning_stuck],
-                           generation=generation, now=now, drop=drop)
-        _status_patch(patch, status, {
-            "observedGeneration": generation, "topicName": topic.topic_name, "appliedSpec": topic.spec,
-            "conditions": conditions, "partitions": observation.partitions,
-            "diskUsageBytes": observation.disk_usage_bytes})
+        if not _same(find(status.get("conditions"), REASSIGNING), moved.reassigning):
+            logger.info("Topic %s/%s: Reassigning=%s (%s): %s", namespace, name, moved.reassigning.status_text,
+                        moved.reassigning.reason, moved.reassigning.message)
+        updates = [observation.ready, observation.cleaning_stuck, moved.reassigning]
+        if moved.scale_in_blocked is not None:
+            updates.append(moved.scale_in_blocked)
+            if not _same(find(status.get("conditions"), SCALE_IN_BLOCKED), moved.scale_in_blocked):
+                logger.warning("Topic %s/%s: %s", namespace, name, moved.scale_in_blocked.message)
+                kopf.warn(body, reason=moved.scale_in_blocked.reason, message=moved.scale_in_blocked.message)
+        conditions = merge(status.get("conditions"), updates, generation=generation, now=now,
+                           drop=drop + (() if moved.scale_in_blocked else (SCALE_IN_BLOCKED,)))
+        fields = {"observedGeneration": generation, "topicName": topic.topic_name, "appliedSpec": topic.spec,
+                  "conditions": conditions, "partitions": observation.partitions,
+                  "diskUsageBytes": observation.disk_usage_bytes}
+        if moved.moves or status.get("moves"):  # a topic that never moved has no `moves`
+            fields["moves"] = moved.moves
+        _status_patch(patch, status, fields)
+
+
+@dataclass(frozen=True)
+class Moved:
+    """The Topic's moves between pods as its status shows them, and the conditions they set."""
+
+    moves: list[dict[str, Any]]
+    reassigning: Condition
+    scale_in_blocked: Condition | None  # None: no scale-in waits on this topic, or it can be drained
+
+
+def _progress(topic: str, partitions: int, reports: Mapping[int, NodeReport], max_moves: int) -> Moves | None:
+    """Each partition's record as the pods report it; None when no pod reports any record (no replication):
+    then replicas cannot move, and stay where they are placed."""
+    if not any(e.get("replica") for r in reports.values() for t in ((r.document or {}).get("topics") or {})
+               for e in partitions_of(r, t)):
+        return None
+    entries: dict[int, list[Mapping[str, Any]]] = {}
+    for report in reports.values():
+        for entry in partitions_of(report, topic):
+            entries.setdefault(entry.get("partition"), []).append(entry)
+    return Moves({p: progress_of(entries.get(p, [])) for p in range(partitions)}, max_moves)
+
+
+def _moved(body: kopf.Body, storage: Storage, reports: Mapping[int, NodeReport], planned: Mapping[str, Any],
+           moves: Moves | None, topic: DesiredTopic, now: str) -> Moved:
+    owners, target, before = planned["owners"], planned["target"], planned["before"]
+    progress: Mapping[int, Progress | None] = moves.progress if moves is not None else {}
+    sizes = {(e.get("partition"), ordinal): int(e.get("size_bytes") or 0)
+             for ordinal, report in reports.items() for e in partitions_of(report, topic.topic_name)}
+    refused = "; ".join(refusals(topic.topic_name, topic.key, reports))
+    failures = {}
+    for p, replicas in enumerate(owners):
+        missing = [n for n in replicas if n not in storage.pods and n not in storage.nodes]
+        if refused:
+            failures[p] = refused
+        elif missing:
+            failures[p] = (f"pod(s) {', '.join(storage.pod_name(n) for n in missing)} do not exist and are beyond "
+                           f"the StatefulSet's {storage.replicas} replicas")
+    previous = list((body.get("status") or {}).get("moves") or [])
+    moves_now = moves_status(previous, before, owners, target, progress, sizes, failures, now)
+    blocked = None
+    if storage.scale_in_to is not None and storage.scale_in_to < storage.replicas:
+        leaving = {n for n in set(storage.pods) | set(range(storage.replicas)) if n >= storage.scale_in_to}
+        down = {n for n, r in reports.items() if r.document is None}
+        why = scale_in_refusal(owners, leaving, moves is not None, progress, down)
+        if not storage.nodes:
+            why = [f"the StatefulSet would have no pods left to hold the topic's {len(owners)} partition(s)"]
+        if why:
+            blocked = Condition(SCALE_IN_BLOCKED, True, "ScaleInRefused",
+                                f"StatefulSet {storage.namespace}/{storage.statefulset} cannot be scaled in to "
+                                f"{storage.scale_in_to}: " + "; ".join(why) + ". Remove its annotation "
+                                f"shale.dev/scale-in-to (or scale it back to {storage.replicas}) to cancel")
+    return Moved(moves_now, reassigning(moves_now), blocked)
 
 
 async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
-                 topics: Topics) -> tuple[DesiredTopic, Observation]:
+                 topics: Topics) -> tuple[DesiredTopic, Observation, Moved]:
     settings = ctx.settings
     topic = desired_topic(body)
     storage: Storage = await asyncio.to_thread(read_storage, ctx.api, settings)
@@ -164,6 +236,7 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
     reports = await fetch_reports(storage, settings.status_url_template, every_node, settings.http_timeout_seconds,
                                   cache)
     found = placements(topic.topic_name, reports)
+    moves = _progress(topic.topic_name, topic.partitions, reports, settings.max_moves_per_topic)
     planned: dict[str, Any] = {}
     every_topic = [b for bodies in topics.values() for b in bodies]  # read here: kopf changes it on this loop
 
@@ -171,9 +244,11 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
         lost = lost_topics(every_topic, snapshot.data, ctx.deleted)
         restore = plan_restore(lost, snapshot.data, storage, settings.node_address_template,
                                lambda name: placements(name, reports), settings.default_replicas)
-        text, owners = plan(topic, {**snapshot.data, **restore.texts}, storage, settings.node_address_template, found,
-                            settings.default_replicas)
+        text, owners, target = plan(topic, {**snapshot.data, **restore.texts}, storage, settings.node_address_template,
+                                    found, settings.default_replicas, moves)
         planned["owners"], planned["text"], planned["changed"] = owners, text, snapshot.data.get(topic.key) != text
+        mine = parse_applied(topic.key, snapshot.data.get(topic.key) or "")
+        planned["target"], planned["before"] = target, list(mine.assignment or ()) if mine is not None else []
         planned["lost"], planned["restore"] = lost, restore
         return {PLACEHOLDER_KEY: PLACEHOLDER_TEXT, **restore.texts, topic.key: text}
 
@@ -190,9 +265,10 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
     if planned["changed"]:
         logger.info("Topic %s: wrote %s to %s (topic %s, %d partitions on nodes %s, spec %s)", topic.ref,
                     topic.key, ctx.configmap.ref, topic.topic_name, topic.partitions, owners, digest)
+    moved = _moved(body, storage, reports, planned, moves, topic, rfc3339(time.time()))
     if not wait:  # a refresh: what the pods said above is recent enough
         return topic, observe(topic.topic_name, topic.key, owners, storage, reports,
-                              settings.cleaning_stuck_after_seconds, digest)
+                              settings.cleaning_stuck_after_seconds, digest), moved
     deadline = time.monotonic() + settings.ready_wait_seconds
     while True:
         reports = await fetch_reports(storage, settings.status_url_template, every_node,
@@ -200,7 +276,7 @@ async def _apply(ctx: Context, body: kopf.Body, logger: Any, wait: bool,
         observation = observe(topic.topic_name, topic.key, owners, storage, reports,
                               settings.cleaning_stuck_after_seconds, digest)
         if observation.ready.status or time.monotonic() >= deadline:
-            return topic, observation
+            return topic, observation, moved
         await asyncio.sleep(_POLL_SECONDS)
 
 
@@ -291,6 +367,16 @@ def build_registry(settings: Settings) -> kopf.OperatorRegistry:
     async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
         await memo.ctx.metrics.stop()
 
+    @kopf.on.startup(id="scale-start", registry=registry)
+    async def start_scaling(memo: kopf.Memo, **_: Any) -> None:
+        ctx = memo.ctx
+        ctx.scaler = asyncio.create_task(scale_loop(settings, ctx.api, ctx.configmap, ctx.metrics, ctx.reports))
+
+    @kopf.on.cleanup(id="scale-stop", registry=registry)
+    async def stop_scaling(memo: kopf.Memo, **_: Any) -> None:
+        if memo.ctx.scaler is not None:
+            memo.ctx.scaler.cancel()
+
     @kopf.on.probe(id="topics", registry=registry)
     def topics_probe(memo: kopf.Memo, **_: Any) -> int:
         return len(memo.ctx.topic_locks)
@@ -327,6 +413,7 @@ def build_registry(settings: Settings) -> kopf.OperatorRegistry:
     async def delete(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
         await remove(memo.ctx, body, logger)
 
+    register_users(registry, settings)
     return registry
 
 

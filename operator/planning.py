@@ -3,7 +3,9 @@
 Pure, so every rule is tested without a cluster: one Topic per Kafka topic name (a second one is a
 ResourceConflict, as in Strimzi), no decrease of partitions and no change of topicName (NotSupported),
 existing partitions stay where they are (from the applied manifest, else from the logs the pods
-report), new ones go to the least loaded pods. `plan_restore` writes back, together, the keys of
+report), new ones go to the least loaded pods. With replication (the pods report partition records), replicas
+also move between pods — to follow spec.replicas, onto pods added and off pods being drained — by the rules
+of moves.py, a few partitions at a time. `plan_restore` writes back, together, the keys of
 Topics that were applied but are missing from the ConfigMap (emptied, deleted or edited by hand),
 each at its current spec or, if that is refused, at the spec last applied (`status.appliedSpec`):
 the Topics are the source of truth, and a missing key is never taken as a deletion.
@@ -12,13 +14,28 @@ the Topics are the source of truth, and a missing key is never taken as a deleti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from shale.operator.assignment import assign, load_of
+from shale.operator.assignment import Replicas, assign, load_of
 from shale.operator.crd import MANAGED_ANNOTATION, PAUSE_ANNOTATION, TOPIC_NAME_CHANGE_MESSAGE
 from shale.operator.manifests import (AppliedTopic, DesiredTopic, SpecError, configmap_key, desired_topic,
                                       last_applied, parse_applied, render, to_yaml)
+from shale.operator.moves import Progress, goal, step
 from shale.operator.storage import Storage, StorageError
+
+
+@dataclass(frozen=True)
+class Moves:
+    """What moving replicas needs from the pods: each partition's record (None: not read yet) and the cap."""
+
+    progress: Mapping[int, Progress | None]
+    max_moves: int = 2
+
+
+class Planned(NamedTuple):
+    text: str  # the manifest for the Topic's key
+    owners: list[Replicas]  # each partition's replicas in it
+    target: list[Replicas]  # where each partition is headed (owners, unless moves wait their turn)
 
 
 def applied_topics(data: Mapping[str, str]) -> dict[str, AppliedTopic]:
@@ -32,11 +49,13 @@ def applied_topics(data: Mapping[str, str]) -> dict[str, AppliedTopic]:
 
 
 def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address_template: str,
-         found: Mapping[int, tuple[int, ...]], default_replicas: int = 1) -> tuple[str, list[tuple[int, ...]]]:
-    """The text for `topic.key` and its assignment; SpecError if the spec cannot be applied as it is.
+         found: Mapping[int, tuple[int, ...]], default_replicas: int = 1, moves: Moves | None = None) -> Planned:
+    """The text for `topic.key`, its assignment and target; SpecError if the spec cannot be applied as it is.
 
     found: partition → the node ids whose pods already hold its logs (from their /status).
     default_replicas: the replication factor of a Topic without spec.replicas.
+    moves: given when the topic's partitions can move (replication): placed replicas then follow
+    spec.replicas and the pods (moves.goal), `moves.max_moves` partitions at a time; None: they stay.
     """
     applied = applied_topics(data)
     mine = applied.get(topic.key)
@@ -53,20 +72,29 @@ def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address
     previous: list[tuple[int, ...] | None] = list(mine.assignment) if mine is not None and mine.assignment else []
     previous += [found.get(p) for p in range(len(previous), topic.partitions)]
     load, leaders = load_of(a.assignment for k, a in applied.items() if k != topic.key and a.assignment)
-    # As Kafka's CreatePartitions: new partitions get the replication factor the topic has; changing it for
-    # existing partitions is a reassignment, which the operator does not do.
+    # As Kafka's CreatePartitions: new partitions get the replication factor the topic has. Changing it for
+    # existing partitions is a reassignment: only with `moves`, where spec.replicas is the replication factor.
     existing = next((len(replicas) for replicas in previous if replicas), None)
+    factor = (topic.replicas or existing or default_replicas) if moves is not None else (
+        existing or topic.replicas or default_replicas)
     try:
-        owners = assign(topic.partitions, existing or topic.replicas or default_replicas, previous, storage.nodes,
-                        load, leaders, storage.zones)
+        owners = assign(topic.partitions, factor, previous, storage.nodes, load, leaders, storage.zones)
     except ValueError as exc:  # no pod to place new partitions on (replicas: 0)
         raise StorageError(f"StatefulSet {storage.namespace}/{storage.statefulset}: {exc}") from None
+    target = owners
+    if moves is not None and storage.nodes:
+        current_leaders = {p: r.leader for p, r in moves.progress.items() if r is not None and r.leader is not None}
+        target = goal(owners, factor, storage.nodes, storage.zones, current_leaders)
+        records = [moves.progress.get(p) for p in range(len(previous))]
+        settled = [replicas is not None and record is not None and record.settled_at(replicas)
+                   for replicas, record in zip(previous, records)]
+        owners = step(previous, target, settled, moves.max_moves)
     placed = {node for replicas in owners for node in replicas}
     addresses = {node: storage.render(address_template, node) for node in sorted(set(storage.nodes) | placed)}
     manifest = render(topic, owners, addresses)
     if mine is not None and mine.manifest == manifest:
-        return data[topic.key], owners
-    return to_yaml(manifest), owners
+        return Planned(data[topic.key], owners, target)
+    return Planned(to_yaml(manifest), owners, target)
 
 
 def _name_change(applied: str | None, topic: DesiredTopic) -> SpecError:

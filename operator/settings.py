@@ -42,9 +42,17 @@ class Settings:
     status_interval_seconds: float = 30.0
     ready_wait_seconds: float = 15.0  # a change handler waits this long for the pods to serve the partitions
     http_timeout_seconds: float = 5.0
+    max_moves_per_topic: int = 2  # partitions of one topic moving between pods at a time (docs/moves.md)
+    scale_check_interval_seconds: float = 5.0  # how often the StatefulSet's size is checked against the drains
     liveness_endpoint: str | None = "http://0.0.0.0:8081/healthz"
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8082  # None = no metrics server
+    # Users (operator/user_handlers.py): how the operator reaches each pod's Kafka admin APIs, and the clients CA.
+    admin_address_template: str | None = None  # None = node_address_template
+    admin_tls_ca_file: str | None = None  # TLS to the pods when set (with a client certificate when cert/key are)
+    admin_tls_cert_file: str | None = None
+    admin_tls_key_file: str | None = None
+    clients_ca_secret: str | None = None  # Secret (storage namespace, tls.crt/tls.key) signing tls Users' certificates
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -62,11 +70,14 @@ class Settings:
         return cls(**{k: (None if v is OFF else v) for k, v in values.items()})
 
     def __post_init__(self) -> None:
-        for name in ("cleaning_stuck_after_seconds", "status_interval_seconds", "http_timeout_seconds"):
+        for name in ("cleaning_stuck_after_seconds", "status_interval_seconds", "http_timeout_seconds",
+                     "scale_check_interval_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.default_replicas < 1:
             raise ValueError(f"default_replicas must be >= 1, got {self.default_replicas}")
+        if self.max_moves_per_topic < 1:
+            raise ValueError(f"max_moves_per_topic must be >= 1, got {self.max_moves_per_topic}")
         if self.ready_wait_seconds < 0:
             raise ValueError(f"ready_wait_seconds must be >= 0, got {self.ready_wait_seconds}")
 
@@ -106,9 +117,16 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "status_interval_seconds": ("SHALE_STATUS_INTERVAL_SECONDS", float),
     "ready_wait_seconds": ("SHALE_READY_WAIT_SECONDS", float),
     "http_timeout_seconds": ("SHALE_HTTP_TIMEOUT_SECONDS", float),
+    "max_moves_per_topic": ("SHALE_MAX_MOVES_PER_TOPIC", _positive_int),
+    "scale_check_interval_seconds": ("SHALE_SCALE_CHECK_INTERVAL_SECONDS", float),
     "liveness_endpoint": ("SHALE_LIVENESS_ENDPOINT", _optional_text),
     "metrics_host": ("SHALE_METRICS_HOST", str),
     "metrics_port": ("SHALE_METRICS_PORT", _optional_port),
+    "admin_address_template": ("SHALE_ADMIN_ADDRESS_TEMPLATE", str),
+    "admin_tls_ca_file": ("SHALE_ADMIN_TLS_CA_FILE", str),
+    "admin_tls_cert_file": ("SHALE_ADMIN_TLS_CERT_FILE", str),
+    "admin_tls_key_file": ("SHALE_ADMIN_TLS_KEY_FILE", str),
+    "clients_ca_secret": ("SHALE_CLIENTS_CA_SECRET", str),
 }
 assert set(_ENV) == {f.name for f in fields(Settings)}, "every setting needs an environment variable"
 
@@ -134,9 +152,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--status-interval-seconds", "how often each Topic is reconciled and its status refreshed", type=float)
     flag("--ready-wait-seconds", "how long a change waits for the pods to serve it before returning", type=float)
     flag("--http-timeout-seconds", "timeout of a pod's /status request", type=float)
+    flag("--max-moves-per-topic", "partitions of one topic moving between pods at a time", type=_positive_int)
+    flag("--scale-check-interval-seconds", "how often the StatefulSet's size is checked against the drains",
+         type=float)
     flag("--liveness-endpoint", "kopf's liveness probe URL to serve, or 'off'", type=_optional_text)
     flag("--metrics-host", "address of the Prometheus /metrics server")
     flag("--metrics-port", "port of the Prometheus /metrics server, or 'off'", type=_optional_port)
+    flag("--admin-address-template", "Kafka address of a pod for the Users' admin requests (SCRAM credentials, "
+         "ACLs); default: --node-address-template")
+    flag("--admin-tls-ca-file", "CA of the pods' admin listener: TLS when given")
+    flag("--admin-tls-cert-file", "the operator's client certificate on the admin listener (a super user there)")
+    flag("--admin-tls-key-file", "its private key")
+    flag("--clients-ca-secret", "Secret (tls.crt, tls.key) of the CA that signs tls Users' certificates")
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:

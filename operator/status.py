@@ -95,7 +95,7 @@ async def fetch_reports(storage: Storage, url_template: str, ordinals: set[int],
     return {r.ordinal: r for r in reports}
 
 
-def _partitions_of(report: NodeReport, topic: str) -> list[Mapping[str, Any]]:
+def partitions_of(report: NodeReport, topic: str) -> list[Mapping[str, Any]]:
     topics = (report.document or {}).get("topics") or {}
     return list((topics.get(topic) or {}).get("partitions") or [])
 
@@ -104,7 +104,7 @@ def placements(topic: str, reports: Mapping[int, NodeReport]) -> dict[int, tuple
     """partition → the nodes holding a log of it (served or stray), lowest ordinal first: its replicas."""
     seen: dict[int, set[int]] = {}
     for ordinal, report in reports.items():
-        for entry in _partitions_of(report, topic):
+        for entry in partitions_of(report, topic):
             seen.setdefault(entry["partition"], set()).add(ordinal)
     return {p: tuple(sorted(nodes)) for p, nodes in seen.items()}
 
@@ -132,7 +132,7 @@ def _partition_status(entry: Mapping[str, Any], pod: str) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _refusals(topic: str, key: str, reports: Mapping[int, NodeReport]) -> list[str]:
+def refusals(topic: str, key: str, reports: Mapping[int, NodeReport]) -> list[str]:
     """Messages of pods that refused the topic's manifest or a change to the topic."""
     out = []
     for report in reports.values():
@@ -179,7 +179,7 @@ def observe(topic: str, key: str, assignment: Sequence[tuple[int, ...]], storage
         for node in replicas:
             pod = storage.pod_name(node)
             report = reports.get(node)
-            entry = (next((e for e in _partitions_of(report, topic) if e.get("partition") == p), None)
+            entry = (next((e for e in partitions_of(report, topic) if e.get("partition") == p), None)
                      if report else None)
             if entry is None or not entry.get("served", True):
                 partitions.append({"partition": p, "pod": pod})
@@ -202,10 +202,10 @@ def observe(topic: str, key: str, assignment: Sequence[tuple[int, ...]], storage
             roles = ", ".join(f"{e['pod']} {e.get('role')}" for e in served)
             missing.append(f"{p} (no replica leads it: {roles})")
     owners = {node for replicas in assignment for node in replicas}
-    refusals = _refusals(topic, key, reports)
+    refused = refusals(topic, key, reports)
     stale = _not_loaded(topic, spec_digest, owners, reports) if spec_digest else []
-    if refusals:
-        ready = Condition(READY, False, "StorageRefused", "; ".join(refusals))
+    if refused:
+        ready = Condition(READY, False, "StorageRefused", "; ".join(refused))
     elif missing:
         ready = Condition(READY, False, "PartitionsNotServed", "partitions not served: " + "; ".join(missing))
     elif stale:

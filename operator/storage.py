@@ -18,6 +18,8 @@ import kubernetes
 from shale.operator.settings import Settings
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
+# The StatefulSet's scale-in target while the pods above it are drained (docs/moves.md, "The operator").
+SCALE_IN_ANNOTATION = "shale.dev/scale-in-to"
 
 
 class StorageError(RuntimeError):
@@ -45,11 +47,13 @@ class Storage:
     replicas: int
     pods: dict[int, StoragePod]
     zones: dict[int, str] = field(default_factory=dict)  # ordinal → zone label of its pod's node, where known
+    scale_in_to: int | None = None  # the pods from this ordinal up are being drained before a scale-in
+    resource_version: str | None = None  # of the StatefulSet as read: the precondition of the operator's patches
 
     @property
     def nodes(self) -> list[int]:
-        """The node ids new partitions may be placed on: the StatefulSet's ordinals."""
-        return list(range(self.replicas))
+        """The node ids replicas may be placed on: the StatefulSet's ordinals, below a scale-in target."""
+        return list(range(self.replicas if self.scale_in_to is None else min(self.replicas, self.scale_in_to)))
 
     def pod_name(self, ordinal: int) -> str:
         return f"{self.statefulset}-{ordinal}"
@@ -95,7 +99,18 @@ def read_storage(api: kubernetes.client.ApiClient, settings: Settings) -> Storag
         pods[ordinal] = StoragePod(pod.metadata.name, ordinal, pod.status.pod_ip if pod.status else None, ports,
                                    pod.spec.node_name)
     zones = _zones(api, {o: p.node for o, p in pods.items() if p.node})
-    return Storage(ns, name, service, sts.spec.replicas if sts.spec.replicas is not None else 1, pods, zones)
+    return Storage(ns, name, service, sts.spec.replicas if sts.spec.replicas is not None else 1, pods, zones,
+                   _scale_in_to(sts.metadata.annotations or {}), sts.metadata.resource_version)
+
+
+def _scale_in_to(annotations: dict[str, str]) -> int | None:
+    """The scale-in target annotation; an unreadable one is ignored (as absent), not a reason to stop placing."""
+    raw = annotations.get(SCALE_IN_ANNOTATION)
+    try:
+        value = int(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value >= 0 else None
 
 
 def _zones(api: kubernetes.client.ApiClient, node_of: dict[int, str]) -> dict[int, str]:

@@ -26,7 +26,9 @@ Also unlike Kafka's tool: a preallocated .index or .timeindex that holds no entr
 segment) is empty, not an entry for offset 0; a .timeindex entry at a batch the cleaner emptied
 (kept for its producer) is checked against the batch's own max timestamp, which Kafka's cleaner
 indexed, not against the -1 of a batch without records; checkpoint files and partition.metadata
-are dumped; a corrupt or unknown batch is named with its position instead of a stack trace;
+are dumped; .txnindex files are checked too (--index-sanity-check: Kafka's sanity and append rules;
+--verify-index-only: also each entry's ABORT marker in the .log); a corrupt or unknown batch is named
+with its position instead of a stack trace;
 message format v0/v1 (Kafka before 0.11) is reported as corrupt, not decoded; there is no --files
 (files are arguments), and no decoder options: keys and payloads print as UTF-8 text, Kafka's
 default, and KRaft metadata records print as that text too (Kafka's --cluster-metadata-decoder is
@@ -58,12 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--exit", action="store_true", help="stop the server after the walkthrough")
 
     serve = sub.add_parser("serve", help="run a storage node: the Kafka protocol over a data directory")
-    serve.add_argument("--data-dir", required=True, help="the log directory (created if missing)")
+    serve.add_argument("--data-dir", required=True, action="append",
+                       help="a log directory (created if missing); repeat it or give a comma-separated list for "
+                            "several volumes (JBOD, docs/moves.md); node files live in the first")
     serve.add_argument("--topics", required=True, metavar="PATH",
                        help="a Topic manifest file or a directory of them (watched for changes)")
     serve.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT", help="Kafka listener")
     serve.add_argument("--http", default="127.0.0.1:8080", metavar="HOST:PORT",
                        help="/metrics, /status, /healthz, /readyz")
+    serve.add_argument("--http-token-file", default=None, metavar="PATH",
+                       help="a file holding the bearer token every HTTP change (pause/resume) must present; "
+                            "read per request (mount it from a Secret)")
+    serve.add_argument("--http-tls-cert", default=None, metavar="PEM", help="TLS on the HTTP port: certificate chain")
+    serve.add_argument("--http-tls-key", default=None, metavar="PEM", help="TLS on the HTTP port: private key")
+    serve.add_argument("--http-tls-ca", default=None, metavar="PEM",
+                       help="CA of client certificates: a verified one authenticates HTTP changes (mTLS)")
+    serve.add_argument("--http-tls-client-auth", default=None, choices=("required", "requested", "none"),
+                       help="as Kafka's ssl.client.auth (default: requested with --http-tls-ca, else none)")
     serve.add_argument("--advertised-host", default=None, help="host name clients are told to connect to")
     serve.add_argument("--advertised-port", type=int, default=None,
                        help="port clients are told to connect to (default: the --listen port)")
@@ -76,7 +89,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                        help="a broker config, e.g. log.cleaner.threads=2 (repeatable, as kafka-server-start)")
 
-    crd = sub.add_parser("crd", help="print (or write) the Topic CRD, generated from the topic-config table")
+    scram = sub.add_parser("scram-credential", help="seed a SCRAM credential into a data directory (node stopped)",
+                           description="Write a user's salted SCRAM credential into DATA_DIR/shale-security.json, "
+                                       "for the first SASL user (Kafka's kafka-storage format --add-scram). The node "
+                                       "must not be running; on a running node use AlterUserScramCredentials.")
+    scram.add_argument("--data-dir", required=True, help="the node's log directory")
+    scram.add_argument("--user", required=True)
+    scram.add_argument("--password-file", required=True, metavar="PATH",
+                       help="a file holding the password (its trailing newline is not part of it)")
+    scram.add_argument("--mechanism", default="SCRAM-SHA-512", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
+    scram.add_argument("--iterations", type=int, default=4096, help="4096..16384 (Kafka's bounds)")
+
+    crd = sub.add_parser("crd", help="print (or write) the Topic CRD, generated from the topic-config table, "
+                                     "or the User CRD")
+    crd.add_argument("--kind", choices=("topic", "user"), default="topic", help="which CRD (default: topic)")
     crd.add_argument("-o", "--output", action="append", default=[], metavar="FILE",
                      help="write the CRD to FILE instead of stdout (repeatable)")
 
@@ -102,6 +128,17 @@ def main(argv: list[str] | None = None) -> int:
         from .server.serve import serve_forever
 
         return serve_forever(args)
+    if args.command == "scram-credential":
+        from .scram_credential import CredentialError, read_password, set_credential
+
+        try:
+            path = set_credential(args.data_dir, args.user, read_password(args.password_file), args.mechanism,
+                                  args.iterations)
+        except (CredentialError, ValueError) as exc:
+            logging.getLogger("shale").error("scram-credential: %s", exc)
+            return 1
+        logging.getLogger("shale").info("%s credential of user %r written to %s", args.mechanism, args.user, path)
+        return 0
     if args.command == "operator":
         from shale.operator.main import main as operator_main
 
@@ -109,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "crd":
         from shale.operator.crd import main as crd_main
 
-        return crd_main(args.output)
+        return crd_main(args.output, args.kind)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -34,6 +34,7 @@ from .log.records import (
 )
 from .log.segment import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from .log.time_index import TimeIndex
+from .log.transaction_index import AbortedTxn, consistency_problems, parse_entries
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 CHECKPOINT_NAMES = ("recovery-point-offset-checkpoint", "log-start-offset-checkpoint", "cleaner-offset-checkpoint",
@@ -43,7 +44,6 @@ BOOTSTRAP_SNAPSHOT = "bootstrap.checkpoint"  # what `kafka-storage format` write
 _KRAFT_SNAPSHOT_NAME = re.compile(r"([0-9]{20})-([0-9]{10})\.checkpoint")
 _DIGITS = re.compile(r"[0-9]+")
 _OFFSET_NAMED = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, SNAPSHOT_SUFFIX, TXN_INDEX_SUFFIX)
-_ABORTED_TXN = struct.Struct(">hqqqq")  # Kafka's AbortedTxn: version, producerId, first, last, lastStable offsets
 
 
 @dataclass
@@ -134,7 +134,7 @@ def dump_files(paths: list[str], *, print_data: bool = False, deep_iteration: bo
                     for entry in parse_snapshot(f.read(), path):
                         print(format_entry(entry), file=out)
             elif name.endswith(TXN_INDEX_SUFFIX):
-                problems += _dump_txn_index(path, out)
+                problems += _dump_txn_index(path, verify_index_only, index_sanity_check, out)
             elif name in CHECKPOINT_NAMES:
                 problems += _dump_checkpoint(path, out)
             elif name == "partition.metadata":
@@ -439,18 +439,46 @@ def _dump_time_index(path: str, verify_only: bool, sanity_only: bool, out: TextI
 
 # -- other files ---------------------------------------------------------------------------------
 
-def _dump_txn_index(path: str, out: TextIO) -> int:
-    """Kafka's `.txnindex`: a 34-byte entry per aborted transaction; a partial last entry is ignored, as by Kafka."""
+def _dump_txn_index(path: str, verify_only: bool, sanity_only: bool, out: TextIO) -> int:
+    """Kafka's `.txnindex` lines (a partial last entry is ignored, as by Kafka). `--index-sanity-check`: Kafka's
+    TransactionIndex.sanityCheck and append rules; `--verify-index-only`: those, and each entry against the `.log`
+    beside it (the batch at its last offset is that producer's ABORT marker)."""
     with open(path, "rb") as f:
-        data = f.read()
-    for pos in range(0, len(data) - _ABORTED_TXN.size + 1, _ABORTED_TXN.size):
-        version, pid, first, last, lso = _ABORTED_TXN.unpack_from(data, pos)
-        if version > 0:
-            raise LogError(f"Unexpected aborted transaction version {version} in transaction index "
-                           f"{os.path.abspath(path)}, current version is 0")
-        print(f"version: {version} producerId: {pid} firstOffset: {first} lastOffset: {last} lastStableOffset: {lso}",
-              file=out)
-    return 0
+        entries = parse_entries(f.read(), path)
+    problems = consistency_problems(entries, _offset_of(path))
+    if sanity_only:
+        return _sanity("; ".join(problems), path, out)
+    if not verify_only:
+        for e in entries:
+            print(e, file=out)
+        return 0
+    fd = _log_fd(path, TXN_INDEX_SUFFIX)
+    try:
+        problems += [p for e in entries if (p := _abort_marker_problem(fd, e)) is not None]
+    finally:
+        os.close(fd)
+    for problem in problems:
+        print(f"{path}: {problem}", file=out)
+    return len(problems)
+
+
+def _abort_marker_problem(fd: int, e: AbortedTxn) -> str | None:
+    """Why the log does not hold producer `e.producer_id`'s ABORT marker at `e.last_offset`, or None."""
+    found = _batch_holding(fd, 0, e.last_offset)
+    where = f"aborted transaction of producer {e.producer_id} (first offset {e.first_offset}, last offset " \
+            f"{e.last_offset})"
+    if found is None or found.header.base_offset > e.last_offset:
+        return f"{where}: no batch holds its last offset"
+    h = found.header
+    if not h.is_control or h.producer_id != e.producer_id:
+        return (f"{where}: the batch at offset {h.base_offset} is {'a control' if h.is_control else 'a data'} "
+                f"batch of producer {h.producer_id}")
+    raw = os.pread(fd, found.size, found.position)
+    records = decode_records(h, memoryview(raw)[BATCH_OVERHEAD:], "") if h.records_count else []
+    control = parse_control_key(records[0].key) if records else None
+    if control is not ControlType.ABORT:
+        return f"{where}: the marker at offset {h.base_offset} is {control.name if control else 'empty'}, not ABORT"
+    return None
 
 
 def _dump_checkpoint(path: str, out: TextIO) -> int:

@@ -305,6 +305,45 @@ def test_txn_index_dumped_as_kafka_does(tmp_path: Path) -> None:
                          "version: 0 producerId: 8 firstOffset: 20 lastOffset: 25 lastStableOffset: 21"]
 
 
+def _txn_log(tmp_path: Path) -> Log:
+    """A log with one aborted transaction (producer 7: data at 0, ABORT at 2) and a committed one (8)."""
+    log = Log(str(tmp_path / "t-0"), TopicConfig.from_mapping({}), had_clean_shutdown=True)
+    for pid, control in ((7, None), (8, None), (7, ControlType.ABORT), (8, ControlType.COMMIT)):
+        records = [Record(0, 1, b"k", b"v")] if control is None else \
+            [Record(0, 1, encode_control_key(control), b"\x00\x00\x00\x00\x00\x00")]
+        log.append(encode_batch(records, producer_id=pid, producer_epoch=0, base_sequence=0, is_transactional=True,
+                                is_control=control is not None))
+    log.close()
+    return log
+
+
+def test_txn_index_written_by_the_engine_verifies_against_its_log(tmp_path: Path) -> None:
+    log = _txn_log(tmp_path)
+    txn = Path(log.dir) / "00000000000000000000.txnindex"
+    rc, lines, _ = _dump([txn])
+    assert rc == 0 and lines[1:] == ["version: 0 producerId: 7 firstOffset: 0 lastOffset: 2 lastStableOffset: 1"]
+    assert _dump([txn], verify_index_only=True)[:2] == (0, [f"Dumping {txn}"])
+    assert _dump([txn], index_sanity_check=True)[:2] == (0, [f"Dumping {txn}", f"{txn} passed sanity check."])
+
+
+def test_txn_index_entries_that_disagree_with_the_log_are_findings(tmp_path: Path) -> None:
+    log = _txn_log(tmp_path)
+    txn = Path(log.dir) / "00000000000000000000.txnindex"
+    txn.write_bytes(struct.pack(">hqqqq", 0, 7, 0, 2, 1) + struct.pack(">hqqqq", 0, 8, 1, 3, 4)
+                    + struct.pack(">hqqqq", 0, 9, 1, 1, 2))
+    rc, lines, _ = _dump([txn], verify_index_only=True)
+    assert rc == 1
+    assert lines[1:] == [
+        f"{txn}: entry 2 has last offset 1, not greater than the previous 3",
+        f"{txn}: aborted transaction of producer 8 (first offset 1, last offset 3): the marker at offset 3 is COMMIT, "
+        "not ABORT",
+        f"{txn}: aborted transaction of producer 9 (first offset 1, last offset 1): the batch at offset 1 is a data "
+        "batch of producer 8",
+    ]
+    rc, lines, _ = _dump([txn], index_sanity_check=True)
+    assert rc == 1 and lines[1] == f"{txn} failed sanity check: entry 2 has last offset 1, not greater than the previous 3"
+
+
 # -- KRaft: snapshots and control records --------------------------------------------------------------
 
 def _control(base: int, ts: int, items: list[tuple[ControlType, bytes]]) -> bytes:

@@ -33,7 +33,8 @@ from .records import (
     parse_control_key,
 )
 from .segment import LogSegment
-from .txn_scan import AbortedTxn, TxnScan, scan
+from .transaction_index import AbortedTxn, TransactionIndex
+from .txn_scan import TxnScan, scan
 
 logger = logging.getLogger(__name__)
 
@@ -181,13 +182,15 @@ class _TxnMetadata:
 
     def __init__(self, aborted: list[AbortedTxn]) -> None:
         self._pending = sorted(aborted, key=lambda t: t.first_offset)
-        self._ongoing_aborted: dict[int, bool] = {}  # pid -> a batch of it was seen in this pass
+        self._ongoing_aborted: dict[int, tuple[AbortedTxn, bool]] = {}  # pid -> txn, a batch of it seen this pass
         self._ongoing_committed: set[int] = set()
+        # The `.txnindex` of the segment being written: an abort whose marker stays keeps its entry there.
+        self.cleaned_index: TransactionIndex | None = None
 
     def _consume_up_to(self, offset: int) -> None:
         while self._pending and self._pending[0].first_offset <= offset:
             txn = self._pending.pop(0)
-            self._ongoing_aborted.setdefault(txn.producer_id, False)
+            self._ongoing_aborted.setdefault(txn.producer_id, (txn, False))
 
     def on_control_batch(self, h: BatchHeader, control: ControlType | None) -> bool:
         """True if the marker may be discarded (its transaction's data is gone)."""
@@ -196,7 +199,9 @@ class _TxnMetadata:
             return True  # an emptied control batch
         pid = h.producer_id
         if control is ControlType.ABORT:
-            seen = self._ongoing_aborted.pop(pid, False)
+            txn, seen = self._ongoing_aborted.pop(pid, (None, False))
+            if seen and txn is not None and self.cleaned_index is not None:
+                self.cleaned_index.append(txn)  # the marker stays for a later pass: so does its entry
             return not seen
         if control is ControlType.COMMIT:
             if pid in self._ongoing_committed:
@@ -210,8 +215,9 @@ class _TxnMetadata:
         self._consume_up_to(h.last_offset)
         if not h.is_transactional:
             return False
-        if h.producer_id in self._ongoing_aborted:
-            self._ongoing_aborted[h.producer_id] = True
+        ongoing = self._ongoing_aborted.get(h.producer_id)
+        if ongoing is not None:
+            self._ongoing_aborted[h.producer_id] = (ongoing[0], True)
             return True
         self._ongoing_committed.add(h.producer_id)
         return False
@@ -309,6 +315,7 @@ class Cleaner:
                        producers: dict[int, int], upper_bound: int) -> None:
         """Recopy a group into one `.cleaned` segment and swap it in for the group."""
         cleaned = log.create_cleaned_segment(group[0].base_offset)
+        txn_meta.cleaned_index = cleaned.txn_index
         try:
             key_at = _KeyReader(log, self.map.base_offset, self.map.latest_offset)
             dest = _Destination(cleaned)

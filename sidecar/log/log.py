@@ -32,7 +32,13 @@ from .errors import (
 )
 from .leader_epoch_cache import BatchEpochs, LeaderEpochCache, recovered, truncated_from_end, truncated_from_start
 from .loader import load
-from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, BatchMetadata, ProducerBatch, ProducerStateManager
+from .producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    BatchMetadata,
+    CompletedTxn,
+    ProducerBatch,
+    ProducerStateManager,
+)
 from .records import (
     BATCH_OVERHEAD,
     LOG_OVERHEAD,
@@ -43,7 +49,8 @@ from .records import (
     compute_crc,
     set_base_offset,
 )
-from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX, LogSegment, LogSlice
+from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, LogSlice
+from .transaction_index import AbortedTxn
 
 logger = logging.getLogger(__name__)
 
@@ -166,9 +173,15 @@ class Log:
         self._ts_prefix: list[int] | None = None  # running max of inactive segments' largest timestamps
         self.producer_state = ProducerStateManager(directory, self.name,
                                                    producer_id_expiration_ms=producer_id_expiration_ms)
+        rebuild_from = result.recovered_from
+        if rebuild_from is not None:  # the recovered segments' `.txnindex` is rebuilt from their markers
+            for seg in self.segments[self._floor_segment(rebuild_from):]:
+                seg.txn_index.reset()
         self.producer_state.load(self.segments, log_start_offset=self.log_start_offset,
                                  log_end_offset=self.log_end_offset, now_ms=clock(),
-                                 had_clean_shutdown=had_clean_shutdown)
+                                 had_clean_shutdown=had_clean_shutdown, replay_from=rebuild_from,
+                                 on_completed=None if rebuild_from is None else
+                                 lambda txn: self._index_recovered_abort(txn, rebuild_from))
         self.leader_epoch_cache = self._load_leader_epochs(result.recovered_from, batch_epochs.entries)
         self._replicated = False
         # Kept while not replicated too: a checkpointed high watermark waits here for the log to become replicated.
@@ -201,6 +214,10 @@ class Log:
         cache.replace(truncated_from_start(truncated_from_end(entries, self.log_end_offset), self.log_start_offset),
                       "loading the log")
         return cache
+
+    def _index_recovered_abort(self, txn: CompletedTxn, recovered_from: int) -> None:
+        if txn.is_abort and txn.last_offset >= recovered_from:
+            self.segments[self._floor_segment(txn.last_offset)].txn_index.append(txn.aborted_txn())
 
     # -- segments --------------------------------------------------------------------------------
 
@@ -339,8 +356,20 @@ class Log:
                 # A failure in here leaves the log as it was (the segment cuts a partial write): the producer
                 # state and the log end offset move only after the bytes are in the file.
                 self._maybe_roll(len(buf), max_ts, first_offset, last_offset, now)
+                if update is not None:  # aborts are indexed first: a failed append takes them back below
+                    for txn in update.completed:
+                        if txn.is_abort:
+                            self.active_segment.txn_index.append(txn.aborted_txn())
                 self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
             except (OSError, TornSegmentError) as e:
+                if update is not None and update.completed:
+                    try:
+                        self.active_segment.txn_index.truncate_to(first_offset)
+                    except OSError as again:
+                        logger.error("%s: cannot take back the aborted transactions at offset %d from %s: %s",
+                                     self.name, first_offset, self.active_segment.txn_index.path, again)
+                        e = TornSegmentError(f"{self.name}: {self.active_segment.txn_index.path} keeps aborted "
+                                             f"transactions of a failed append at offset {first_offset}: {again}")
                 if epochs_before is not None:
                     self.leader_epoch_cache.replace(tuple(epochs_before), f"the failed append at offset {first_offset}")
                 raise self._storage_failed(e, f"append at offset {first_offset}",
@@ -447,7 +476,7 @@ class Log:
             else:
                 old.on_become_inactive()
                 segments = list(self.segments)
-            for stale in (f"{new_base:020d}.log", f"{new_base:020d}.index", f"{new_base:020d}.timeindex"):
+            for stale in (f"{new_base:020d}{suffix}" for suffix in (LOG_SUFFIX, *INDEX_SUFFIXES)):
                 path = os.path.join(self.dir, stale)
                 if os.path.exists(path):
                     logger.warning("%s: deleting stale file %s before rolling to offset %d", self.name, stale, new_base)
@@ -618,10 +647,34 @@ class Log:
 
     @property
     def last_stable_offset(self) -> int:
-        """First offset of the earliest undecided transaction, or the high watermark; the cleaner stops here."""
+        """Kafka's LSO: the first offset of the earliest transaction that is open or whose marker the high watermark
+        has not passed, or the high watermark. read_committed readers and the cleaner stop here."""
         with self.lock:
-            undecided = self.producer_state.first_undecided_offset()
-            return self.high_watermark if undecided is None else min(self.high_watermark, undecided)
+            hw = self.high_watermark
+            unstable = self.producer_state.first_unstable_offset(hw)
+            return hw if unstable is None else min(hw, unstable)
+
+    def collect_aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """Kafka's collectAbortedTransactions: the aborted transactions that overlap [fetch_offset, upper_bound),
+        from the `.txnindex` of the segment holding `fetch_offset` on, until one says no later one can."""
+        with self.lock:
+            found: list[AbortedTxn] = []
+            for seg in self.segments[self._floor_segment(fetch_offset):]:
+                search = seg.txn_index.collect(fetch_offset, upper_bound)
+                found += search.aborted
+                if search.complete:
+                    break
+            return found
+
+    def fetch_upper_bound(self, found: LogSlice) -> int:
+        """An offset at or past the end of a read slice, to bound its aborted transactions (Kafka's: the first
+        offset index entry past the slice, else the next segment's base, else the log end)."""
+        with self.lock:
+            entry = found.segment.offset_index.fetch_upper_bound(found.position, found.size)
+            if entry is not None:
+                return entry[0]
+            i = self._floor_segment(found.segment.base_offset) + 1
+            return self.segments[i].base_offset if i < len(self.segments) else self.log_end_offset
 
     def remove_expired_producers(self, now: int) -> int:
         """Forget producers idle for `producer.id.expiration.ms`; the maintenance scheduler calls this."""

@@ -17,6 +17,7 @@ from .checkpoint import TopicPartition
 from .cleaner import Cleaner, CleanerStats, CleaningAbortedError
 from .cleaner_manager import CleanerManager, CleaningState, LogCleaningError
 from .offset_map import OffsetMap
+from .pause_owners import SHUTDOWN, PauseOwner
 from .retention import delete_old_segments
 from .throttler import Throttler
 
@@ -95,9 +96,10 @@ class LogCleaner:
         aborted = self.manager.abort_in_progress()
         for t in self._threads:
             t.join(timeout_s)
-        for tp in aborted:  # the abort paused them; nothing else did
-            if self.manager.state(tp).state is CleaningState.PAUSED:
-                self.manager.resume(tp)
+        for tp in aborted:  # the abort paused them, owned by `shutdown`
+            state = self.manager.state(tp)  # still aborted: its thread died mid-pass
+            if state.state is CleaningState.PAUSED and PauseOwner(SHUTDOWN) in state.owners:
+                self.manager.resume(tp, PauseOwner(SHUTDOWN))
 
     def wake(self) -> None:
         """Cut the back-off short (tests, config changes)."""

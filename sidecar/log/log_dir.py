@@ -34,6 +34,7 @@ from .checkpoint import (
     write_offsets,
 )
 from .errors import LogError
+from .future_replica import parse_move_dir
 from .log import Log, now_ms
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
@@ -63,7 +64,8 @@ class LogDir:
     """All partition logs of one data directory."""
 
     def __init__(self, path: str, config_for: Callable[[str], object], *, clock: Callable[[], int] = now_ms,
-                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> None:
+                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS, load: bool = True) -> None:
+        """Lock the directory and (unless `load` is False: `LogDirs` recovers moves over all its dirs first) load it."""
         self.path = os.path.abspath(path)
         self.config_for = config_for
         self.clock = clock
@@ -82,13 +84,28 @@ class LogDir:
             raise LogDirLockedError(f"log directory {self.path} is in use by another process") from None
         try:
             self.had_clean_shutdown = self._consume_clean_shutdown_marker()
+        except BaseException:
+            self.release()
+            raise
+        if load:
+            self.load()
+
+    def load(self) -> None:
+        """Load every partition; on failure release what was opened and the lock (the directory stays as it was)."""
+        try:
             self._load_logs()
         except BaseException:
-            for log in self.logs.values():  # release what was opened; the directory stays as it was
-                for seg in log.segments:
-                    seg.close_handles()
-            os.close(self._lock_fd)  # and the lock, so that a retry in this process can take it
+            self.release()
             raise
+
+    def release(self) -> None:
+        """Close what was opened and let go of the lock, so that a retry in this process can take it."""
+        for log in self.logs.values():
+            for seg in log.segments:
+                seg.close_handles()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def _consume_clean_shutdown_marker(self) -> bool:
         """Delete the marker before loading, so that a crash during loading counts as unclean (KAFKA-10471)."""
@@ -118,6 +135,8 @@ class LogDir:
                 logger.info("removing %s, a partition deleted before the last shutdown", full)
                 shutil.rmtree(full, ignore_errors=True)
                 continue
+            if parse_move_dir(name) is not None:
+                continue  # a log-dir move's: recovered and resumed by LogDirs (future_replica.recover_moves)
             try:
                 tp = TopicPartition.parse_dir_name(name)
             except ValueError as e:
@@ -164,6 +183,26 @@ class LogDir:
                         seg.close_handles()
                     shutil.rmtree(directory, ignore_errors=True)
                 raise
+            self.logs[tp] = log
+            return log
+
+    @property
+    def paths(self) -> list[str]:
+        """The dirs' paths, as `LogDirs.paths`: one."""
+        return [self.path]
+
+    def dir_of(self, tp: TopicPartition) -> str | None:
+        return self.path if tp in self.logs else None
+
+    def open_log(self, tp: TopicPartition, *, recovery_point: int, log_start_offset: int) -> Log:
+        """Open a partition directory that came into this dir whole (a log-dir move's swap) and serve it.
+
+        Its files are final and flushed, so it loads as after a clean shutdown.
+        """
+        with self.lock:
+            log = Log(os.path.join(self.path, str(tp)), self.config_for(tp.topic), recovery_point=recovery_point,
+                      log_start_offset=log_start_offset, had_clean_shutdown=True, clock=self.clock,
+                      producer_id_expiration_ms=self.producer_id_expiration_ms)
             self.logs[tp] = log
             return log
 

@@ -54,6 +54,12 @@ class OffsetIndex(MmapIndex):
 
     def fetch_upper_bound_position(self, start_position: int, fetch_size: int) -> int | None:
         """Position of the first entry at or beyond start + size: lets a read stop at an indexed batch boundary."""
+        found = self.fetch_upper_bound(start_position, fetch_size)
+        return None if found is None else found[1]
+
+    def fetch_upper_bound(self, start_position: int, fetch_size: int) -> tuple[int, int] | None:
+        """The first entry (offset, position) at or beyond start + size (Kafka's fetchUpperBoundOffset: its
+        offset bounds the aborted transactions a read_committed fetch of that range must list)."""
         target = start_position + fetch_size
         lo, hi = 0, self.entries
         while lo < hi:
@@ -62,7 +68,7 @@ class OffsetIndex(MmapIndex):
                 hi = mid
             else:
                 lo = mid + 1
-        return self.entry(lo)[1] if lo < self.entries else None
+        return self.entry(lo) if lo < self.entries else None
 
     def truncate_to(self, offset: int) -> None:
         """Remove the entries at or above `offset`."""

@@ -7,6 +7,11 @@ and a gap or a zombie epoch is refused before a byte is written. The state survi
 restarts as Kafka's `<offset>.snapshot` files (one per segment base offset, plus one
 at the log end on close); at open the latest valid snapshot is loaded and the batches
 after it are replayed from their headers.
+
+It also knows the transactions (Kafka's ongoingTxns and unreplicatedTxns): each producer's
+open transaction from its first transactional batch to its COMMIT/ABORT marker, and the
+finished ones whose marker the high watermark has not passed. The earliest first offset of
+either is the first unstable offset; the last stable offset stops there (docs/transactions.md).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .atomic_file import atomic_write, fsync_dir
 from .errors import CorruptRecordError, InvalidRecordError, InvalidProducerEpochError, OutOfOrderSequenceError
@@ -33,6 +38,7 @@ from .records import (
     parse_end_txn_marker,
 )
 from .segment import SNAPSHOT_SUFFIX, LogSegment, offset_from_filename
+from .transaction_index import AbortedTxn
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +143,7 @@ class ProducerBatch:
     is_transactional: bool
     is_control: bool
     coordinator_epoch: int = -1  # of an end-transaction marker
+    is_abort: bool = False  # an ABORT marker (else COMMIT, for a control batch)
 
     @classmethod
     def of(cls, h: BatchHeader, first_offset: int, max_timestamp: int, batch: bytes | memoryview,
@@ -146,14 +153,34 @@ class ProducerBatch:
         if h.producer_id < 0:
             return None
         coordinator_epoch = -1
+        control = None
         if h.is_control:
             records = decode_records(h, memoryview(batch)[BATCH_OVERHEAD:], where) if h.records_count else []
-            if not records or parse_control_key(records[0].key) not in (ControlType.ABORT, ControlType.COMMIT):
+            control = parse_control_key(records[0].key) if records else None
+            if control not in (ControlType.ABORT, ControlType.COMMIT):
                 return None
             coordinator_epoch = parse_end_txn_marker(records[0].value)
         return cls(h.producer_id, h.producer_epoch, h.base_sequence, h.last_sequence, first_offset,
                    first_offset + h.last_offset_delta, max_timestamp, h.is_transactional, h.is_control,
-                   coordinator_epoch)
+                   coordinator_epoch, control is ControlType.ABORT)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    """A transaction its marker ended (Kafka's CompletedTxn), with the last stable offset at that point.
+
+    Only a transaction with data completes: a marker of a producer with no open transaction changes
+    neither the last stable offset nor the `.txnindex`, as in Kafka.
+    """
+
+    producer_id: int
+    first_offset: int
+    last_offset: int  # the marker's offset
+    is_abort: bool
+    last_stable_offset: int  # Kafka's lastStableOffset(completedTxn): the earliest other open transaction's first
+
+    def aborted_txn(self) -> AbortedTxn:
+        return AbortedTxn(self.producer_id, self.first_offset, self.last_offset, self.last_stable_offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +189,7 @@ class ProducerUpdate:
 
     entries: dict[int, ProducerStateEntry]
     duplicates: list[BatchMetadata]
+    completed: list[CompletedTxn] = field(default_factory=list)  # in marker order
 
 
 class ProducerStateManager:
@@ -174,6 +202,8 @@ class ProducerStateManager:
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.producers: dict[int, ProducerStateEntry] = {}
         self._ongoing: dict[int, int] = {}  # producer id -> first offset of its open transaction
+        # (first offset, marker offset) of finished transactions the high watermark has not passed, in marker order
+        self._unreplicated: deque[tuple[int, int]] = deque()
         self._snapshots: list[int] = []  # offsets of the snapshot files, ascending
         self._last_snap_offset = 0  # Kafka's lastSnapOffset: a snapshot is written only past it
 
@@ -182,9 +212,17 @@ class ProducerStateManager:
     def last_entry(self, producer_id: int) -> ProducerStateEntry | None:
         return self.producers.get(producer_id)
 
-    def first_undecided_offset(self) -> int | None:
-        """First offset of the earliest open transaction (the last stable offset stops there)."""
-        return min(self._ongoing.values(), default=None)
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """First offset of the earliest transaction that is open or whose marker is not below `high_watermark`
+        (Kafka's firstUnstableOffset after onHighWatermarkUpdated); None when there is none."""
+        while self._unreplicated and self._unreplicated[0][1] < high_watermark:
+            self._unreplicated.popleft()
+        return min([*self._ongoing.values(), *(first for first, _ in self._unreplicated)], default=None)
+
+    @property
+    def ongoing_transactions(self) -> dict[int, int]:
+        """Producer id -> first offset of its open transaction."""
+        return dict(self._ongoing)
 
     # -- append ----------------------------------------------------------------------------------
 
@@ -200,6 +238,8 @@ class ProducerStateManager:
         """
         pending: dict[int, ProducerStateEntry] = {}
         duplicates: list[BatchMetadata] = []
+        completed: list[CompletedTxn] = []
+        ongoing = dict(self._ongoing)  # as each batch leaves it: a marker's last stable offset is taken there
         for b in batches:
             pid = b.producer_id
             current = self.producers.get(pid)
@@ -222,8 +262,10 @@ class ProducerStateManager:
                 )
             if idempotent:
                 self._check_sequence(entry, b)
-            self._add(entry, b)
-        return ProducerUpdate(pending, duplicates)
+            done = self._add(entry, b, ongoing)
+            if done is not None:
+                completed.append(done)
+        return ProducerUpdate(pending, duplicates, completed)
 
     def _check_sequence(self, entry: ProducerStateEntry, b: ProducerBatch) -> None:
         """Kafka's checkSequence, for a producer that the log may or may not know."""
@@ -245,22 +287,34 @@ class ProducerStateManager:
                 f"{entry.last_seq} (current end sequence number)"
             )
 
-    def _add(self, entry: ProducerStateEntry, b: ProducerBatch) -> None:
+    @staticmethod
+    def _add(entry: ProducerStateEntry, b: ProducerBatch, ongoing: dict[int, int]) -> CompletedTxn | None:
+        """Apply one batch to an entry and to `ongoing` (producer id -> open transaction's first offset)."""
         entry.update_epoch(b.epoch)
         entry.last_timestamp = b.max_timestamp
         if b.is_control:  # an end-transaction marker closes the producer's transaction
+            first = entry.current_txn_first_offset
             entry.current_txn_first_offset = NO_TXN
             entry.coordinator_epoch = b.coordinator_epoch
-            return
+            if first == NO_TXN:
+                return None
+            ongoing.pop(b.producer_id, None)
+            # Kafka's lastStableOffset(completedTxn), taken batch by batch (as its recovery does; a follower's
+            # multi-batch append then indexes what the leader indexed).
+            return CompletedTxn(b.producer_id, first, b.last_offset, b.is_abort,
+                                min(ongoing.values(), default=b.last_offset + 1))
         entry.batches.append(BatchMetadata(b.last_sequence, b.last_offset, b.last_offset - b.first_offset,
                                            b.max_timestamp))
         if b.is_transactional and entry.current_txn_first_offset == NO_TXN:
             entry.current_txn_first_offset = b.first_offset
+            ongoing[b.producer_id] = b.first_offset
+        return None
 
     def apply(self, update: ProducerUpdate) -> None:
         """Make a checked append's state current, once its bytes are in the log."""
         for entry in update.entries.values():
             self._put(entry)
+        self._unreplicated.extend((c.first_offset, c.last_offset) for c in update.completed)
 
     def _put(self, entry: ProducerStateEntry) -> None:
         self.producers[entry.producer_id] = entry
@@ -282,13 +336,17 @@ class ProducerStateManager:
     # -- loading ---------------------------------------------------------------------------------
 
     def load(self, segments: Sequence[LogSegment], *, log_start_offset: int, log_end_offset: int, now_ms: int,
-             had_clean_shutdown: bool) -> None:
+             had_clean_shutdown: bool, replay_from: int | None = None,
+             on_completed: Callable[[CompletedTxn], None] | None = None) -> None:
         """Build the state at log open (Kafka's removeStraySnapshots + rebuildProducerState).
 
         Snapshots that match no segment are deleted (except the largest one past the last segment base,
         written at close), then the latest valid one at or below the log end is loaded and the batches after
         it replayed. A clean shutdown without any snapshot means there was no producer state to save (one is
         written whenever there is), so the replay is skipped, as Kafka does on upgrade.
+
+        `replay_from`: the replay must cover the batches from there (the recovered segments, whose
+        `.txnindex` is rebuilt from the transactions `on_completed` sees completing).
         """
         for name in os.listdir(self.dir):
             if name.endswith(_TMP_SUFFIX):
@@ -298,16 +356,19 @@ class ProducerStateManager:
         if not self._snapshots and had_clean_shutdown:
             self._reset(log_end_offset)
             return
-        self.reload(segments, log_start_offset=log_start_offset, log_end_offset=log_end_offset, now_ms=now_ms)
+        self.reload(segments, log_start_offset=log_start_offset, log_end_offset=log_end_offset, now_ms=now_ms,
+                    replay_from=replay_from, on_completed=on_completed)
 
     def reload(self, segments: Sequence[LogSegment], *, log_start_offset: int, log_end_offset: int,
-               now_ms: int) -> None:
-        """Rebuild the state of [log start, log end) from the latest usable snapshot and the batches after it."""
+               now_ms: int, replay_from: int | None = None,
+               on_completed: Callable[[CompletedTxn], None] | None = None) -> None:
+        """Rebuild the state of [log start, log end) from the latest usable snapshot (at or below `replay_from`
+        when given) and the batches after it."""
         self.delete_snapshots([o for o in self._snapshots if o > log_end_offset or o < log_start_offset])
         self._reset(log_start_offset)
         start = log_start_offset
-        while self._snapshots:
-            offset = self._snapshots[-1]
+        while usable := [o for o in self._snapshots if replay_from is None or o <= replay_from]:
+            offset = usable[-1]
             path = os.path.join(self.dir, snapshot_name(offset))
             try:
                 with open(path, "rb") as f:
@@ -322,9 +383,10 @@ class ProducerStateManager:
             start = self._last_snap_offset = offset
             break
         if start < log_end_offset:
-            self._replay(segments, max(start, log_start_offset), log_end_offset)
+            self._replay(segments, max(start, log_start_offset), log_end_offset, on_completed)
 
-    def _replay(self, segments: Sequence[LogSegment], start: int, end: int) -> None:
+    def _replay(self, segments: Sequence[LogSegment], start: int, end: int,
+                on_completed: Callable[[CompletedTxn], None] | None) -> None:
         """Apply the batches in [start, end) unchecked, from their headers (Kafka's loadProducersFromRecords)."""
         first = max(0, bisect.bisect_right([s.base_offset for s in segments], start) - 1)
         for seg in segments[first:]:
@@ -346,12 +408,17 @@ class ProducerStateManager:
                     continue
                 if b is not None:
                     entry = self.producers.get(b.producer_id) or ProducerStateEntry(b.producer_id)
-                    self._add(entry, b)
+                    done = self._add(entry, b, self._ongoing)
                     self._put(entry)
+                    if done is not None:
+                        self._unreplicated.append((done.first_offset, done.last_offset))
+                        if on_completed is not None:
+                            on_completed(done)
 
     def _reset(self, offset: int) -> None:
         self.producers.clear()
         self._ongoing.clear()
+        self._unreplicated.clear()
         self._last_snap_offset = offset
 
     def truncate_to(self, segments: Sequence[LogSegment], *, log_start_offset: int, log_end_offset: int,

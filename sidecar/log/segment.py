@@ -1,4 +1,5 @@
-"""One segment: a `.log` file of batches with its `.index` and `.timeindex`, named by the 20-digit base offset."""
+"""One segment: a `.log` file of batches with its `.index`, `.timeindex` and `.txnindex`, named by the 20-digit base
+offset."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .offset_index import OffsetIndex
 from .open_files import SEGMENT_FILES, OpenFile
 from .records import BatchHeader, check_batch
 from .time_index import TimeIndex
+from .transaction_index import TransactionIndex
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,7 @@ class LogSegment:
             self._preallocated = bool(preallocate_bytes) and not existed
             self.offset_index = OffsetIndex(self._path(INDEX_SUFFIX), base_offset, max_index_size)
             self.time_index = TimeIndex(self._path(TIME_INDEX_SUFFIX), base_offset, max_index_size)
+            self.txn_index = TransactionIndex(self._path(TXN_INDEX_SUFFIX), base_offset)
         except BaseException:
             self._release_fd()
             raise
@@ -387,6 +390,7 @@ class LogSegment:
         found = self.translate_offset(offset)
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
+        self.txn_index.truncate_to(offset)
         self.offset_index.resize(self.max_index_size)
         self.time_index.resize(self.max_index_size)
         removed = 0
@@ -420,6 +424,7 @@ class LogSegment:
         os.fsync(self._fd)
         self.offset_index.flush()
         self.time_index.flush()
+        self.txn_index.flush()
 
     def close(self) -> None:
         """Write the final time-index entry, trim all three files and release them."""
@@ -446,7 +451,8 @@ class LogSegment:
 
     def change_suffix(self, old: str, new: str) -> None:
         """Rename all the segment's files from `old` to `new` suffix (`""`, `.deleted`, `.cleaned`, `.swap`)."""
-        for file_suffix, index in ((LOG_SUFFIX, None), (INDEX_SUFFIX, self.offset_index), (TIME_INDEX_SUFFIX, self.time_index)):
+        for file_suffix, index in ((LOG_SUFFIX, None), (INDEX_SUFFIX, self.offset_index),
+                                   (TIME_INDEX_SUFFIX, self.time_index), (TXN_INDEX_SUFFIX, self.txn_index)):
             src = os.path.join(self.dir, filename_prefix(self.base_offset) + file_suffix + old)
             dst = os.path.join(self.dir, filename_prefix(self.base_offset) + file_suffix + new)
             if index is not None:

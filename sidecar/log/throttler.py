@@ -13,8 +13,10 @@ class Throttler:
     """Sleeps callers so that the bytes they report stay under `rate` per second, measured per period."""
 
     def __init__(self, rate: float, *, monotonic: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, check_interval_s: float = CHECK_INTERVAL_S) -> None:
+        """`check_interval_s`: how much may pass unmeasured (0: every report is checked, as log-dir moves do)."""
         self.rate = rate
+        self.check_interval_s = check_interval_s
         self._monotonic = monotonic
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -31,7 +33,7 @@ class Throttler:
                 return
             self._observed += n
             elapsed = self._monotonic() - self._period_start
-            if elapsed <= CHECK_INTERVAL_S:
+            if elapsed <= self.check_interval_s:
                 return
             observed_rate = self._observed / elapsed
             sleep_s = 0.0

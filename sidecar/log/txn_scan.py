@@ -14,15 +14,9 @@ from typing import Iterable
 
 from .records import BATCH_OVERHEAD, ControlType, decode_records, parse_control_key
 from .segment import LogSegment
+from .transaction_index import AbortedTxn
 
 NO_PRODUCER = -1
-
-
-@dataclass(frozen=True, slots=True)
-class AbortedTxn:
-    producer_id: int
-    first_offset: int
-    last_offset: int  # offset of the ABORT marker
 
 
 @dataclass
@@ -74,7 +68,9 @@ def scan(segments: Iterable[LogSegment]) -> TxnScan:
                 ctype = parse_control_key(records[0].key)
                 first = result.open_txns.pop(pid, None)
                 if ctype is ControlType.ABORT and first is not None:
-                    result.aborted.append(AbortedTxn(pid, first, h.last_offset))
+                    # Kafka's lastStableOffset(completedTxn), as the `.txnindex` entry records it
+                    lso = min(result.open_txns.values(), default=h.last_offset + 1)
+                    result.aborted.append(AbortedTxn(pid, first, h.last_offset, lso))
                 continue
             result.last_data_offset[pid] = h.last_offset
             if h.is_transactional and pid not in result.open_txns:

@@ -46,12 +46,18 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from kafka.protocol.admin.acl import (
+    CreateAclsRequest, CreateAclsResponse,
+    DeleteAclsRequest, DeleteAclsResponse,
+    DescribeAclsRequest, DescribeAclsResponse,
+)
 from kafka.protocol.admin.configs import (
     AlterConfigsRequest, AlterConfigsResponse,
     DescribeConfigsRequest, DescribeConfigsResponse,
     IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
 )
 from kafka.protocol.admin.cluster import (
+    AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse,
     DescribeClusterRequest, DescribeClusterResponse,
     DescribeLogDirsRequest, DescribeLogDirsResponse,
 )
@@ -61,9 +67,15 @@ from kafka.protocol.admin.groups import (
     ListGroupsRequest, ListGroupsResponse,
 )
 from kafka.protocol.admin.topics import (
+    AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse,
     CreatePartitionsRequest, CreatePartitionsResponse,
+    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse,
     CreateTopicsRequest, CreateTopicsResponse,
     DeleteTopicsRequest, DeleteTopicsResponse,
+)
+from kafka.protocol.admin.users import (
+    AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse,
+    DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse,
 )
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
@@ -89,6 +101,10 @@ from kafka.protocol.metadata.find_coordinator import (
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest, SaslAuthenticateResponse,
+    SaslHandshakeRequest, SaslHandshakeResponse,
+)
 
 from shale.sidecar.log.varint import encode_uvarint
 from shale.sidecar.protocol import generated_codec
@@ -115,18 +131,28 @@ _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
     (SyncGroupRequest, SyncGroupResponse),                  # 14
     (DescribeGroupsRequest, DescribeGroupsResponse),        # 15
     (ListGroupsRequest, ListGroupsResponse),                # 16
+    (SaslHandshakeRequest, SaslHandshakeResponse),          # 17
     (ApiVersionsRequest, ApiVersionsResponse),              # 18
     (CreateTopicsRequest, CreateTopicsResponse),            # 19
     (DeleteTopicsRequest, DeleteTopicsResponse),            # 20
     (InitProducerIdRequest, InitProducerIdResponse),        # 22
     (OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse),  # 23
+    (DescribeAclsRequest, DescribeAclsResponse),            # 29
+    (CreateAclsRequest, CreateAclsResponse),                # 30
+    (DeleteAclsRequest, DeleteAclsResponse),                # 31
     (DescribeConfigsRequest, DescribeConfigsResponse),      # 32
     (AlterConfigsRequest, AlterConfigsResponse),            # 33
+    (AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse),  # 34
     (DescribeLogDirsRequest, DescribeLogDirsResponse),      # 35
+    (SaslAuthenticateRequest, SaslAuthenticateResponse),    # 36
     (CreatePartitionsRequest, CreatePartitionsResponse),    # 37
     (DeleteGroupsRequest, DeleteGroupsResponse),            # 42
     (IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse),  # 44
+    (AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse),  # 45
+    (ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse),  # 46
     (OffsetDeleteRequest, OffsetDeleteResponse),            # 47
+    (DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse),  # 50
+    (AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse),  # 51
     (DescribeClusterRequest, DescribeClusterResponse),      # 60
 )
 

@@ -90,6 +90,12 @@ class ControlStore(Protocol):
     def close_session(self) -> None:
         """End the session now (clean shutdown): the others see this node gone without waiting for the TTL."""
 
+    def end_session(self, node: NodeRegistration) -> bool:
+        """End another node's session now if `node.incarnation` still holds it (a peer found that process
+        gone); False if that incarnation's session is gone already or was replaced. The ended node, were it
+        alive, learns at its next keepalive (SessionLost). Safe by the election rule, not by timing: see
+        docs/replication.md, "Ending a dead leader's session"."""
+
     def view(self) -> StoreView:
         """The live nodes, all partition records and all topic records, read at one revision."""
 

@@ -1,9 +1,11 @@
 """The node's control loop: its session in the store, elections, ISR writes, and the view the node acts on.
 
-One daemon thread per node, in the shape of Patroni's HA loop (docs/replication.md): open a session, renew
-it every `broker.heartbeat.interval.ms`, read the store, run `election.decide` for each partition the node
+One daemon thread per node, in the shape of Patroni's HA loop (docs/replication.md): open a session, read the store, run `election.decide` for each partition the node
 wants and write what it decides (compare-and-set), carry out the ISR changes its leaders propose, and hand
 each new view to the event loop. Store calls block, which is why this is a thread and not a coroutine.
+A second thread does nothing but renew the session every `broker.heartbeat.interval.ms`: a slow view or write
+(each up to the store's call timeout) on the control loop can then never delay a renewal, which on a loaded
+machine fenced nodes that were alive and well.
 
 Fencing is local and time-based: `may_lead()` is true only until the last successful renewal's *send* time
 plus the session timeout minus one heartbeat. The store starts its clock when the renewal arrives, so the
@@ -22,9 +24,10 @@ from dataclasses import replace
 from typing import Callable, Mapping, NamedTuple
 
 from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.replication import reassignment
 from shale.sidecar.replication.control_store import ControlStore, SessionLost, StoreUnavailable, StoreView, Versioned
 from shale.sidecar.replication.election import NotEnoughLiveNodes, choose_replicas, decide
-from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
+from shale.sidecar.replication.records import UNKNOWN_INCARNATION, NodeRegistration, PartitionRecord
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,12 @@ def new_incarnation() -> str:
 
 def alter_partition_error(based_on: PartitionRecord, new: PartitionRecord) -> str | None:
     """Why a leader's proposed ISR change is refused, or None: Kafka's controller checks of AlterPartition
-    (`validateAlterPartitionData`) that do not depend on the store's version, which the CAS checks."""
+    (`validateAlterPartitionData`) that do not depend on the store's version, which the CAS checks. A leader
+    also completes a reassignment this way (KIP-455), possibly handing the leadership to a target replica."""
+    if reassignment.is_completion(based_on, new):
+        return None
+    if (new.adding_replicas, new.removing_replicas) != (based_on.adding_replicas, based_on.removing_replicas):
+        return "an ISR change may not change a reassignment"
     if (new.leader, new.leader_incarnation, new.leader_epoch) != (
             based_on.leader, based_on.leader_incarnation, based_on.leader_epoch):
         return "an ISR change may not change the leader or its epoch"
@@ -88,21 +96,32 @@ class Controller:
         self._lock = threading.Lock()
         self._proposals: dict[TopicPartition, tuple[Versioned, PartitionRecord]] = {}
         self._deletions: set[TopicPartition] = set()
+        self._refusing: set[NodeRegistration] = set()  # leaders whose port refused a connection, to check
+        self._ended: set[NodeRegistration] = set()  # sessions this node ended: each at most once
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._session_open = False
         self._lead_until = 0.0  # monotonic; 0 while no session is known valid
         self._next_keepalive = 0.0
+        self._next_read = 0.0  # the control loop reads a view at least this often (one heartbeat)
+        # Session calls (open, renew, end) and the session fields go under this lock: the renewal thread and the
+        # control loop both make them, and a renewal of a fenced incarnation must not revive `may_lead()`.
+        self._session_lock = threading.Lock()
+        self._lost: str | None = None  # the incarnation whose renewal found the session gone
+        self._renew_down = False  # a failing renewal is logged once per outage
+        self._errors: set[str] = set()  # unexpected errors of the loop, logged with a traceback once each
         self._delivered: tuple[str, str] | None = None
         self._store_down = False  # logged once per outage, not every retry
         self._early_revision: str | None = None  # the store said this revision changed; throttles a spurious one
         self._warned: set[tuple[TopicPartition, str]] = set()  # conditions logged once, not every round
         self._thread = threading.Thread(target=self._run, name=f"shale-controller-{me.node_id}", daemon=True)
+        self._renewer = threading.Thread(target=self._keep_alive, name=f"shale-session-{me.node_id}", daemon=True)
 
     # -- the event loop's side ---------------------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
+        self._renewer.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the loop, end the session (the others see this node gone at once) and release the store."""
@@ -151,6 +170,17 @@ class Controller:
             self._proposals.pop(tp, None)
         self._wake.set()
 
+    def leader_refused(self, leader: NodeRegistration) -> None:
+        """A connection to `leader`'s address was refused: no process listens there, so the process that
+        registered it is gone (SIGKILL, crash). The controller ends its session now, rather than waiting up
+        to `broker.session.timeout.ms` for it to expire, if it still leads a partition this node is in sync
+        for (docs/replication.md, "Ending a dead leader's session")."""
+        with self._lock:
+            if leader in self._ended:
+                return
+            self._refusing.add(leader)
+        self._wake.set()
+
     def wake(self) -> None:
         """Run the loop now rather than at the next renewal: `wanted()` has changed (a topic was created)."""
         self._wake.set()
@@ -176,23 +206,71 @@ class Controller:
                                        self._me.node_id, self._poll_s * 1000, exc)
                     self._store_down = True
                     self._stopping.wait(self._poll_s)
-        except Exception:
-            logger.exception("node %d: controller failed; the node can no longer lead", self._me.node_id)
-            self._lead_until = 0.0
-            self._call_on_loop(self._on_fenced)
+                except Exception as exc:  # noqa: BLE001 - the loop must go on: a dead loop never leads again
+                    self._unexpected("control loop", exc)
+                    if self._session_open and time.monotonic() >= self._lead_until:
+                        self._fence(f"the control loop failed for longer than the session allows ({exc!r})")
+                    self._stopping.wait(self._poll_s)
         finally:
             self._close()
 
+    def _unexpected(self, where: str, exc: Exception) -> None:
+        """Log an error no store or session exception explains: with its traceback the first time, briefly
+        after (a persistent one would flood the log every poll)."""
+        if repr(exc) not in self._errors:
+            self._errors.add(repr(exc))
+            logger.exception("node %d: %s: unexpected error; retrying every %d ms", self._me.node_id, where,
+                             self._poll_s * 1000)
+        else:
+            logger.warning("node %d: %s: %r again", self._me.node_id, where, exc)
+
+    # -- the session thread ------------------------------------------------------------------------------
+
+    def _keep_alive(self) -> None:
+        """Renew the open session every heartbeat; a failure is retried every poll until `may_lead()`'s
+        deadline passes, and then the control loop fences. A session found gone ends leading at once."""
+        while not self._stopping.is_set():
+            with self._session_lock:
+                due = self._next_keepalive - time.monotonic() if self._session_open else self._poll_s
+                if due <= 0:
+                    due = self._renew_once()
+            self._stopping.wait(due)
+
+    def _renew_once(self) -> float:
+        """One renewal, under the session lock; the seconds until the next attempt."""
+        sent = time.monotonic()
+        try:
+            self._store.keepalive()
+        except SessionLost as exc:
+            self._lead_until = 0.0
+            self._lost = self._me.incarnation
+            self._wake.set()
+            logger.warning("node %d: renewal: %s", self._me.node_id, exc)
+            return self._poll_s
+        except StoreUnavailable as exc:
+            if not self._renew_down:
+                self._renew_down = True
+                logger.warning("node %d: session renewal failed, retrying every %d ms: %s", self._me.node_id,
+                               self._poll_s * 1000, exc)
+            return self._poll_s
+        except Exception as exc:  # noqa: BLE001 - as the control loop: renewing must go on
+            self._unexpected("session renewal", exc)
+            return self._poll_s
+        if self._renew_down:
+            self._renew_down = False
+            logger.info("node %d: session renewed again", self._me.node_id)
+        self._renewed(sent)
+        return self._heartbeat_s
+
     def _iterate(self) -> None:
         now = time.monotonic()
-        if self._session_open and now >= self._lead_until:  # e.g. woken from SIGSTOP: the session may be gone
+        if self._lost is not None and self._lost == self._me.incarnation:
+            self._fence("its renewal found the session gone")
+        elif self._session_open and now >= self._lead_until:  # e.g. woken from SIGSTOP: the session may be gone
             self._fence(f"its last renewal was sent {now - self._next_keepalive + self._heartbeat_s:.3f} s ago")
         if not self._session_open:
             self._open_session()
-        elif now >= self._next_keepalive:
-            sent = time.monotonic()
-            self._store.keepalive()
-            self._renewed(sent)
+        self._next_read = time.monotonic() + self._heartbeat_s
         view = self._store.view()
         if not view.is_live(self._me.node_id, self._me.incarnation):
             raise SessionLost(f"the store no longer lists node {self._me.node_id} incarnation {self._me.incarnation}")
@@ -202,10 +280,11 @@ class Controller:
             self._wait_for_change(view.revision)
 
     def _open_session(self) -> None:
-        sent = time.monotonic()
-        self._store.open_session(self._me, self._session_ms)
-        self._session_open = True
-        self._renewed(sent)
+        with self._session_lock:
+            sent = time.monotonic()
+            self._store.open_session(self._me, self._session_ms)
+            self._session_open = True
+            self._renewed(sent)
         logger.info("node %d: session opened, incarnation %s", self._me.node_id, self._me.incarnation)
 
     def _renewed(self, sent: float) -> None:
@@ -215,9 +294,11 @@ class Controller:
     def _fence(self, reason: str) -> None:
         """Stop leading now and prepare a new session under a new incarnation (never resume the old one)."""
         self._lead_until = 0.0
-        was_open, self._session_open = self._session_open, False
-        old = self._me.incarnation
-        self._me = replace(self._me, incarnation=new_incarnation())
+        with self._session_lock:  # a renewal in flight for the old incarnation finishes first, and is void
+            self._lead_until = 0.0
+            was_open, self._session_open = self._session_open, False
+            old = self._me.incarnation
+            self._me = replace(self._me, incarnation=new_incarnation())
         logger.warning("node %d: fenced, incarnation %s: %s; next incarnation %s",
                        self._me.node_id, old, reason, self._me.incarnation)
         if was_open:
@@ -229,7 +310,8 @@ class Controller:
         # a write whose answer was lost is settled by the view (its version has moved on if it landed).
         with self._lock:
             deletions, proposals = set(self._deletions), dict(self._proposals)
-        wrote = False
+            refusing, self._refusing = self._refusing, set()
+        wrote = any([self._end_session_of(view, leader) for leader in refusing])
         for tp in deletions:
             self._store.delete_partition(tp)
             with self._lock:
@@ -245,6 +327,27 @@ class Controller:
             if tp not in deletions:
                 wrote |= self._elect(view, tp, Wanted(*wanted))
         return wrote
+
+    def _end_session_of(self, view: StoreView, leader: NodeRegistration) -> bool:
+        """End the session of a leader whose port refused this node's connection, if that process still holds
+        it and leads a partition whose ISR holds this node as the process it is (so the election that follows
+        is the clean one among the ISR, which is safe whether or not the old leader lives)."""
+        if not view.is_live(leader.node_id, leader.incarnation) or leader.node_id == self._me.node_id:
+            return False
+        led = [tp for tp, v in view.partitions.items()
+               if (v.record.leader, v.record.leader_incarnation) == (leader.node_id, leader.incarnation)
+               and self._me.node_id in v.record.isr
+               and v.record.isr_incarnation(self._me.node_id) in (self._me.incarnation, UNKNOWN_INCARNATION)]
+        if not led or not self.may_lead():
+            return False
+        with self._lock:
+            self._ended.add(leader)
+        ended = self._store.end_session(leader)
+        logger.warning("node %d: leader node %d (incarnation %s) refuses connections at %s:%d: %s its session so "
+                       "that %s elect a new leader now", self._me.node_id, leader.node_id, leader.incarnation,
+                       leader.host, leader.port, "ended" if ended else "did not need to end",
+                       ", ".join(map(str, sorted(led)[:5])) + (" …" if len(led) > 5 else ""))
+        return ended
 
     def _alter(self, view: StoreView, tp: TopicPartition, based_on: Versioned, new: PartitionRecord) -> bool:
         current = view.partitions.get(tp)
@@ -266,9 +369,6 @@ class Controller:
         current = view.partitions.get(tp)
         if current is not None and self._me.node_id not in current.record.replicas:
             return False  # only a partition's own replicas elect its leader
-        if current is not None and wanted.replicas and wanted.replicas != current.record.replicas:
-            self._warn_once(tp, "replicas", "assigned replicas %s differ from the store's %s; reassignment is not "
-                            "supported, the store's stay", wanted.replicas, current.record.replicas)
         try:
             replicas = current.record.replicas if current is not None else (
                 wanted.replicas or choose_replicas(view.nodes, wanted.replication_factor, tp.partition, tp.topic))
@@ -277,6 +377,9 @@ class Controller:
             self._warn_once(tp, "create", "not creating its record %s: %s",
                             "yet" if isinstance(exc, NotEnoughLiveNodes) else "(fix its assignment)", exc)
             return False
+        if new is None and current is not None and wanted.replicas \
+                and wanted.replicas != current.record.target_replicas:
+            return self._reassign(view, tp, current, wanted.replicas)
         if new is None:
             return False
         if current is None:
@@ -288,6 +391,23 @@ class Controller:
         logger.info("node %d: %s: %s -> leader %d epoch %d isr %s%s%s", self._me.node_id, tp, before, new.leader,
                     new.leader_epoch, new.isr, " (unclean, recovering)" if new.recovering and not
                     (current and current.record.recovering) else "", "" if landed else ": another node wrote first")
+        return True
+
+    def _reassign(self, view: StoreView, tp: TopicPartition, current: Versioned, target: tuple[int, ...]) -> bool:
+        """The assignment (a manifest's, a topic record's) names other replicas than the record's target: start
+        the move there (docs/moves.md). Every replica computes the same record, so concurrent writers agree."""
+        try:
+            reassignment.check_target(target, view.nodes)
+        except reassignment.InvalidTarget as exc:
+            self._warn_once(tp, f"reassign {target}", "not moving to the assigned replicas: %s", exc)
+            return False
+        new = reassignment.start(current.record, target, {n: r.incarnation for n, r in view.nodes.items()})
+        if new is None:
+            return False
+        landed = self._store.update_partition(tp, new, current.version)
+        logger.info("node %d: %s: reassignment of replicas %s to %s: record %s%s", self._me.node_id, tp,
+                    list(current.record.replicas), list(target), reassignment.describe(new),
+                    "" if landed else ": another node wrote first")
         return True
 
     def _warn_once(self, tp: TopicPartition, kind: str, message: str, *args: object) -> None:
@@ -306,7 +426,7 @@ class Controller:
         """Wait for a store change, a wake-up, or the next renewal, whichever is first. The store's wait is
         cut into `poll_ms` slices so that a proposal or a new topic is acted on within one slice."""
         while not self._wake.is_set():
-            left = self._next_keepalive - time.monotonic()
+            left = self._next_read - time.monotonic()
             if left <= 0:
                 return
             slice_s = min(left, self._poll_s)
@@ -328,6 +448,9 @@ class Controller:
 
     def _close(self) -> None:
         self._lead_until = 0.0
+        self._stopping.set()
+        if self._renewer.ident is not None:
+            self._renewer.join()  # it waits on `_stopping`; at most one renewal is in flight
         try:
             if self._session_open:
                 self._store.close_session()

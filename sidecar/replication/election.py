@@ -26,7 +26,7 @@ def decide(current: Versioned | None, replicas: tuple[int, ...], view: StoreView
     """The record to write for a partition, or None when electors leave it as it is.
 
     `replicas` (the assignment) is used only to create a missing record; once a record exists its own replicas
-    rule (reassignment is not supported). `unclean` is the topic's `unclean.leader.election.enable`. `tp` lets
+    rule (a changed assignment moves them through reassignment.py). `unclean` is the topic's `unclean.leader.election.enable`. `tp` lets
     creation find a live replica holding data from before replication (`NodeRegistration.unreplicated`).
     """
     if current is None:

@@ -92,13 +92,19 @@ class EtcdStore:
         self.prefix = f"/shale/{cluster_id}/"
         self.timeout_s = timeout_s
         self._endpoints = [_Endpoint.parse(e) for e in endpoints]
-        # api_path fixed: etcd ≥ 3.4 serves /v3/; discovery would cost a round trip on every new client.
-        self._clients = [etcd3gw.Etcd3Client(e.host, e.port, e.protocol, timeout=timeout_s, api_path="/v3/")
-                         for e in self._endpoints]
+        self._clients = self._connect()
+        # Renewals come from the controller's session thread while its control loop reads and writes: they go
+        # over connections of their own (a requests.Session is not made for two threads at once).
+        self._renew_clients = self._connect()
         self._current = 0  # the endpoint that answered last
         self._lease_id: int | None = None
         self._me: NodeRegistration | None = None
         self._unreadable = UnreadableRecords("etcd")
+
+    def _connect(self) -> list[etcd3gw.Etcd3Client]:
+        # api_path fixed: etcd ≥ 3.4 serves /v3/; discovery would cost a round trip on every new client.
+        return [etcd3gw.Etcd3Client(e.host, e.port, e.protocol, timeout=self.timeout_s, api_path="/v3/")
+                for e in self._endpoints]
 
     # Sessions.
     def open_session(self, me: NodeRegistration, ttl_ms: int) -> None:
@@ -133,7 +139,7 @@ class EtcdStore:
     def keepalive(self) -> None:
         if self._lease_id is None or self._me is None:
             raise SessionLost("no etcd session is open")
-        answer = self._post("/lease/keepalive", {"ID": self._lease_id})
+        answer = self._post("/lease/keepalive", {"ID": self._lease_id}, self._renew_clients)
         if int(answer.get("result", {}).get("TTL", 0)) <= 0:
             lost, self._lease_id = self._lease_id, None
             raise SessionLost(f"node {self._me.node_id} incarnation {self._me.incarnation}: etcd lease {lost:x} "
@@ -143,6 +149,19 @@ class EtcdStore:
         lease_id, self._lease_id = self._lease_id, None
         if lease_id is not None:
             self._revoke(lease_id)  # deletes nodes/<id> with it
+
+    def end_session(self, node: NodeRegistration) -> bool:
+        key = self._node_key(node.node_id)
+        current = self._get_one(key)
+        if current is None or _incarnation(current[0], key) != node.incarnation:
+            return False
+        lease_id = int(current[2].get("lease", 0))
+        if not lease_id:
+            return False
+        self._revoke(lease_id)  # by id: a successor's lease is another one and stays
+        logger.info("etcd: ended the session of node %d incarnation %s (lease %x)", node.node_id, node.incarnation,
+                    lease_id)
+        return True
 
     # Reads.
     def view(self) -> StoreView:
@@ -254,7 +273,7 @@ class EtcdStore:
                          [{"request_delete_range": {"key": _b64(key)}}])
 
     def close(self) -> None:
-        for client in self._clients:
+        for client in self._clients + self._renew_clients:
             client.session.close()
 
     # Plumbing.
@@ -289,15 +308,16 @@ class EtcdStore:
         except _LeaseNotFound:
             pass  # expired already: what revoking would have done
 
-    def _post(self, path: str, body: dict) -> dict:
-        return self._call(lambda client: client.post(client.get_url(path), json=body), path)
+    def _post(self, path: str, body: dict, clients: list[etcd3gw.Etcd3Client] | None = None) -> dict:
+        return self._call(lambda client: client.post(client.get_url(path), json=body), path, clients or self._clients)
 
-    def _call(self, action: Callable[[etcd3gw.Etcd3Client], _T], what: str) -> _T:
+    def _call(self, action: Callable[[etcd3gw.Etcd3Client], _T], what: str,
+              clients: list[etcd3gw.Etcd3Client]) -> _T:
         failures = []
-        for step in range(len(self._clients)):
-            index = (self._current + step) % len(self._clients)
+        for step in range(len(clients)):
+            index = (self._current + step) % len(clients)
             try:
-                result = action(self._clients[index])
+                result = action(clients[index])
             except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
                     etcd_errors.InternalServerError) as exc:
                 failures.append(f"{self._endpoints[index]}: {type(exc).__name__} {_short(exc)}")

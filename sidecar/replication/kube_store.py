@@ -219,6 +219,28 @@ class KubeStore:
             if exc.status not in (404, 409):
                 raise self._refused("delete Lease", name, exc) from None
 
+    def end_session(self, node: NodeRegistration) -> bool:
+        name = self.lease_name(node.node_id)
+        try:
+            current = self._call("read Lease", name, self._leases.read_namespaced_lease, name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False  # gone already
+            raise self._refused("read Lease", name, exc) from None
+        if current.spec.holder_identity != node.incarnation:
+            return False
+        options = kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(
+            resource_version=current.metadata.resource_version))
+        try:  # only the version read: a renewal meanwhile means the holder is alive, and the Lease stays
+            self._call("delete Lease", name, self._leases.delete_namespaced_lease, name, self.namespace, body=options)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise self._refused("delete Lease", name, exc) from None
+        logger.info("Kubernetes: ended the session of node %d incarnation %s (Lease %s/%s deleted)", node.node_id,
+                    node.incarnation, self.namespace, name)
+        return True
+
     # Reads.
     def view(self) -> StoreView:
         leases = self._list("list Leases", self._leases.list_namespaced_lease)

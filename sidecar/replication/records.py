@@ -68,6 +68,9 @@ class PartitionRecord:
     `isr_incarnations` (parallel to `isr`) names the process each member was in sync as — KIP-903's
     NewIsrWithEpochs: a member whose node restarted since may have lost what it had not flushed, so it is no
     longer in sync whatever the ISR says (`UNKNOWN_INCARNATION`: a record written before this field).
+    `adding_replicas` / `removing_replicas` are KIP-455's: while a reassignment runs, `replicas` is the target
+    plus the replicas being removed, and the target is `replicas` without `removing_replicas`
+    (reassignment.py has the transitions).
     """
 
     replicas: tuple[int, ...]
@@ -78,6 +81,8 @@ class PartitionRecord:
     partition_epoch: int = 0
     recovering: bool = False  # elected uncleanly (KIP-704): the ISR stays {leader} until it has recovered
     isr_incarnations: tuple[str, ...] = ()  # () = every member's is unknown
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.isr_incarnations:
@@ -91,6 +96,25 @@ class PartitionRecord:
             raise RecordError(f"isr {self.isr} is not within replicas {self.replicas}")
         if self.leader != NO_LEADER and self.leader not in self.isr:
             raise RecordError(f"leader {self.leader} is not in the isr {self.isr}")
+        if not set(self.adding_replicas) | set(self.removing_replicas) <= set(self.replicas) \
+                or set(self.adding_replicas) & set(self.removing_replicas) \
+                or len(self.removing_replicas) >= len(self.replicas):
+            raise RecordError(f"adding {self.adding_replicas} and removing {self.removing_replicas} must be disjoint "
+                              f"parts of replicas {self.replicas}, leaving at least one target replica")
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """The replicas once the reassignment in progress completes (`replicas` when none runs)."""
+        return tuple(r for r in self.replicas if r not in self.removing_replicas)
+
+    @property
+    def original_replicas(self) -> tuple[int, ...]:
+        """The replicas before the reassignment in progress began: what a cancellation goes back to."""
+        return tuple(r for r in self.replicas if r not in self.adding_replicas)
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
 
     def isr_incarnation(self, member: int) -> str:
         """The process `member` was in sync as (UNKNOWN_INCARNATION if not recorded); KeyError if not a member."""
@@ -112,7 +136,11 @@ class PartitionRecord:
         return new
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        raw = asdict(self)
+        for key in ("adding_replicas", "removing_replicas"):
+            if not raw[key]:
+                del raw[key]  # no reassignment: the record as short as before, and readable by older nodes
+        return json.dumps(raw, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> "PartitionRecord":
@@ -121,7 +149,9 @@ class PartitionRecord:
             return cls(tuple(_int(r) for r in raw["replicas"]), tuple(_int(r) for r in raw["isr"]),
                        _int(raw["leader"]), str(raw["leader_incarnation"]), _int(raw["leader_epoch"]),
                        _int(raw["partition_epoch"]), bool(raw.get("recovering", False)),
-                       tuple(_str(i) for i in raw.get("isr_incarnations", ())))  # absent: an older record
+                       tuple(_str(i) for i in raw.get("isr_incarnations", ())),  # absent: an older record
+                       tuple(_int(r) for r in raw.get("adding_replicas", ())),
+                       tuple(_int(r) for r in raw.get("removing_replicas", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"{where}: not a partition record ({exc}): {text!r}") from None
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import LogError
@@ -67,15 +68,25 @@ class FetcherConfig:
                    config.replica_socket_timeout_ms)
 
 
+# (host, port) -> an open (and, on a secured listener, authenticated) connection to a leader
+Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
 class LeaderUnreachable(Exception):
-    """The connection to a leader failed or broke; every partition fetched from it backs off."""
+    """The connection to a leader failed or broke; every partition fetched from it backs off. `refused`: the
+    connection was refused, so no process listens at the leader's address any more."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class _Connection:
     """One TCP connection to a leader, one request in flight at a time."""
 
-    def __init__(self, node: NodeRegistration, client_id: str, timeout_s: float) -> None:
+    def __init__(self, node: NodeRegistration, client_id: str, timeout_s: float, connect: Connector) -> None:
         self.node = node
+        self.connect = connect
         self.client_id = client_id
         self.timeout_s = timeout_s
         self._reader: asyncio.StreamReader | None = None
@@ -88,7 +99,7 @@ class _Connection:
         try:
             if self._writer is None:
                 async with asyncio.timeout(self.timeout_s):
-                    self._reader, self._writer = await asyncio.open_connection(self.node.host, self.node.port)
+                    self._reader, self._writer = await self.connect(self.node.host, self.node.port)
                 sock = self._writer.get_extra_info("socket")
                 if sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -104,7 +115,7 @@ class _Connection:
             return response.body
         except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError) as exc:
             self.close()
-            raise LeaderUnreachable(f"{where}: {exc!r}") from exc
+            raise LeaderUnreachable(f"{where}: {exc!r}", isinstance(exc, ConnectionRefusedError)) from exc
 
     async def _read_frame(self) -> bytes:
         assert self._reader is not None and self._writer is not None
@@ -119,6 +130,17 @@ class _Connection:
             self._writer.close()
         self._reader = self._writer = None
 
+    def peer_closed(self) -> bool:
+        """The leader's end of the connection is closed (FIN or RST reached this host), asked of the kernel
+        without reading: true as soon as the leader process dies, before the fetch task is resumed with the
+        end of its stream (a Metadata request that arrives in the same loop iteration must see it too)."""
+        sock = None if self._writer is None else self._writer.get_extra_info("socket")
+        if sock is None or not hasattr(select, "POLLRDHUP"):
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
+
 
 class _LeaderLink:
     """The fetch loop of one leader process (a node's registration: id, incarnation, address): a task that
@@ -128,7 +150,8 @@ class _LeaderLink:
     def __init__(self, owner: "ReplicaFetchers", node: NodeRegistration) -> None:
         self.owner = owner
         self.node = node
-        self.conn = _Connection(node, f"shale-replica-{owner.node_id}", owner.config.socket_timeout_ms / 1000)
+        self.conn = _Connection(node, f"shale-replica-{owner.node_id}", owner.config.socket_timeout_ms / 1000,
+                                owner.connect)
         self.wake = asyncio.Event()
         self.stopped = False  # checked after every wait: nothing a stopped link received is applied
         self.unreachable: str | None = None  # the last connection error, logged once per episode
@@ -171,6 +194,8 @@ class _LeaderLink:
                                        "retry", exc, ", ".join(str(s.tp) for s in states),
                                        self.owner.config.backoff_ms)
                     self.unreachable = str(exc)
+                    if exc.refused and self.owner.on_refused is not None:
+                        self.owner.on_refused(self.node)
                     # Only the partitions of this round: one that a new store record added meanwhile tries now.
                     self.owner.back_off([s for s in ready if self.owner.is_current(s)], str(exc), log=False)
                 except Exception as exc:  # noqa: BLE001 - a bug must not end the fetching of every partition
@@ -186,7 +211,11 @@ class _LeaderLink:
         cfg = self.owner.config
         sent: dict[TopicPartition, tuple[FollowState, int]] = {}
         topics: dict[str, list[dict]] = {}
+        throttle, held = self.owner.throttle, []
         for state in states:
+            if throttle is not None and throttle.follower_held_back(state.tp):
+                held.append(state)  # out of this fetch while the follower quota is exceeded (Kafka's rule)
+                continue
             log = self.owner.log_of(state)
             if log is None:
                 continue
@@ -199,6 +228,10 @@ class _LeaderLink:
                 "log_start_offset": log.log_start_offset,
                 "partition_max_bytes": cfg.max_bytes,
             })
+        if held:
+            until = asyncio.get_running_loop().time() + cfg.backoff_ms / 1000
+            for state in held:
+                state.delayed_until = until
         if not sent:
             return
         body = {
@@ -228,6 +261,8 @@ class _LeaderLink:
                         return
                 self.owner.apply(sent[tp][0], sent[tp][1], data)
                 appended = bool(data.records)
+                if appended and throttle is not None:
+                    throttle.fetched_as_follower(tp, len(data.records))
 
     async def _reset(self, state: FollowState) -> None:
         """OFFSET_OUT_OF_RANGE: ask the leader's log end and start (as a replica: its log end, not its high
@@ -259,13 +294,28 @@ class _LeaderLink:
         self.task.cancel()
 
 
+class FollowerThrottle(Protocol):
+    """What the fetchers ask of the replica manager about throttles and bytes moved (throttle.py)."""
+
+    def follower_held_back(self, tp: TopicPartition) -> bool: ...
+
+    def fetched_as_follower(self, tp: TopicPartition, size: int) -> None: ...
+
+
 class ReplicaFetchers:
     """Every partition this node follows, grouped by leader node. Call everything from the event loop."""
 
     def __init__(self, node_id: int, logs: Callable[[TopicPartition], Log | None],
-                 config: FetcherConfig | None = None) -> None:
+                 config: FetcherConfig | None = None,
+                 on_refused: Callable[[NodeRegistration], None] | None = None,
+                 connect: Connector = asyncio.open_connection, throttle: FollowerThrottle | None = None) -> None:
         self.node_id = node_id
+        self.throttle = throttle  # follower.replication.throttled.rate (None: never held back)
+        # Opens a connection to a leader's inter-broker listener (TLS and SASL: server/inter_broker.py).
+        self.connect = connect
         self.config = config or FetcherConfig.from_server_config(ServerConfig.from_mapping({}))
+        # Told of a leader whose address refuses connections (the controller ends its session early).
+        self.on_refused = on_refused
         self._logs = logs
         self._states: dict[TopicPartition, FollowState] = {}
         self._links: dict[NodeRegistration, _LeaderLink] = {}
@@ -310,6 +360,12 @@ class ReplicaFetchers:
         await asyncio.gather(*(link.task for link in links), return_exceptions=True)
 
     # -- what metrics and /status read ---------------------------------------------------------------------
+
+    def lost(self, leader: NodeRegistration) -> bool:
+        """True while the connection to this leader process is down (closed, refused, timed out) and not yet
+        reopened: Metadata then names no leader for its partitions (`ReplicaManager.announced_leader`)."""
+        link = self._links.get(leader)
+        return link is not None and (link.unreachable is not None or link.conn.peer_closed())
 
     def lag(self, tp: TopicPartition) -> int | None:
         """Offsets between the leader's high watermark and our log end at the last answer (None: none yet)."""

@@ -23,11 +23,14 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log import Log
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol.error_codes import NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
+from shale.sidecar.replication import reassignment
 from shale.sidecar.replication.control_store import StoreView, Versioned
 from shale.sidecar.replication.controller import Wanted
 from shale.sidecar.replication.delayed_produce import DelayedProduces, Waiter
+from shale.sidecar.replication.follower import holds_unreplicated
 from shale.sidecar.replication.partition import PartitionState, Role
 from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord
+from shale.sidecar.replication.throttle import ReplicationQuota, names_replica
 from shale.sidecar.server.topics import NodeAddress, TopicError, TopicRegistry
 
 logger = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ class Fetchers(Protocol):
     def follow(self, tp: TopicPartition, leader: NodeRegistration, leader_epoch: int) -> None: ...
 
     def unfollow(self, tp: TopicPartition) -> None: ...
+
+    def lost(self, leader: NodeRegistration) -> bool: ...
 
 
 
@@ -80,8 +85,15 @@ class ReplicaManager:
     """Local replicas of the partitions whose records name this node; `TopicRegistry.replication`."""
 
     def __init__(self, registry: TopicRegistry, *, replica_lag_time_max_ms: int = 30000,
-                 default_replication_factor: int = 1, clock_ms: Callable[[], int] = monotonic_ms) -> None:
+                 default_replication_factor: int = 1, clock_ms: Callable[[], int] = monotonic_ms,
+                 leader_quota: ReplicationQuota | None = None, follower_quota: ReplicationQuota | None = None) -> None:
         self.registry = registry
+        # Kafka's replication throttles (throttle.py), and the bytes moved by reassignments (KIP-373's
+        # ReassignmentBytesIn/OutPerSec): what followers of this node fetched as newcomers, what it sent to them.
+        self.leader_quota = leader_quota or ReplicationQuota()
+        self.follower_quota = follower_quota or ReplicationQuota()
+        self.reassignment_bytes_in = 0
+        self.reassignment_bytes_out = 0
         self.node_id = registry.node.node_id
         self.lag_max_ms = replica_lag_time_max_ms
         self.default_replication_factor = default_replication_factor
@@ -148,6 +160,16 @@ class ReplicaManager:
             return record.leader
         return NO_LEADER
 
+    def announced_leader(self, record: PartitionRecord) -> int:
+        """The leader Metadata names: `valid_leader`, but -1 (LEADER_NOT_AVAILABLE) while this node's fetcher
+        has lost its connection to that process (closed, refused) — Kafka names no leader that is not a live
+        broker. A client told so asks again within its retry backoff (librdkafka's fast leader query) and finds
+        the new leader as soon as it is elected; told the dead one, it waits for its one-second refresh."""
+        leader = self.valid_leader(record)
+        if leader != NO_LEADER and self.fetchers is not None and self.fetchers.lost(self.view.nodes[leader]):
+            return NO_LEADER
+        return leader
+
     def leader_id(self, tp: TopicPartition) -> int:
         record = self.record(tp)
         return NO_LEADER if record is None else self.valid_leader(record)
@@ -194,6 +216,13 @@ class ReplicaManager:
                 if self.node_id in v.record.replicas and self._known(tp)}
         for tp in [tp for tp in self.partitions if tp not in mine]:
             self._drop(tp, "its record no longer names this node a replica")
+            if self._moved_away(tp):
+                self.registry.delete_replica(tp)
+        for tp in [tp for tp, log in self.registry.log_dir.logs.items()
+                   if tp not in mine and self._moved_away(tp) and not holds_unreplicated(log)]:
+            logger.warning("%s: node %d is no longer among its replicas %s (moved while this node was away): "
+                           "deleting its log", tp, self.node_id, list(view.partitions[tp].record.replicas))
+            self.registry.delete_replica(tp)
         for tp, versioned in mine.items():
             try:
                 self._apply(tp, versioned, live)
@@ -203,6 +232,12 @@ class ReplicaManager:
                     logger.error("%s: cannot host the replica the store assigns to node %d: %s", tp, self.node_id,
                                  exc)
                 self._refused[tp] = str(exc)
+
+    def _moved_away(self, tp: TopicPartition) -> bool:
+        """The partition's record exists and names other nodes: a reassignment moved it off this one, whose log
+        is then deleted (Kafka's StopReplica with delete). A partition without a record keeps its log."""
+        versioned = self.view.partitions.get(tp)
+        return versioned is not None and self._known(tp) and self.node_id not in versioned.record.replicas
 
     def _known(self, tp: TopicPartition) -> bool:
         spec = self.registry.topics.get(tp.topic)
@@ -293,6 +328,46 @@ class ReplicaManager:
         for tp in leading:
             self.wake_fetches(tp)
 
+    # -- throttles and bytes moved (the broker's follower reads, the fetchers' answers) ----------------
+
+    def leader_held_back(self, p: Partition, replica: int) -> bool:
+        """Kafka's shouldLeaderThrottle: answer this follower's fetch of `p` with no records now."""
+        return self.leader_quota.exceeded() and self._leader_throttled(p, replica)
+
+    def sent_to_follower(self, tp: TopicPartition, replica: int, size: int) -> None:
+        """A follower's fetch took `size` bytes of `tp` from this leader."""
+        p = self.partitions.get(tp)
+        record = None if p is None else p.state.record
+        if record is None:
+            return
+        if replica in record.adding_replicas:
+            self.reassignment_bytes_out += size
+        if self._leader_throttled(p, replica):
+            self.leader_quota.record(size)
+
+    def follower_held_back(self, tp: TopicPartition) -> bool:
+        """Kafka's shouldFollowerThrottle: leave `tp` out of this node's next fetch."""
+        return self.follower_quota.exceeded() and self._follower_throttled(tp)
+
+    def fetched_as_follower(self, tp: TopicPartition, size: int) -> None:
+        """The fetcher appended `size` bytes of `tp` from its leader."""
+        record = self.record(tp)
+        if record is not None and self.node_id in record.adding_replicas:
+            self.reassignment_bytes_in += size
+        if self._follower_throttled(tp):
+            self.follower_quota.record(size)
+
+    def _leader_throttled(self, p: Partition, replica: int) -> bool:
+        record = p.state.record
+        return (self.leader_quota.enabled and record is not None and replica not in record.isr
+                and names_replica(p.log.config.leader_replication_throttled_replicas, p.tp.partition, self.node_id))
+
+    def _follower_throttled(self, tp: TopicPartition) -> bool:
+        p, record = self.partitions.get(tp), self.record(tp)
+        return (self.follower_quota.enabled and p is not None and record is not None
+                and self.node_id not in record.isr
+                and names_replica(p.log.config.follower_replication_throttled_replicas, tp.partition, self.node_id))
+
     # -- the leader's work -----------------------------------------------------------------------
 
     def appended(self, p: Partition) -> None:
@@ -349,6 +424,15 @@ class ReplicaManager:
             return
         new = p.state.isr_change(p.log.log_end_offset, p.log.high_watermark, now, self.lag_max_ms,
                                  shrink_lagging=shrink_lagging)
+        if new is None and p.state.pending is None and p.state.record is not None:
+            done = reassignment.complete(p.state.record, p.state.live)  # every target replica in sync: finish it
+            if done is not None:
+                pending = p.state.propose(done, now)
+                logger.info("%s: leader %d completes the reassignment %s: replicas %s, isr %s, leader %d", p.tp,
+                            self.node_id, reassignment.describe(pending.based_on.record), list(done.replicas),
+                            list(done.isr), done.leader)
+                self.controller.propose(p.tp, pending.based_on, done)
+            return
         if new is None:
             return
         pending = p.state.propose(new, now)

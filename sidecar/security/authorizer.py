@@ -40,6 +40,13 @@ class Authorizer:
     def remove(self, binding: AclBinding) -> None:
         self._bucket(binding.pattern).discard(binding)
 
+    def reset(self, bindings: list[AclBinding]) -> None:
+        """Replace the whole ACL set (a cluster's shared state arriving)."""
+        self._literal.clear()
+        self._prefixed.clear()
+        for b in bindings:
+            self.add(b)
+
     def acls(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
         """The bindings a DescribeAcls / DeleteAcls filter selects, in a stable order."""
         found = [b for bucket in (*self._literal.values(), *self._prefixed.values()) for b in bucket

@@ -32,8 +32,9 @@ FILE_NAME = "shale-security.json"
 FORMAT_VERSION = 1
 
 
-class SecurityStoreError(Exception):
-    """The security file could not be read or written; the message names the file."""
+class SecurityStoreError(ValueError):
+    """The security file could not be read or written; the message names the file (a ValueError, so a node
+    that cannot read it stops in one line, like any other refused setting)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Upsertion:
 
 
 class SecurityStore:
-    def __init__(self, path: str, authorizer: Authorizer,
+    def __init__(self, path: str | None, authorizer: Authorizer,
                  credentials: dict[str, dict[ScramMechanism, ScramCredential]]) -> None:
         self.path = path
         self.authorizer = authorizer
@@ -92,39 +93,42 @@ class SecurityStore:
         except OSError as e:
             raise SecurityStoreError(f"cannot read {path}: {e.strerror}") from None
         try:
-            doc = json.loads(raw)
-            if doc.get("version") != FORMAT_VERSION:
-                raise ValueError(f"unknown format version {doc.get('version')!r}")
-            for i, acl in enumerate(doc.get("acls", [])):
-                try:
-                    authorizer.add(_binding_from_json(acl))
-                except (KeyError, TypeError, ValueError) as e:
-                    raise ValueError(f"ACL entry {i}: {e}") from None
-            credentials: dict[str, dict[ScramMechanism, ScramCredential]] = {}
-            for user, by_mechanism in doc.get("scram", {}).items():
-                for name, text in by_mechanism.items():
-                    mechanism = ScramMechanism.from_name(name)
-                    if mechanism is None:
-                        raise ValueError(f"SCRAM credential of user {user!r}: unknown mechanism {name!r}")
-                    try:
-                        credentials.setdefault(user, {})[mechanism] = ScramCredential.from_text(text)
-                    except ValueError as e:
-                        raise ValueError(f"SCRAM credential of user {user!r} ({name}): {e}") from None
+            bindings, credentials = _parse(json.loads(raw))
         except (ValueError, AttributeError, TypeError) as e:
             raise SecurityStoreError(f"{path} is not a valid security file: {e}") from None
+        for b in bindings:
+            authorizer.add(b)
         return cls(path, authorizer, credentials)
 
-    # --- persistence ---------------------------------------------------------------------------------
+    # --- the whole state, for a cluster that shares it (security_sync.py) ---------------------------------
 
-    def _save(self) -> None:
-        doc = {
+    def document(self) -> dict:
+        """The state as the file holds it."""
+        return {
             "version": FORMAT_VERSION,
             "acls": [_binding_to_json(b) for b in self.authorizer.acls(ANY_FILTER)],
             "scram": {user: {m.mechanism_name: c.to_text() for m, c in sorted(by.items(), key=lambda i: i[0].type)}
                       for user, by in sorted(self._credentials.items())},
         }
+
+    def replace(self, doc: dict, source: str) -> None:
+        """Take `doc` as the whole state (memory, then the file); a document that does not parse changes
+        nothing and is an error naming `source`."""
         try:
-            atomic_write(self.path, json.dumps(doc, indent=1).encode(), mode=0o600)
+            bindings, credentials = _parse(doc)
+        except (ValueError, AttributeError, TypeError) as e:
+            raise SecurityStoreError(f"{source} is not a valid security document: {e}") from None
+        self.authorizer.reset(bindings)
+        self._credentials = credentials
+        self._save()
+
+    # --- persistence ---------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        if self.path is None:  # a scratch copy (security_sync.py): the shared store is its durable place
+            return
+        try:
+            atomic_write(self.path, json.dumps(self.document(), indent=1).encode(), mode=0o600)
         except OSError as e:
             raise SecurityStoreError(f"cannot write {self.path}: {e.strerror}") from None
 
@@ -264,6 +268,29 @@ class SecurityStore:
             return Outcome(error_codes.UNACCEPTABLE_CREDENTIAL,
                            f"SaltedPassword must be {mechanism.digest_size} bytes for {mechanism.mechanism_name}")
         return Outcome()
+
+
+def _parse(doc: dict) -> tuple[list[AclBinding], dict[str, dict[ScramMechanism, ScramCredential]]]:
+    """A security document's bindings and credentials; ValueError naming the entry that is wrong."""
+    if doc.get("version") != FORMAT_VERSION:
+        raise ValueError(f"unknown format version {doc.get('version')!r}")
+    bindings = []
+    for i, acl in enumerate(doc.get("acls", [])):
+        try:
+            bindings.append(_binding_from_json(acl))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"ACL entry {i}: {e}") from None
+    credentials: dict[str, dict[ScramMechanism, ScramCredential]] = {}
+    for user, by_mechanism in doc.get("scram", {}).items():
+        for name, text in by_mechanism.items():
+            mechanism = ScramMechanism.from_name(name)
+            if mechanism is None:
+                raise ValueError(f"SCRAM credential of user {user!r}: unknown mechanism {name!r}")
+            try:
+                credentials.setdefault(user, {})[mechanism] = ScramCredential.from_text(text)
+            except ValueError as e:
+                raise ValueError(f"SCRAM credential of user {user!r} ({name}): {e}") from None
+    return bindings, credentials
 
 
 def _binding_to_json(b: AclBinding) -> dict[str, str]:

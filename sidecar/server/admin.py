@@ -36,6 +36,7 @@ from base64 import urlsafe_b64encode
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 
+from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.replication.control_store import StoreUnavailable, StoreView
@@ -43,6 +44,7 @@ from shale.sidecar.replication.election import choose_replicas
 from shale.sidecar.replication.topic_record import TopicRecord
 from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS
 from shale.sidecar.server.broker import ConnectionInfo, Handler, controller_id
+from shale.sidecar.server.log_dir_moves import LogDirMoves
 from shale.sidecar.server.manifests import ORIGIN_PREFIX, RESERVED
 from shale.sidecar.server.server_config import SERVER_CONFIG_KEYS, ServerConfig
 from shale.sidecar.server.store_topics import StoreConflict, StoreTopics
@@ -53,13 +55,14 @@ from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS,
     INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG, INVALID_REQUEST, POLICY_VIOLATION,
     KAFKA_STORAGE_ERROR, REQUEST_TIMED_OUT, TOPIC_DELETION_DISABLED, UNKNOWN_TOPIC_ID, MISMATCHED_ENDPOINT_TYPE,
-    UNSUPPORTED_ENDPOINT_TYPE,
+    UNSUPPORTED_ENDPOINT_TYPE, name_of,
 )
 
 logger = logging.getLogger(__name__)
 
 API_CREATE_TOPICS, API_DELETE_TOPICS, API_DESCRIBE_CONFIGS, API_ALTER_CONFIGS = 19, 20, 32, 33
 API_DESCRIBE_LOG_DIRS, API_CREATE_PARTITIONS, API_INCREMENTAL_ALTER_CONFIGS, API_DESCRIBE_CLUSTER = 35, 37, 44, 60
+API_ALTER_REPLICA_LOG_DIRS = 34
 
 # Kafka's default messages of the errors a lookup by name or by id answers.
 UNKNOWN_TOPIC_MESSAGE = "This server does not host this topic-partition."
@@ -178,8 +181,9 @@ class AdminApis:
 
     def __init__(self, registry: TopicRegistry, server_config: ServerConfig | None = None,
                  cluster_id: str = "shale", removal_held: Callable[[str], bool] = lambda _name: False,
-                 store_topics: StoreTopics | None = None) -> None:
+                 store_topics: StoreTopics | None = None, log_dir_moves: LogDirMoves | None = None) -> None:
         self.registry = registry
+        self.log_dir_moves = log_dir_moves  # AlterReplicaLogDirs is served with it (docs/moves.md)
         # With a control store the API's topics are its topic records (every node applies them); None: this node's.
         self.store_topics = store_topics
         self.server_config = server_config
@@ -198,6 +202,7 @@ class AdminApis:
             API_INCREMENTAL_ALTER_CONFIGS: self._incremental_alter_configs,
             API_DESCRIBE_CLUSTER: self._describe_cluster,
             API_DESCRIBE_LOG_DIRS: self._describe_log_dirs,
+            **({API_ALTER_REPLICA_LOG_DIRS: self._alter_replica_log_dirs} if self.log_dir_moves is not None else {}),
         }
 
     @staticmethod
@@ -436,10 +441,10 @@ class AdminApis:
         if times > 1:
             raise AdminError(INVALID_REQUEST, "Duplicate topic name." if tid is None else "Duplicate topic id.")
         if tid is not None:
-            for known in self.registry.topics:
-                if topic_uuid(self.registry.topic_id(known)) == tid:
-                    return known, tid
-            raise AdminError(UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_ID_MESSAGE)
+            known = self.registry.topic_named_by(tid)
+            if known is None:
+                raise AdminError(UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_ID_MESSAGE)
+            return known, tid
         if name not in self.registry.topics:
             raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_MESSAGE)
         return name, topic_uuid(self.registry.topic_id(name))
@@ -559,32 +564,58 @@ class AdminApis:
         }
 
     async def _describe_log_dirs(self, request: codec.Request, conn: ConnectionInfo) -> dict:
-        """Kafka's ReplicaManager.describeLogDirs over the one data directory: each partition's size, lag 0."""
+        """Kafka's ReplicaManager.describeLogDirs: every log dir, each partition's size and offset lag, and the
+        future replicas of log-dir moves (`is_future_key`, their lag behind the current log)."""
         body = request.body
         log_dir = self.registry.log_dir
         with log_dir.lock:
             logs = dict(log_dir.logs)
+            homes = {tp: log_dir.dir_of(tp) for tp in logs}
+        moves = self.log_dir_moves.snapshot() if self.log_dir_moves is not None else {}
         if body.topics is not None:
             wanted = {(t.topic, p) for t in body.topics for p in t.partitions}
             logs = {tp: log for tp, log in logs.items() if (tp.topic, tp.partition) in wanted}
-        result: dict[str, Any] = {"error_code": NONE, "log_dir": log_dir.path}
-        try:
-            fs = os.statvfs(log_dir.path)
-        except OSError as exc:
-            logger.error("DescribeLogDirs: cannot read the file system of %s: %s", log_dir.path, exc)
-            return {"throttle_time_ms": 0, "error_code": NONE,
-                    "results": [{**result, "error_code": KAFKA_STORAGE_ERROR}]}
-        by_topic: dict[str, list[dict]] = {}
-        for tp, log in sorted(logs.items(), key=lambda item: (item[0].topic, item[0].partition)):
-            with log.lock:
-                size = log.size_in_bytes
-            # Kafka's offset lag of a current log is max(HW - LEO, 0): 0, the HW never passing the log end,
-            # followers' replicas included. Never a future log (no moves between log dirs).
-            by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition, "partition_size": size,
-                                                      "offset_lag": 0, "is_future_key": False})
-        result.update(topics=[{"name": name, "partitions": parts} for name, parts in by_topic.items()],
-                      total_bytes=fs.f_blocks * fs.f_frsize, usable_bytes=fs.f_bavail * fs.f_frsize)
-        return {"throttle_time_ms": 0, "error_code": NONE, "results": [result]}
+        results = []
+        for path in log_dir.paths:
+            result: dict[str, Any] = {"error_code": NONE, "log_dir": path}
+            try:
+                fs = os.statvfs(path)
+            except OSError as exc:
+                logger.error("DescribeLogDirs: cannot read the file system of %s: %s", path, exc)
+                results.append({**result, "error_code": KAFKA_STORAGE_ERROR, "topics": []})
+                continue
+            by_topic: dict[str, list[dict]] = {}
+            for tp, log in sorted(logs.items(), key=lambda item: (item[0].topic, item[0].partition)):
+                with log.lock:
+                    size, end = log.size_in_bytes, log.log_end_offset
+                if homes.get(tp) == path:
+                    # Kafka's offset lag of a current log is max(HW - LEO, 0): 0, the HW never passing the log end.
+                    by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition, "partition_size": size,
+                                                              "offset_lag": 0, "is_future_key": False})
+                move = moves.get(tp)
+                if move is not None and move.running and move.target == path:
+                    by_topic.setdefault(tp.topic, []).append({
+                        "partition_index": tp.partition, "partition_size": move.bytes_copied,
+                        "offset_lag": max(end - move.copied_through, 0), "is_future_key": True})
+            result.update(topics=[{"name": name, "partitions": parts} for name, parts in by_topic.items()],
+                          total_bytes=fs.f_blocks * fs.f_frsize, usable_bytes=fs.f_bavail * fs.f_frsize)
+            results.append(result)
+        return {"throttle_time_ms": 0, "error_code": NONE, "results": results}
+
+    async def _alter_replica_log_dirs(self, request: codec.Request, conn: ConnectionInfo) -> dict:
+        """Kafka's alterReplicaLogDirs: each partition moves to the dir named (docs/moves.md); the copy runs on."""
+        out: dict[str, list[dict]] = {}
+        for d in request.body.dirs:
+            for t in d.topics:
+                for p in t.partitions:
+                    tp = TopicPartition(t.name, p)
+                    code = self.log_dir_moves.alter(tp, d.path)
+                    if code != NONE:
+                        logger.info("AlterReplicaLogDirs from %s: %s to %s refused: %s", _client(conn), tp, d.path,
+                                    name_of(code))
+                    out.setdefault(t.name, []).append({"partition_index": p, "error_code": code})
+        return {"throttle_time_ms": 0,
+                "results": [{"topic_name": name, "partitions": parts} for name, parts in out.items()]}
 
     # -- DescribeConfigs -------------------------------------------------------------------------
 
@@ -644,7 +675,7 @@ class AdminApis:
         settings = [
             BrokerSetting("node.id", str(node.node_id), "int"),
             BrokerSetting("broker.id", str(node.node_id), "int"),
-            BrokerSetting("log.dirs", self.registry.log_dir.path),
+            BrokerSetting("log.dirs", ",".join(self.registry.log_dir.paths)),
             BrokerSetting("advertised.listeners", f"PLAINTEXT://{node.host}:{node.port}", "list"),
             BrokerSetting("num.partitions", str(DEFAULT_NUM_PARTITIONS), "int", DEFAULT_CONFIG),
             BrokerSetting("default.replication.factor", "1", "short", DEFAULT_CONFIG),
@@ -653,6 +684,8 @@ class AdminApis:
         if self.server_config is not None:  # `--override`s are STATIC_BROKER_CONFIG, the rest Kafka's defaults
             overridden = self.server_config.overrides()
             for key in SERVER_CONFIG_KEYS:
+                if key.name == "log.dirs":
+                    continue  # the dirs in use, above (the setting is empty when --data-dir names them)
                 value = key.to_string(self.server_config.value_of(key.name))
                 settings.append(BrokerSetting(key.name, value, key.type.name,
                                               STATIC_BROKER_CONFIG if key.name in overridden else DEFAULT_CONFIG))

@@ -28,13 +28,15 @@ import logging
 import os
 import resource
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log import Log
+from shale.sidecar.log.segment import LogSlice
 from shale.sidecar.log.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -48,7 +50,9 @@ from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from shale.sidecar.server import eager
+from shale.sidecar.server.channel import Channel
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
+from shale.sidecar.server.listener_security import ListenerSecurity
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
 from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_SERVER_ERROR, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION,
@@ -160,6 +164,15 @@ def _produce_records_error(version: int, records: bytes) -> str | None:
     return None
 
 
+def _aborted_transactions(log: Log, fetch_offset: int, found: LogSlice | None) -> list[dict]:
+    """A read_committed fetch's `aborted_transactions`: those overlapping what it returns (Kafka's
+    addAbortedTransactions); an empty list, not null, when none or nothing is returned."""
+    if found is None or found.size == 0:
+        return []
+    return [{"producer_id": t.producer_id, "first_offset": t.first_offset}
+            for t in log.collect_aborted_transactions(fetch_offset, log.fetch_upper_bound(found))]
+
+
 def _whole_batch_size(records: bytes, pos: int) -> int | None:
     """Size of the whole batch at `pos`; None if none fits there; -1 if its declared size is corrupt."""
     if len(records) - pos < 17:  # offset, length, leader epoch and magic
@@ -187,6 +200,21 @@ class _Closing(Exception):
     """The connection must be closed without a response (already logged)."""
 
 
+@dataclass
+class _Listening:
+    """One listener's socket and its accept loop's backoff."""
+
+    security: ListenerSecurity
+    sock: socket.socket
+    retry: asyncio.TimerHandle | None = None
+    delay: float = 0.0
+
+    @property
+    def where(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"{self.security.name} {host}:{port}"
+
+
 class Broker:
     """A single-node Kafka broker serving the topics given to it from one log directory."""
 
@@ -202,6 +230,7 @@ class Broker:
         max_request_bytes: int = MAX_FRAME_BYTES,
         queued_max_request_bytes: int = -1,
         replicas: ReplicaManager | None = None,
+        listeners: Sequence[ListenerSecurity] | None = None,
     ) -> None:
         self.registry = registry
         # With a control store: leadership, epochs and the high watermark come from the replica manager
@@ -210,17 +239,19 @@ class Broker:
         if replicas is not None:
             replicas.wake_fetches = self.poke
             replicas.wake_consumers = self.poke_consumers
-        self.host = host
-        self.port = port
+        # The Kafka port's listeners (the first one's address is `host`/`port`); default: PLAINTEXT on host:port.
+        self.listeners = list(listeners or [ListenerSecurity.plaintext(host, port)])
+        self.host = self.listeners[0].endpoint.host or "0.0.0.0"
+        self.port = self.listeners[0].endpoint.port
+        self.ports: dict[str, int] = {}  # listener name -> bound port, once started
+        self.advertised_at: dict[str, tuple[str, int]] = {}  # listener -> this node's address on it (Metadata)
         self.cluster_id = cluster_id
         self._observe = observe  # (api name, seconds) of every answered request, for the metrics
         self.max_request_bytes = max_request_bytes  # socket.request.max.bytes
         # queued.max.request.bytes; -1 (or 0) bounds the requests in flight by one largest request instead
         self.memory = RequestMemory(queued_max_request_bytes if queued_max_request_bytes > 0 else max_request_bytes)
         self.accept_errors = 0  # accept() calls that failed for lack of descriptors or memory
-        self._listener: socket.socket | None = None
-        self._accept_retry: asyncio.TimerHandle | None = None
-        self._accept_delay = 0.0
+        self._listening: list[_Listening] = []
         self._accept_logged = (float("-inf"), 0)  # (loop time of the last log line, accept_errors then)
         self._events: dict[TopicPartition, set[_ParkedFetch]] = {}  # the fetches parked on each partition
         self._connections: set[asyncio.Task] = set()
@@ -245,22 +276,36 @@ class Broker:
         """Listen, with our own accept loop: asyncio's retries accept() 100 times per wakeup when it fails with
         EMFILE and logs each (tens of MB of log a minute), and turns a listening socket it could not create
         into a server with no sockets."""
-        family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][0]  # an IPv6 host too
-        self._listener = socket.create_server((self.host, self.port), family=family, backlog=1024)
-        self._listener.setblocking(False)
-        self.port = self._listener.getsockname()[1]
-        asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept_ready)
+        loop = asyncio.get_running_loop()
+        try:
+            for security in self.listeners:
+                host = security.endpoint.host or "0.0.0.0"
+                family = socket.getaddrinfo(host, security.endpoint.port, type=socket.SOCK_STREAM)[0][0]  # IPv6 too
+                sock = socket.create_server((host, security.endpoint.port), family=family, backlog=1024)
+                sock.setblocking(False)
+                listening = _Listening(security, sock)
+                self._listening.append(listening)
+                self.ports[security.name] = sock.getsockname()[1]
+                if security.advertised is not None:
+                    self.advertised_at[security.name] = (security.advertised.host,
+                                                         security.advertised.port or self.ports[security.name])
+                loop.add_reader(sock.fileno(), self._accept_ready, listening)
+        except BaseException:
+            await self.close()
+            raise
+        self.port = self.ports[self.listeners[0].name]
         node = self.registry.node
-        logger.info("broker %d listening on %s:%d (advertised %s:%d)", node.node_id, self.host, self.port,
-                    node.host, node.port)
+        logger.info("broker %d listening on %s (advertised %s:%d)", node.node_id,
+                    ", ".join(f"{l.where} ({l.security.protocol.name})" for l in self._listening), node.host, node.port)
 
     async def close(self) -> None:
-        if self._listener is not None:
-            asyncio.get_running_loop().remove_reader(self._listener.fileno())
-            if self._accept_retry is not None:
-                self._accept_retry.cancel()
-            self._listener.close()
-            self._listener = None
+        loop = asyncio.get_running_loop()
+        for listening in self._listening:
+            loop.remove_reader(listening.sock.fileno())
+            if listening.retry is not None:
+                listening.retry.cancel()
+            listening.sock.close()
+        self._listening = []
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -268,50 +313,58 @@ class Broker:
 
     # -- connections -------------------------------------------------------------------------
 
-    def _accept_ready(self) -> None:
+    def _accept_ready(self, listening: _Listening) -> None:
         loop = asyncio.get_running_loop()
         for _ in range(64):  # a burst of connections is taken in one wakeup, as asyncio does
             try:
-                sock, _ = self._listener.accept()
+                sock, peer = listening.sock.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
                 if exc.errno not in _OUT_OF_RESOURCES:
-                    logger.error("accepting a connection on %s:%d failed: %s", self.host, self.port, exc)
+                    logger.error("accepting a connection on %s failed: %s", listening.where, exc)
                     return
-                self._accept_failed(loop, exc)
+                self._accept_failed(loop, listening, exc)
                 return
-            self._accept_delay = 0.0
+            listening.delay = 0.0
             sock.setblocking(False)
-            task = loop.create_task(self._connect(loop, sock))
+            task = loop.create_task(self._connect(loop, sock, peer, listening))
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
 
-    def _accept_failed(self, loop: asyncio.AbstractEventLoop, exc: OSError) -> None:
+    def _accept_failed(self, loop: asyncio.AbstractEventLoop, listening: _Listening, exc: OSError) -> None:
         """Stop accepting for a while (the descriptor stays readable, so retrying at once would spin)."""
         self.accept_errors += 1
-        loop.remove_reader(self._listener.fileno())
-        self._accept_delay = min(ACCEPT_RETRY_MAX_S, max(ACCEPT_RETRY_FIRST_S, 2 * self._accept_delay))
-        self._accept_retry = loop.call_later(self._accept_delay, self._resume_accepting)
+        loop.remove_reader(listening.sock.fileno())
+        listening.delay = min(ACCEPT_RETRY_MAX_S, max(ACCEPT_RETRY_FIRST_S, 2 * listening.delay))
+        listening.retry = loop.call_later(listening.delay, self._resume_accepting, listening)
         last, errors_then = self._accept_logged
         if loop.time() - last >= ACCEPT_LOG_EVERY_S:
-            logger.error("cannot accept connections on %s:%d: %s (%s since the last report; descriptor "
-                         "limit %d); retrying, next in %.2f s", self.host, self.port, exc,
+            logger.error("cannot accept connections on %s: %s (%s since the last report; descriptor "
+                         "limit %d); retrying, next in %.2f s", listening.where, exc,
                          plural(self.accept_errors - errors_then, "failure"),
-                         resource.getrlimit(resource.RLIMIT_NOFILE)[0], self._accept_delay)
+                         resource.getrlimit(resource.RLIMIT_NOFILE)[0], listening.delay)
             self._accept_logged = (loop.time(), self.accept_errors)
 
-    def _resume_accepting(self) -> None:
-        self._accept_retry = None
-        if self._listener is not None:
-            asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept_ready)
+    def _resume_accepting(self, listening: _Listening) -> None:
+        listening.retry = None
+        if listening in self._listening:
+            asyncio.get_running_loop().add_reader(listening.sock.fileno(), self._accept_ready, listening)
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        try:
+    async def _connect(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, peer: Any,
+                       listening: _Listening) -> None:
+        security = listening.security
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        try:  # on a TLS listener the handshake is done before the connection is made
             _, conn = await loop.connect_accepted_socket(
-                lambda: Connection(self.memory, self.max_request_bytes), sock)
+                lambda: Connection(self.memory, self.max_request_bytes, Channel(security, where)), sock,
+                ssl=security.ssl_context)
+        except ssl.SSLError as exc:  # a refused certificate, plaintext on a TLS port: the client's problem
+            logger.warning("listener %s: TLS handshake with %s failed: %s", listening.where, where, exc)
+            sock.close()
+            return
         except OSError as exc:
-            logger.error("dropping a connection accepted on %s:%d: %s", self.host, self.port, exc)
+            logger.error("dropping a connection from %s accepted on %s: %s", where, listening.where, exc)
             sock.close()
             return
         except asyncio.CancelledError:  # the broker closes
@@ -348,7 +401,8 @@ class Broker:
                 return False
             state["client_id"] = request.client_id
             try:
-                answered, out = self._start(request, ConnectionInfo(request.client_id, host))
+                answered, out = self._start(request, ConnectionInfo(request.client_id, host, conn.principal,
+                                                                    conn.listener))
             except Exception:  # noqa: BLE001 - as the writer does for a handler that fails
                 logger.exception("closing connection of %s: request handler failed", client())
                 conn.done(received)
@@ -416,7 +470,8 @@ class Broker:
                                      request.api_name, request.api_version, lo, hi)
                         clean = False
                         break
-                    info = ConnectionInfo(request.client_id, host)  # not `conn`: that is the Connection read above
+                    # not `conn`: that is the Connection read above
+                    info = ConnectionInfo(request.client_id, host, conn.principal, conn.listener)
                     try:
                         answered, out = self._start(request, info)
                     except Exception as exc:  # noqa: BLE001 - the writer reports it in its turn
@@ -492,7 +547,7 @@ class Broker:
         """Write `part` with sendfile (read and write it where sendfile cannot), then release its descriptor."""
         try:
             sent = 0
-            sock = conn.transport.get_extra_info("socket")
+            sock = conn.sendfile_socket()
             if sock is not None and conn.transport.get_write_buffer_size() == 0 and not conn.transport.is_closing():
                 # Nothing of ours is queued, so the socket can take the bytes directly; a loopback or LAN
                 # socket usually takes a whole fetch in one call, without loop.sendfile's round trips.
@@ -634,12 +689,21 @@ class Broker:
         return {
             "throttle_time_ms": 0,
             "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": racks.get(n.node_id)}
+                        | self._address_on(n.node_id, conn.listener)
                         for n in sorted(registry.nodes().values(), key=lambda n: n.node_id)],
             "cluster_id": self.cluster_id,
             "controller_id": controller_id(registry),
             "topics": topics,
             "authorized_operations": CLUSTER_OPERATIONS if cluster_operations else None,
         }
+
+    def _address_on(self, node_id: int, listener: str) -> dict:
+        """This node's address on the listener a request came through (Kafka answers each listener's own);
+        other nodes are named by their registered (inter-broker) address."""
+        if node_id != self.node_id or listener not in self.advertised_at:
+            return {}
+        host, port = self.advertised_at[listener]
+        return {"host": host, "port": port}
 
     def _replicated_metadata(self, tp: TopicPartition, assigned: tuple[int, ...] | None) -> dict:
         """A partition as its store record has it: leader (-1 while being elected: LEADER_NOT_AVAILABLE, as
@@ -650,7 +714,7 @@ class Broker:
             return {"error_code": LEADER_NOT_AVAILABLE, "partition_index": tp.partition, "leader_id": -1,
                     "leader_epoch": -1, "replica_nodes": list(assigned or ()), "isr_nodes": [],
                     "offline_replicas": []}
-        leader = replicas.valid_leader(record)
+        leader = replicas.announced_leader(record)
         return {"error_code": NONE if leader >= 0 else LEADER_NOT_AVAILABLE, "partition_index": tp.partition,
                 "leader_id": leader, "leader_epoch": record.leader_epoch, "replica_nodes": list(record.replicas),
                 "isr_nodes": list(record.isr),
@@ -813,7 +877,8 @@ class Broker:
             parts = []
             for p in t.partitions:
                 out = {"partition_index": p.partition, "error_code": NONE, "high_watermark": -1,
-                       "last_stable_offset": -1, "log_start_offset": -1, "records": b""}
+                       "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+                       "records": b""}
                 parts.append(out)
                 if self.replicas is None:
                     log = self.registry.local_log(t.topic, p.partition)
@@ -837,6 +902,8 @@ class Broker:
                     with log.lock:  # the slice and the duplicated descriptor describe the same file
                         found = log.read(p.fetch_offset, max(limit, 0), max_offset=max_offset,
                                          min_one_message=(total == 0))
+                        if read_committed:
+                            out["aborted_transactions"] = _aborted_transactions(log, p.fetch_offset, found)
                         if found is not None and found.size >= SENDFILE_MIN_BYTES:
                             try:
                                 out["records"] = FileRange(found.segment.dup_fd(), found.position, found.size,
@@ -853,6 +920,9 @@ class Broker:
                     if found.size < SENDFILE_MIN_BYTES:
                         out["records"] = found.read()
                     total += found.size
+                    if self.replicas is not None and body.replica_id >= 0:  # throttles, reassignment bytes
+                        self.replicas.sent_to_follower(TopicPartition(t.topic, p.partition), body.replica_id,
+                                                       found.size)
             responses.append({"topic": t.topic, "partitions": parts})
         if self.replicas is not None and errors:
             self._point_to_leaders((TopicPartition(t["topic"], part["partition_index"]), part)
@@ -898,6 +968,8 @@ class Broker:
         if first and log_start <= p.fetch_offset <= leo:
             replicas.follower_fetched(part, replica_id, p.fetch_offset, p.log_start_offset, leo)
         out.update(high_watermark=log.high_watermark, last_stable_offset=log.last_stable_offset)
+        if replicas.leader_held_back(part, replica_id):  # leader.replication.throttled.rate: no records now
+            return log, p.fetch_offset
         return log, None
 
     async def _list_offsets(self, request: codec.Request, conn: ConnectionInfo) -> dict:

@@ -4,7 +4,8 @@
 and decodes each as it completes (the broker's connection task takes them in order); `RequestMemory`
 bounds the bytes of requests in flight over all connections; `FileRange` is a fetched record set still
 in its segment file, which the broker sends with `sendfile`; `tune_malloc` keeps request-sized buffers
-on glibc's heap. Nothing here knows what a request means.
+on glibc's heap. Nothing here knows what a request means: a connection's `Channel` (its listener, principal
+and SASL session) sees every frame first and may answer it or end the connection.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from shale.sidecar.protocol import codec
+from shale.sidecar.security.principal import ANONYMOUS, KafkaPrincipal
+from shale.sidecar.server.channel import Channel, Verdict
 
 MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
 
@@ -148,9 +151,11 @@ class Connection(asyncio.BufferedProtocol):
     MAX_QUEUED = 64  # decoded frames the task has not taken yet before reading pauses (backpressure)
     HEAD_BYTES = 10 + 32767  # request header v1/v2 up to the end of the longest client_id
 
-    def __init__(self, memory: RequestMemory, max_frame: int = MAX_FRAME_BYTES) -> None:
+    def __init__(self, memory: RequestMemory, max_frame: int = MAX_FRAME_BYTES, channel: Channel | None = None) -> None:
         self._memory = memory
         self.max_frame = max_frame
+        self.channel = channel  # None: a PLAINTEXT connection with nothing to check
+        self._refused = False  # the channel ended the connection: nothing more is read or handled
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray(self.MIN_READ)
         self._start = 0  # first byte not consumed yet
@@ -173,6 +178,17 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         self._closed = asyncio.get_running_loop().create_future()
         self._memory.add(self)
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None and self.channel is not None:  # the handshake is done before a TLS connection is made
+            self.channel.tls_established(tls.getpeercert())
+
+    @property
+    def principal(self) -> KafkaPrincipal:
+        return ANONYMOUS if self.channel is None else self.channel.principal
+
+    @property
+    def listener(self) -> str:
+        return "PLAINTEXT" if self.channel is None else self.channel.listener_name
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
@@ -186,7 +202,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         self._finish()
-        return True  # half-closed: the responses to what was received are still written, then the task closes
+        # half-closed: the responses to what was received are still written, then the task closes (TLS cannot
+        # half-close: its transport closes either way)
+        return self.transport.get_extra_info("ssl_object") is None
 
     def get_buffer(self, sizehint: int) -> memoryview:
         buf, start, end = self._buf, self._start, self._end
@@ -223,11 +241,14 @@ class Connection(asyncio.BufferedProtocol):
         buf, start, end = self._buf, self._start, self._end
         completed = False
         with memoryview(buf) as view:
-            while end - start >= 4 and not self._eof:
+            while end - start >= 4 and not self._eof and not self._refused:
                 size = int.from_bytes(buf[start:start + 4], "big", signed=True)
                 if size < 0 or size > self.max_frame:
                     self._push(Frame(size))
                     self._eof = True
+                    break
+                if self.channel is not None and size > self.channel.frame_limit(self.max_frame):
+                    self._refuse(self.channel.refuse_size(size))
                     break
                 if end - start - 4 < size:
                     break
@@ -242,6 +263,16 @@ class Connection(asyncio.BufferedProtocol):
                     frame.release()
                 start += 4 + size
                 completed = True
+                if self.channel is not None and received.request is not None:
+                    verdict = self.channel.admit(received.request, size)
+                    if verdict is not None:  # answered (or refused) here: the broker never sees it
+                        self._memory.release(received.charge)
+                        if verdict.close:
+                            self._refuse(verdict)
+                            break
+                        if verdict.answer is not None:
+                            self.transport.write(verdict.answer)
+                        continue
                 if self._frames or received.request is None or self.at_once is None or not self.at_once(received):
                     self._push(received)
                 if self.transport.is_closing():  # the request's handler failed: nothing after it is handled
@@ -252,6 +283,8 @@ class Connection(asyncio.BufferedProtocol):
         if self._eof:  # a frame that ends the connection: nothing after it is read or handled
             self._finish()
             self._set_reading(queue_full=True)
+            return
+        if self._refused:
             return
         self._memory.frame_state(self, start < end, completed)
         self._set_reading(queue_full=len(self._frames) >= self.MAX_QUEUED,
@@ -264,13 +297,26 @@ class Connection(asyncio.BufferedProtocol):
         if memory_spent is not None:
             self._memory.paused(self, memory_spent)
             self._memory_spent = memory_spent
-        paused = self._queue_full or self._memory_spent
+        paused = self._queue_full or self._memory_spent or self._refused
         if paused != self._reading_paused and not self._lost:
             self._reading_paused = paused
             if paused:
                 self.transport.pause_reading()
             elif not self._eof:
                 self.transport.resume_reading()
+
+    def _refuse(self, verdict: Verdict) -> None:
+        """End the connection as the channel says: read nothing more, and after the delay write its answer and
+        end the frames (the broker's task then writes what it still owes and closes)."""
+        self._refused = True
+        self._set_reading()
+
+        def end() -> None:
+            if verdict.answer is not None and not self._lost:
+                self.transport.write(verdict.answer)
+            self._finish()
+
+        asyncio.get_running_loop().call_later(verdict.delay_ms / 1000, end)
 
     def set_memory_spent(self, spent: bool) -> None:
         """RequestMemory's call: stop reading until the bytes in flight fall below the limit, or read again."""
@@ -335,6 +381,12 @@ class Connection(asyncio.BufferedProtocol):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.transport.write(data)
+
+    def sendfile_socket(self) -> socket.socket | None:
+        """The socket `os.sendfile` may write to: None on a TLS connection, whose bytes must pass the TLS layer."""
+        if self.transport.get_extra_info("ssl_object") is not None:
+            return None
+        return self.transport.get_extra_info("socket")
 
     def cork(self, on: bool) -> None:
         """TCP_CORK: hold partial segments while a response goes out in pieces, so its header, records and

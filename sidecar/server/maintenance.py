@@ -44,6 +44,7 @@ from shale.sidecar.log.cleaner_manager import CleanerManager, CleaningState, Cle
 from shale.sidecar.log.log import Log, now_ms
 from shale.sidecar.log.log_cleaner import LogCleaner
 from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.log.pause_owners import ABORT, DELETION, RETENTION, PauseOwner
 from shale.sidecar.log.retention import delete_old_segments
 from shale.sidecar.plural import plural
 from shale.sidecar.server.server_config import ServerConfig
@@ -156,7 +157,7 @@ class Maintenance:
         self.registry = registry
         self.config = config
         self.clock = clock
-        self.manager = CleanerManager(log_dir.path, lambda: dict(log_dir.logs), clock)
+        self.manager = CleanerManager(log_dir.paths, lambda: dict(log_dir.logs), clock, dir_of=log_dir.dir_of)
         self.cleaner = LogCleaner(self.manager, lambda: dict(log_dir.logs), config.cleaner_config(), clock)
         self.scheduler = Scheduler(clock=clock)
         self._stopping = threading.Event()
@@ -198,7 +199,7 @@ class Maintenance:
 
     def before_delete(self, tp: TopicPartition) -> None:
         """Kafka's abortAndPauseCleaning before a log is deleted: wait for a running pass to stop."""
-        self.pause(tp)
+        self.pause(tp, PauseOwner(DELETION))
         self._deleting.add(tp)
 
     def topic_changed(self, name: str) -> None:
@@ -221,8 +222,8 @@ class Maintenance:
 
     # -- pausing ---------------------------------------------------------------------------------
 
-    def pause(self, tp: TopicPartition) -> int:
-        """Abort a running pass (waiting for it) and count a pause; return the pause count.
+    def pause(self, tp: TopicPartition, owner: PauseOwner | str | None = None) -> int:
+        """Abort a running pass (waiting for it) and add `owner`'s pause; return the pause count.
 
         Unlike a bare `CleanerManager.pause`, this never waits forever: a pass left behind by a dead
         cleaner thread is ended, and a concurrent abort of the same pass is waited out.
@@ -239,25 +240,25 @@ class Maintenance:
                 except CleaningStateError:
                     pass
             try:
-                return self.manager.pause(tp)
+                return self.manager.pause(tp, owner)
             except CleaningStateError:  # another abort of the same pass is under way: it ends soon
                 time.sleep(0.01)
 
-    def resume(self, tp: TopicPartition) -> int:
-        """Undo one pause (CleaningStateError if not paused); return the remaining count."""
-        count = self.manager.resume(tp)
+    def resume(self, tp: TopicPartition, owner: PauseOwner | str | None = None) -> int:
+        """Release `owner`'s pause (CleaningStateError if it holds none); return the remaining count."""
+        count = self.manager.resume(tp, owner)
         if count == 0:
             self.cleaner.wake()
         return count
 
     def _abort_cleaning(self, tps: list[TopicPartition]) -> None:
         for tp in tps:
-            self.pause(tp)
-            self._resume_quietly(tp)
+            self.pause(tp, PauseOwner(ABORT))
+            self._resume_quietly(tp, PauseOwner(ABORT))
 
-    def _resume_quietly(self, tp: TopicPartition) -> None:
+    def _resume_quietly(self, tp: TopicPartition, owner: PauseOwner) -> None:
         try:
-            self.manager.resume(tp)
+            self.manager.resume(tp, owner)
         except CleaningStateError:  # the partition was deleted (and forgotten) meanwhile
             logger.debug("%s: nothing to resume, its cleaning state was reset", tp)
 
@@ -290,13 +291,13 @@ class Maintenance:
             if self.manager.state(tp).state not in (CleaningState.IDLE, CleaningState.UNCLEANABLE):
                 continue  # paused (by an operator, a deletion) or being cleaned: Kafka skips it too
             try:
-                self.manager.pause(tp)
+                self.manager.pause(tp, PauseOwner(RETENTION))
             except CleaningStateError:  # a pass of a log that just became compacted is being aborted
                 continue
             try:
                 self._on_log(status, "retention", tp, log, lambda lg: delete_old_segments(lg, now))
             finally:
-                self._resume_quietly(tp)
+                self._resume_quietly(tp, PauseOwner(RETENTION))
 
     def run_flush(self, status: TaskStatus) -> None:
         """Kafka's flushDirtyLogs: fsync the logs whose `flush.ms` has passed since their last flush."""

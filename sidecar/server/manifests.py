@@ -42,7 +42,9 @@ Manifest layout (`apiVersion: shale.dev/v1alpha1`, `kind: Topic`; several per fi
         nodes: {"0": "shale-0.shale:9092", "1": "shale-1.shale:9092"}   # optional with --store
 
 With a control store, `spec.replicas` alone lets the first replica to create each partition's record choose
-its replicas from the live nodes, and the nodes' addresses come from their sessions.
+its replicas from the live nodes, and the nodes' addresses come from their sessions. A changed
+`spec.assignment` moves the partitions whose replicas changed (a reassignment, docs/moves.md); partitions may
+then name different numbers of replicas.
 """
 
 from __future__ import annotations
@@ -312,9 +314,10 @@ def parse_topic(doc: dict[str, Any], origin: str) -> TopicSpec:
     if replicas is not None:
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ManifestError(f"topic {name}: spec.replicas must be an integer >= 1, got {replicas!r}")
-        if assignment is not None and len(assignment[0]) != replicas:
+        wrong = [p for p, r in enumerate(assignment or ()) if len(r) != replicas]
+        if wrong:
             raise ManifestError(f"topic {name}: spec.replicas is {replicas}, but spec.assignment.partitions names "
-                                f"{len(assignment[0])} replicas per partition")
+                                f"{len(assignment[wrong[0]])} replicas per partition")
     uid = meta.get("uid")
     topic_id = None
     if uid is not None:
@@ -347,10 +350,9 @@ def _parse_assignment(name: str, raw: Any, partitions: int
         raise ManifestError(f"topic {name}: spec.assignment.partitions must list one node id (or a list of "
                             f"replicas) for each of the {partitions} partitions")
     assignment = tuple(_replicas(name, p, entry) for p, entry in enumerate(owners))
+    # Partitions may name different numbers of replicas (unlike CreateTopics): a replication factor changed by
+    # reassignment moves one partition at a time (docs/moves.md).
     for p, replicas in enumerate(assignment):
-        if len(replicas) != len(assignment[0]):  # as Kafka's CreateTopics: one replication factor per topic
-            raise ManifestError(f"topic {name}: partition {p} has {len(replicas)} replicas and partition 0 "
-                                f"{len(assignment[0])}: every partition needs the same number")
         for node in replicas:  # no addresses at all is fine: with a store they come from the nodes' sessions
             if nodes and node not in nodes:
                 raise ManifestError(f"topic {name}: partition {p} is assigned to node {node!r}, "

@@ -15,6 +15,7 @@ import bisect
 import logging
 import shutil
 import threading
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -26,6 +27,7 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.cleaner_manager import CleaningState, PartitionCleaning
 from shale.sidecar.log.log import StorageFailure, now_ms
 from shale.sidecar.log.open_files import SEGMENT_FILES
+from shale.sidecar.log.pause_owners import KINDS
 from shale.sidecar.server.manifests import HELD_REASONS
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,12 @@ class ReplicaFigures:
     min_isr: int  # min.insync.replicas capped by the replication factor (Kafka's effective min ISR)
     lag: int | None  # a follower's offsets behind its leader's high watermark at the last fetch; None otherwise
     fetch_error: str | None = None  # a follower's last fetch error, or why it refuses to follow (data kept)
+    adding: tuple[int, ...] = ()  # a reassignment in progress (docs/moves.md): the replicas it adds
+    removing: tuple[int, ...] = ()  # ... and those it removes
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
 
     @property
     def under_replicated(self) -> bool:
@@ -81,6 +89,16 @@ class ReplicaFigures:
     def under_min_isr(self) -> bool:
         """Kafka's UnderMinIsr, counted by the leader only: acks=all writes are refused."""
         return self.role == "leader" and len(self.isr) < self.min_isr
+
+
+@dataclass(frozen=True)
+class ThrottleFigures:
+    """One side's replication throttle (throttle.py) and what reassignments moved through this node."""
+
+    rate: int | None  # bytes per second; None: not throttled
+    in_force: bool  # the measured rate is above it: throttled replicas are held back now
+    throttled_bytes: int  # bytes of throttled replicas since the start
+    reassignment_bytes: int  # in: fetched by this node as a newcomer; out: sent by it as leader to newcomers
 
 
 @dataclass(frozen=True)
@@ -102,6 +120,33 @@ class PartitionFigures:
     storage_failure: StorageFailure | None = None  # the last write the filesystem refused, until one succeeds
     high_watermark: int = 0
     replica: ReplicaFigures | None = None  # with a control store
+    log_dir: str | None = None  # the log dir holding it (several with JBOD)
+    move: MoveFigures | None = None  # its log-dir move, running or the last one (docs/moves.md)
+    last_stable_offset: int = 0  # read_committed readers stop here (docs/transactions.md)
+
+
+@dataclass(frozen=True)
+class MoveFigures:
+    """A log-dir move, as /status shows it."""
+
+    id: str
+    source: str
+    target: str
+    state: str  # pending, copying, swapping, done, failed, cancelled
+    reason: str
+    started_ms: int
+    finished_ms: int | None
+    bytes_copied: int
+    bytes_remaining: int | None
+
+
+@dataclass(frozen=True)
+class LogDirFigures:
+    path: str
+    partitions: int
+    future_replicas: int
+    bytes_free: int
+    bytes_total: int
 
 
 @dataclass(frozen=True)
@@ -124,6 +169,7 @@ class CleanerFigures:
     max_buffer_utilization: float
     recopy_ratio: float
     uncleanable_bytes: int
+    orphaned_pauses_released: int = 0  # persisted pauses released at start: their owner was gone
 
 
 @dataclass(frozen=True)
@@ -166,6 +212,9 @@ class NodeFigures:
     topic_errors: dict[str, str] = field(default_factory=dict)
     manifests: ManifestFigures | None = None
     session_valid: bool | None = None  # with a control store: the node may lead (its session is certainly valid)
+    throttles: dict[str, ThrottleFigures] = field(default_factory=dict)  # with a store: "leader", "follower"
+    log_dirs: tuple[LogDirFigures, ...] = ()
+    bytes_moved: int = 0  # copied by log-dir moves since the start
 
     @property
     def storage_failing(self) -> list[PartitionFigures]:
@@ -181,7 +230,7 @@ def gather(node) -> NodeFigures:
     now = now_ms()
     options = node.options
     log_dir = getattr(node, "log_dir", None)
-    path = log_dir.path if log_dir is not None else options.data_dir
+    path = log_dir.path if log_dir is not None else options.data_dir.split(",")[0]
     try:
         usage = shutil.disk_usage(path)
         free, total = usage.free, usage.total
@@ -227,13 +276,18 @@ def gather(node) -> NodeFigures:
         max_buffer_utilization=max((s.buffer_utilization for s in stats), default=0.0),
         recopy_ratio=sum(s.bytes_written for s in stats) / max(sum(s.bytes_read for s in stats), 1),
         uncleanable_bytes=uncleanable_bytes,
+        orphaned_pauses_released=manager.orphaned_pauses_released,
     )
     tasks = tuple(TaskFigures(t.name, t.interval_ms, t.runs, t.errors, t.last_run_ms, t.last_error)
                   for t in maintenance.tasks.values())
     manifests = getattr(node, "manifests", None)
     controller = getattr(node, "controller", None)
+    moves = getattr(node, "moves", None)
+    partitions, log_dirs = _log_dir_figures(log_dir, moves, partitions)
     return replace(figures, bytes_used=sum(p.size_bytes for p in partitions),
+                   log_dirs=log_dirs, bytes_moved=moves.bytes_moved_total if moves is not None else 0,
                    session_valid=None if replicas is None else controller is not None and controller.may_lead(),
+                   throttles={} if replicas is None else _throttles(replicas),
                    had_clean_shutdown=log_dir.had_clean_shutdown, partitions=tuple(partitions),
                    cleaner=cleaner_figures, scheduler_alive=maintenance.scheduler.alive, tasks=tasks,
                    manifest_errors=dict(getattr(manifests, "errors", {}) or {}),
@@ -242,6 +296,36 @@ def gather(node) -> NodeFigures:
                        manifests.path, manifests.files_found, manifests.missing,
                        {name: (h.reason, h.message) for name, h in dict(manifests.held).items()},
                        manifests.refusals))
+
+
+def _log_dir_figures(log_dir, moves, partitions: list[PartitionFigures]) -> tuple[list[PartitionFigures],
+                                                                                   tuple[LogDirFigures, ...]]:
+    """Each partition's log dir and move; each log dir's partitions, future replicas and space."""
+    snapshot = moves.snapshot() if moves is not None else {}
+    out = []
+    for p in partitions:
+        tp = TopicPartition(p.topic, p.partition)
+        m = snapshot.get(tp)
+        out.append(replace(p, log_dir=log_dir.dir_of(tp), move=None if m is None else MoveFigures(
+            m.id, m.source, m.target, m.state, m.reason, m.started_ms, m.finished_ms, m.bytes_copied,
+            m.bytes_remaining)))
+    futures = Counter(target.path for _, target in dict(getattr(log_dir, "futures", {})).values())
+    dirs = []
+    for path in log_dir.paths:
+        try:
+            usage = shutil.disk_usage(path)
+            free, total = usage.free, usage.total
+        except OSError:
+            free = total = 0
+        dirs.append(LogDirFigures(path, sum(1 for p in out if p.log_dir == path), futures.get(path, 0), free, total))
+    return out, tuple(dirs)
+
+
+def _throttles(replicas) -> dict[str, ThrottleFigures]:
+    return {side: ThrottleFigures(quota.rate if quota.enabled else None, quota.exceeded(), quota.recorded_bytes,
+                                  moved)
+            for side, quota, moved in (("leader", replicas.leader_quota, replicas.reassignment_bytes_out),
+                                       ("follower", replicas.follower_quota, replicas.reassignment_bytes_in))}
 
 
 def _replica(tp: TopicPartition, log, node) -> ReplicaFigures | None:
@@ -256,7 +340,8 @@ def _replica(tp: TopicPartition, log, node) -> ReplicaFigures | None:
                           in_sync=node.options.node_id in record.isr,
                           min_isr=min(log.config.min_insync_replicas, len(record.replicas)),
                           lag=None if fetchers is None else fetchers.lag(tp),
-                          fetch_error=None if fetchers is None else fetchers.error(tp))
+                          fetch_error=None if fetchers is None else fetchers.error(tp),
+                          adding=tuple(record.adding_replicas), removing=tuple(record.removing_replicas))
 
 
 def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | None,
@@ -266,7 +351,7 @@ def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | Non
     with log.lock:
         start, end, recovery = log.log_start_offset, log.log_end_offset, log.recovery_point
         size, segments, storage_failure = log.size_in_bytes, len(log.segments), log.storage_failure
-        high_watermark = log.high_watermark
+        high_watermark, last_stable_offset = log.high_watermark, log.last_stable_offset
     dirty = min_ratio = None
     if config.compact:  # the cleaner's own figures: the ratio it ranks this log by
         ltc = manager.log_to_clean(log, manager.cleanable_offsets(tp, log, checkpoint, now), now)
@@ -278,7 +363,7 @@ def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | Non
         cleanup_policy=tuple(config.cleanup_policy), cleaning=manager.state(tp),
         uncleanable_reason=mark.reason if mark is not None else None, dirty_ratio=dirty,
         min_cleanable_dirty_ratio=min_ratio, last_clean_ms=last_clean_ms, storage_failure=storage_failure,
-        high_watermark=high_watermark, replica=replica,
+        high_watermark=high_watermark, replica=replica, last_stable_offset=last_stable_offset,
     )
 
 
@@ -297,6 +382,7 @@ class NodeCollector(Collector):
         yield from _partition_families(f)
         yield from _replica_families(f)
         yield from _node_families(f)
+        yield from _log_dir_families(f)
         yield from _cleaner_families(f)
         yield from _task_families(f)
         yield from _request_families(self.requests)
@@ -353,9 +439,13 @@ def _replica_families(f: NodeFigures) -> Iterator[Metric]:
     samples (the other families are listed, empty, so that dashboards and alerts know them everywhere)."""
     hw = _gauge("shale_log_high_watermark", "Offset below which records are committed: readable by consumers "
                 "(Kafka's HighWatermark); the log end offset on a node without a control store.", PARTITION_LABELS)
+    lso = _gauge("shale_log_last_stable_offset", "Offset below which every transaction is decided: what "
+                 "read_committed consumers read up to (Kafka's LastStableOffset).", PARTITION_LABELS)
     for p in f.partitions:
         hw.add_metric([p.topic, str(p.partition)], p.high_watermark)
+        lso.add_metric([p.topic, str(p.partition)], p.last_stable_offset)
     yield hw
+    yield lso
     session = _gauge("shale_node_session_valid", "1 while the node's session in the control store is certainly "
                      "valid: only then may it lead and acknowledge writes (no sample without a store).")
     if f.session_valid is not None:
@@ -385,6 +475,39 @@ def _replica_families(f: NodeFigures) -> Iterator[Metric]:
             under.add_metric(labels, 1.0 if r.under_replicated else 0.0)
             under_min.add_metric(labels, 1.0 if r.under_min_isr else 0.0)
     yield from (leader, in_sync, epoch, lag, under, under_min)
+    yield GaugeMetricFamily("shale_reassigning_partitions", "Partitions this node leads whose replicas are being "
+                            "reassigned (Kafka's ReassigningPartitions, counted by each leader; docs/moves.md).",
+                            value=sum(1 for p in f.partitions if p.replica is not None and p.replica.role == "leader"
+                                      and p.replica.reassigning))
+    moved = CounterMetricFamily("shale_reassignment_bytes", "Bytes moved by reassignments: in, fetched by this "
+                                "node as a new replica; out, sent by it as leader to new replicas (Kafka's "
+                                "ReassignmentBytesIn/OutPerSec).", labels=["direction"])
+    rate = _gauge("shale_replication_throttled_rate_bytes", "The replication throttle of each side in bytes per "
+                  "second (leader/follower.replication.throttled.rate); no sample: not throttled.", ["side"])
+    in_force = _gauge("shale_replication_throttle_in_force", "1 while a side's measured rate of throttled replicas "
+                      "is above its throttle: those replicas are held back now.", ["side"])
+    throttled = CounterMetricFamily("shale_replication_throttled_bytes", "Bytes of throttled replicas (out of the "
+                                    "ISR, named by *.replication.throttled.replicas) per side.", labels=["side"])
+    for side, t in f.throttles.items():
+        moved.add_metric(["in" if side == "follower" else "out"], t.reassignment_bytes)
+        if t.rate is not None:
+            rate.add_metric([side], t.rate)
+        in_force.add_metric([side], 1.0 if t.in_force else 0.0)
+        throttled.add_metric([side], t.throttled_bytes)
+    yield from (moved, rate, in_force, throttled)
+
+
+def _log_dir_families(f: NodeFigures) -> Iterator[Metric]:
+    """JBOD: each log dir's partitions and future replicas, and the bytes log-dir moves copied (docs/moves.md)."""
+    partitions = _gauge("shale_log_dir_partitions", "Partitions whose current log is in the log dir.", ["log_dir"])
+    futures = _gauge("shale_log_dir_future_replicas", "Future replicas (log-dir moves copying) in the log dir.",
+                     ["log_dir"])
+    for d in f.log_dirs:
+        partitions.add_metric([d.path], d.partitions)
+        futures.add_metric([d.path], d.future_replicas)
+    yield from (partitions, futures)
+    yield CounterMetricFamily("shale_log_dir_move_bytes", "Bytes copied by log-dir moves (AlterReplicaLogDirs) "
+                              "since the start.", value=f.bytes_moved)
 
 
 def _node_families(f: NodeFigures) -> Iterator[Metric]:
@@ -443,6 +566,15 @@ def _cleaner_families(f: NodeFigures) -> Iterator[Metric]:
     }
     for name, (doc, value) in figures.items():
         yield GaugeMetricFamily(name, doc, value=value)
+    by_kind = _gauge("shale_cleaning_pauses", "Cleaning pauses held, by owner kind (docs/moves.md): each owner "
+                     "counts once.", ["kind"])
+    held = Counter(o.kind for p in f.partitions if p.cleaning.pause_count for o in p.cleaning.owners)
+    for kind in sorted(KINDS):
+        by_kind.add_metric([kind], held.get(kind, 0))
+    yield by_kind
+    yield CounterMetricFamily("shale_cleaning_pauses_released_orphaned", "Persisted cleaning pauses released at "
+                              "start because their owner (a move, ...) or their partition no longer existed.",
+                              value=c.orphaned_pauses_released if c else 0)
 
 
 def _task_families(f: NodeFigures) -> Iterator[Metric]:

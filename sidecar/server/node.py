@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -19,18 +20,28 @@ from typing import Mapping
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import LogError
 from shale.sidecar.log.log import AppendInfo, Log
-from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.log.log_dirs import LogDirs, parse_log_dirs
 from shale.sidecar.plural import plural
+from shale.sidecar.security.authorizer import Authorizer
+from shale.sidecar.security.principal import parse_super_users
+from shale.sidecar.security.store import SecurityStore
+from shale.sidecar.server.acl_admin import AclAdmin
 from shale.sidecar.server.admin import AdminApis
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.error_codes import NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
+from shale.sidecar.server.authorization import authorize_handlers
 from shale.sidecar.server.broker import Broker, ConnectionInfo
+from shale.sidecar.server.channel import SASL_HANDLERS
+from shale.sidecar.server.inter_broker import InterBrokerClient
+from shale.sidecar.server.listener_security import listener_securities, split_settings
 from shale.sidecar.server.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
-from shale.sidecar.server.http_api import HttpApi
+from shale.sidecar.server.http_api import HttpApi, HttpSecurity
+from shale.sidecar.server.log_dir_moves import LogDirMoves
 from shale.sidecar.server.maintenance import Maintenance
 from shale.sidecar.server.manifests import ORIGIN_PREFIX, ManifestSource, require_path, watch
 from shale.sidecar.server.metrics import NodeMetrics
 from shale.sidecar.server.producer_ids import ProducerIdAllocator, init_producer_id
+from shale.sidecar.server.reassignments import Reassignments
 from shale.sidecar.server.server_config import ServerConfig
 from shale.sidecar.server.store_topics import StoreTopics
 from shale.sidecar.replication.control_store import ControlStore, StoreView
@@ -39,6 +50,7 @@ from shale.sidecar.replication.follower import holds_unreplicated
 from shale.sidecar.replication.records import NodeRegistration
 from shale.sidecar.replication.replica_fetcher import FetcherConfig, ReplicaFetchers
 from shale.sidecar.replication.replica_manager import ReplicaManager
+from shale.sidecar.replication.throttle import ReplicationQuota
 from shale.sidecar.server.topics import NodeAddress, TopicRegistry
 from shale.sidecar.topic_config import TopicConfig
 
@@ -63,6 +75,7 @@ class ServeOptions:
     cluster_id: str = "shale"
     store: str | None = None  # the control store: "etcd://h:p[,h:p]" or "kubernetes"; None = one replica, no store
     overrides: Mapping[str, str] = field(default_factory=dict)  # broker configs (`--override key=value`)
+    http_security: HttpSecurity = HttpSecurity()  # TLS and the authentication of changes on the HTTP port
 
 
 def open_store(url: str, cluster_id: str) -> ControlStore:
@@ -113,16 +126,30 @@ class StorageNode:
         self.store: ControlStore | None = None if options.store is None else open_store(options.store,
                                                                                          options.cluster_id)
         self.phase = "recovering"  # -> starting -> serving -> stopping -> stopped (/status, /readyz)
-        self.server_config = ServerConfig.from_mapping(options.overrides)
+        listener_settings, broker_settings = split_settings(options.overrides)
+        self.server_config = ServerConfig.from_mapping(broker_settings)
+        # The Kafka port's listeners, their TLS files read, before anything is created (a bad one: exit 1); SASL
+        # sessions look credentials up in the security store, opened with the log directory below.
+        self.listener_config, self.listeners = listener_securities(
+            listener_settings, options.listen, options.advertised_host,
+            lambda user, mechanism: self.security.scram_credential(user, mechanism))
+        self.inter_broker = InterBrokerClient.from_settings(listener_settings, self.listener_config)
         self.metrics = NodeMetrics(self)
-        self.http = HttpApi(self, *options.http).start()  # before the logs load: probes answer during recovery
+        self.http = HttpApi(self, *options.http, options.http_security).start()  # before the logs load: probes answer during recovery
         self.http_port = self.http.port
         try:
             # The logs on disk load before the registry exists: they open with Kafka's defaults and get
             # their topic's config when the topic is put (load_api_topics, reload_manifests).
-            self.log_dir = LogDir(options.data_dir, lambda topic: self.registry.config_for(topic)
-                                  if hasattr(self, "registry") else TopicConfig.from_mapping({}),
-                                  producer_id_expiration_ms=self.server_config.producer_id_expiration_ms)
+            # Every log dir (`log.dirs`, else each --data-dir; JBOD, docs/moves.md); node files live in the first.
+            self.log_dir = LogDirs(parse_log_dirs(self.server_config.log_dirs or options.data_dir),
+                                   lambda topic: self.registry.config_for(topic)
+                                   if hasattr(self, "registry") else TopicConfig.from_mapping({}),
+                                   producer_id_expiration_ms=self.server_config.producer_id_expiration_ms)
+            # The node's one security state (ACLs, SCRAM credentials): the authorizer, the ACL and SCRAM admin
+            # APIs and the SASL sessions all read this store; an unreadable file stops the start (docs/security.md).
+            self.authorizer = Authorizer(parse_super_users(self.server_config.super_users),
+                                         self.server_config.allow_everyone_if_no_acl_found)
+            self.security = SecurityStore.open(self.log_dir.path, self.authorizer)
         except BaseException:
             self.http.close()
             raise
@@ -134,40 +161,57 @@ class StorageNode:
                         else "no clean-shutdown marker: recovered from the recovery points")
         host, port = options.listen
         advertised = options.advertised_host or (host if host not in ("0.0.0.0", "::", "") else "127.0.0.1")
-        self.registry = TopicRegistry(self.log_dir, NodeAddress(options.node_id, advertised,
-                                                                options.advertised_port or port),
-                                      on_change=self._topic_changed)
+        address = NodeAddress(options.node_id, advertised, options.advertised_port or port)
+        if self.listener_config is not None:  # the node is known by its inter-broker listener (listed first)
+            inter_broker = self.listeners[0].advertised
+            address = NodeAddress(options.node_id, inter_broker.host, inter_broker.port)
+        self.registry = TopicRegistry(self.log_dir, address, on_change=self._topic_changed)
         # With a control store, the store's partition records decide where replicas live and who leads
         # (docs/replication.md); the controller thread and the fetchers start with the event loop (run()).
         self.replicas: ReplicaManager | None = None
         self.controller: Controller | None = None
         self.fetchers: ReplicaFetchers | None = None
         if self.store is not None:
+            config = self.server_config
+            quota = functools.partial(ReplicationQuota, window_num=config.replication_quota_window_num,
+                                      window_s=config.replication_quota_window_size_seconds)
             self.replicas = ReplicaManager(
-                self.registry, replica_lag_time_max_ms=self.server_config.replica_lag_time_max_ms,
-                default_replication_factor=self.server_config.default_replication_factor)
+                self.registry, replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+                default_replication_factor=config.default_replication_factor,
+                leader_quota=quota(config.leader_replication_throttled_rate),
+                follower_quota=quota(config.follower_replication_throttled_rate))
             self.registry.replication = self.replicas
         self.maintenance = Maintenance(self.log_dir, self.registry, self.server_config)
+        self.moves = LogDirMoves(self.log_dir, self.maintenance, run_exclusive=self._on_loop,
+                                 io_max_bytes_per_second=self.server_config.replica_alter_log_dirs_io_max_bytes_per_second)
+        self.moves.load()  # the persisted cleaning pauses: held while their owners exist, released otherwise
         self.manifests = ManifestSource(options.topics, delete_topic_enable=self.server_config.delete_topic_enable)
         self.topic_errors: dict[str, str] = {}  # topic -> why its declared change was not applied
         # The admin API writes topic records through a store client of its own (a store is used from one thread).
         store_topics = None if options.store is None else StoreTopics(open_store(options.store, options.cluster_id),
                                                                       self.registry)
         self.admin = AdminApis(self.registry, self.server_config, options.cluster_id,
-                               removal_held=lambda name: name in self.manifests.held, store_topics=store_topics)
+                               removal_held=lambda name: name in self.manifests.held, store_topics=store_topics,
+                               log_dir_moves=self.moves)
         self.groups = GroupCoordinator(self.registry,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
                                        initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,
                                        replication_factor=self.server_config.offsets_topic_replication_factor
                                        if self.replicas is not None else None)
+        self.authorizing = bool(self.server_config.authorizer_class_name)
         self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
                              observe=self.metrics.observe_request,
                              max_request_bytes=self.server_config.socket_request_max_bytes,
                              queued_max_request_bytes=self.server_config.queued_max_request_bytes,
-                             replicas=self.replicas,
-                             handlers={**self.admin.handlers(), **self.groups.handlers(),
+                             replicas=self.replicas, listeners=self.listeners,
+                             handlers={**SASL_HANDLERS, **self.admin.handlers(), **self.groups.handlers(),
+                                       **Reassignments(self.registry, store_topics, self._store_view).handlers(),
+                                       **AclAdmin(self.security, authorizer_enabled=self.authorizing).handlers(),
                                        API_INIT_PRODUCER_ID: self._init_producer_id})
+        if self.authorizing:  # every API checked as Kafka's broker checks it (authorization.py)
+            self.broker.handlers = authorize_handlers(self.broker.handlers, self.authorizer,
+                                                      self.registry.topic_named_by)
         self.groups.on_append = self.broker.poke  # commits wake fetches of __consumer_offsets
         if self.replicas is not None:
             self.groups.append = self._append_as_leader
@@ -203,6 +247,10 @@ class StorageNode:
         if spec.assignment != assignment:
             self.registry.put(dataclasses.replace(spec, assignment=assignment,
                                                   nodes={owner.node_id: (owner.host, owner.port)}))
+
+    def _store_view(self) -> StoreView:
+        """This node's latest view of the control store (an empty one without a store)."""
+        return self.replicas.view if self.replicas is not None else StoreView(revision="")
 
     def _topic_changed(self, name: str) -> None:
         """TopicRegistry's on_change: the cleaner forgets deleted partitions and wakes for new configs; a topic
@@ -290,7 +338,9 @@ class StorageNode:
                                      heartbeat_ms=config.broker_heartbeat_interval_ms, loop=self._loop,
                                      on_view=self._on_view, on_fenced=self._on_fenced, wanted=self.replicas.wanted)
         self.fetchers = ReplicaFetchers(self.options.node_id, self.log_dir.logs.get,
-                                        FetcherConfig.from_server_config(config))
+                                        FetcherConfig.from_server_config(config),
+                                        on_refused=self.controller.leader_refused, connect=self.inter_broker.connect,
+                                        throttle=self.replicas)
         self.replicas.attach(self.controller, self.fetchers)
         self.replicas.topics_changed()
         self.replicas.start()
@@ -320,8 +370,10 @@ class StorageNode:
                               lambda: self._loop.call_soon_threadsafe(self.reload_manifests))
         self.reload_manifests()
         self.maintenance.start()
+        self.moves.start()  # moves found at load resume (their swap runs on this loop)
         await self.broker.start()
-        if self.registry.node.port == 0 and not self.options.advertised_port:  # an ephemeral port (tests)
+        if self.registry.node.port == 0 and (not self.options.advertised_port or self.listener_config is not None):
+            # an ephemeral port (tests)
             self.registry.node = NodeAddress(self.options.node_id, self.registry.node.host, self.broker.port)
         if self.replicas is not None:
             self._start_replication()
@@ -338,6 +390,7 @@ class StorageNode:
             self.groups.close()  # first: JoinGroup/SyncGroup still waiting get NOT_COORDINATOR, so connections end
             await self._stop_replication()
             await self.broker.close()
+            await asyncio.to_thread(self.moves.shutdown)  # copies stop; each resumes at the next start
             self.maintenance.shutdown()  # the cleaner and scheduled tasks let go of the logs
             self.clean_shutdown = self.log_dir.close()
             self.phase = "stopped"
@@ -347,6 +400,13 @@ class StorageNode:
                 logger.error("node %d stopped without a clean shutdown (see above): the next start recovers",
                              self.options.node_id)
             self.http.close()
+
+    def _on_loop(self, fn):
+        """Run `fn` on the event loop, where appends run, and wait for it (a log-dir move's swap)."""
+        async def call():
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
 
     def stop(self) -> None:
         """Ask `run()` to shut down; safe from signal handlers and other threads."""

@@ -10,7 +10,10 @@ import socket
 from contextlib import ExitStack
 
 from shale.sidecar.log.log_dir import LogDirLockedError
+from shale.sidecar.security.listeners import LISTENERS, ListenerConfig
 from shale.sidecar.server.connection import tune_malloc
+from shale.sidecar.server.http_api import HttpSecurity
+from shale.sidecar.server.listener_security import split_settings
 from shale.sidecar.server.node import ServeOptions, StorageNode, parse_host_port
 from shale.sidecar.server.server_config import parse_overrides
 
@@ -18,10 +21,14 @@ logger = logging.getLogger(__name__)
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
-    return ServeOptions(data_dir=args.data_dir, topics=args.topics, listen=parse_host_port(args.listen),
+    data_dir = ",".join(args.data_dir) if isinstance(args.data_dir, list) else args.data_dir  # --data-dir repeated
+    return ServeOptions(data_dir=data_dir, topics=args.topics, listen=parse_host_port(args.listen),
                         http=parse_host_port(args.http), advertised_host=args.advertised_host,
                         advertised_port=args.advertised_port, node_id=args.node_id, cluster_id=args.cluster_id,
-                        store=args.store, overrides=parse_overrides(getattr(args, "override", None) or []))
+                        store=args.store, overrides=parse_overrides(getattr(args, "override", None) or []),
+                        http_security=HttpSecurity(token_file=args.http_token_file, tls_cert=args.http_tls_cert,
+                                                   tls_key=args.http_tls_key, tls_ca=args.http_tls_ca,
+                                                   client_auth=args.http_tls_client_auth))
 
 
 class ListenError(OSError):
@@ -34,9 +41,14 @@ def check_listeners(options: ServeOptions) -> None:
     Run before the node exists: a taken port is then reported before the data directory, the topics or any
     thread are created, so a failed start leaves the disk as it was. Every socket stays open until all are
     checked, so `--listen` and `--http` on the same port are refused too. Port 0 (any free port) always works.
+    With Kafka's `listeners` (`--override`) those addresses are checked instead of `--listen`.
     """
-    listeners = [("the Kafka listener", "--listen", options.listen, socket.AF_UNSPEC),  # the broker resolves
-                 ("the HTTP endpoints", "--http", options.http, socket.AF_INET)]  # HTTPServer is IPv4 only
+    kafka = [("the Kafka listener", "--listen", options.listen, socket.AF_UNSPEC)]  # the broker resolves
+    settings = split_settings(options.overrides)[0]
+    if LISTENERS in settings:
+        kafka = [(f"the Kafka listener {e.listener}", LISTENERS, (e.host or "0.0.0.0", e.port), socket.AF_UNSPEC)
+                 for e in ListenerConfig.from_settings(settings).listeners]
+    listeners = [*kafka, ("the HTTP endpoints", "--http", options.http, socket.AF_INET)]  # HTTPServer: IPv4 only
     with ExitStack() as held:
         for what, flag, (host, port), family in listeners:
             if port == 0:

@@ -16,8 +16,14 @@ from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from shale.sidecar.log.log_cleaner import CleanerConfig
-from shale.sidecar.topic_config import BOOLEAN, DOUBLE, INT, LONG, LONG_MAX, ConfigKey, InvalidConfigError, Range
+from shale.sidecar.security.principal import parse_super_users
+from shale.sidecar.topic_config import (
+    BOOLEAN, DOUBLE, INT, LONG, LONG_MAX, STRING, ConfigKey, InvalidConfigError, OneOf, Range,
+)
 
+# `authorizer.class.name` values that turn Shale's ACL authorizer on: Kafka's (KRaft's and ZooKeeper's) and a short alias.
+AUTHORIZER_CLASS_NAMES = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                          "kafka.security.authorizer.AclAuthorizer", "shale")
 DOUBLE_MAX = 1.7976931348623157e308  # Java's Double.MAX_VALUE, Kafka's "no limit" for the cleaner's I/O rate
 
 SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
@@ -44,6 +50,13 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "How full a cleaner's offset map may get, in (0, 1]."),
     ConfigKey("log.cleaner.io.max.bytes.per.second", DOUBLE, DOUBLE_MAX, None,
               "Read plus write rate all cleaner threads together stay under."),
+    ConfigKey("log.dirs", STRING, "", None,
+              "The log dirs, comma-separated, each its own volume (JBOD): new partitions go to the dir with the "
+              "fewest, AlterReplicaLogDirs moves them between dirs (docs/moves.md). Empty: the --data-dir "
+              "options (repeated or comma-separated). Node files live in the first dir."),
+    ConfigKey("replica.alter.log.dirs.io.max.bytes.per.second", LONG, LONG_MAX, Range(1),
+              "Bytes per second all log-dir moves together copy at most, so that a move does not starve "
+              "producers."),
     ConfigKey("log.cleaner.backoff.ms", LONG, 15000, Range(0),
               "How long a cleaner thread sleeps when no log needs cleaning; a topic config change wakes it."),
     ConfigKey("producer.id.expiration.ms", INT, 86400000, Range(1),
@@ -101,9 +114,30 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "is 1000: right after an election a follower may ask the new leader before that leader has "
               "seen its own election (UNKNOWN_LEADER_EPOCH), and a second's wait there would take half of the two "
               "seconds a failover is meant to take."),
+    ConfigKey("leader.replication.throttled.rate", LONG, LONG_MAX, Range(0),
+              "Bytes per second this node sends as leader to throttled replicas (out of the ISR and named by "
+              "their topic's leader.replication.throttled.replicas) at most; a move then does not starve "
+              "producers (docs/moves.md). Kafka's dynamic broker config, here an override."),
+    ConfigKey("follower.replication.throttled.rate", LONG, LONG_MAX, Range(0),
+              "Bytes per second this node fetches as follower for throttled replicas (out of the ISR and named "
+              "by their topic's follower.replication.throttled.replicas) at most."),
+    ConfigKey("replication.quota.window.num", INT, 11, Range(1),
+              "Windows over which the replication throttles measure their rates."),
+    ConfigKey("replication.quota.window.size.seconds", INT, 1, Range(1),
+              "Length of one window of the replication throttles."),
     ConfigKey("replica.socket.timeout.ms", INT, 30000, Range(1),
               "How long a follower waits to connect to a leader, and for an answer beyond "
               "replica.fetch.wait.max.ms, before it reconnects."),
+    # Authorization (docs/security.md)
+    ConfigKey("authorizer.class.name", STRING, "", OneOf(("", *AUTHORIZER_CLASS_NAMES)),
+              "Turns ACL checks on for every API: Kafka's StandardAuthorizer or AclAuthorizer class names, or "
+              "`shale`, all meaning Shale's ACL authorizer over the ACLs in shale-security.json. Empty: no "
+              "authorizer, everything is allowed and the ACL APIs answer SECURITY_DISABLED."),
+    ConfigKey("super.users", STRING, "", None,
+              "Principals every check allows, `;`-separated (User:admin;User:CN=node,O=shale)."),
+    ConfigKey("allow.everyone.if.no.acl.found", BOOLEAN, False, None,
+              "With an authorizer: whether a resource no ACL names is open to everyone (Kafka's default, "
+              "false, refuses it)."),
 )  # fmt: skip
 
 SERVER_CONFIG_KEYS_BY_NAME: Mapping[str, ConfigKey] = MappingProxyType({k.name: k for k in SERVER_CONFIG_KEYS})
@@ -128,6 +162,8 @@ class ServerConfig:
     log_cleaner_io_buffer_load_factor: float
     log_cleaner_io_max_bytes_per_second: float
     log_cleaner_backoff_ms: int
+    log_dirs: str
+    replica_alter_log_dirs_io_max_bytes_per_second: int
     producer_id_expiration_ms: int
     producer_id_expiration_check_interval_ms: int
     group_initial_rebalance_delay_ms: int
@@ -146,7 +182,14 @@ class ServerConfig:
     replica_fetch_max_bytes: int
     replica_fetch_response_max_bytes: int
     replica_fetch_backoff_ms: int
+    leader_replication_throttled_rate: int
+    follower_replication_throttled_rate: int
+    replication_quota_window_num: int
+    replication_quota_window_size_seconds: int
     replica_socket_timeout_ms: int
+    authorizer_class_name: str
+    super_users: str
+    allow_everyone_if_no_acl_found: bool
 
     def __post_init__(self) -> None:
         for key in SERVER_CONFIG_KEYS:
@@ -163,6 +206,10 @@ class ServerConfig:
         if 3 * heartbeat > session:  # the controller's rule: a leader stops one heartbeat before its session ends
             raise ServerConfigError("broker.heartbeat.interval.ms", heartbeat,
                                     f"Value must be at most a third of broker.session.timeout.ms ({session})")
+        try:
+            parse_super_users(self.super_users)
+        except ValueError as e:
+            raise ServerConfigError("super.users", self.super_users, str(e)) from None
 
     @classmethod
     def from_mapping(cls, overrides: Mapping[str, object]) -> ServerConfig:

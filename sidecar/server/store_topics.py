@@ -17,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
+from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import ControlStore, StoreView
+from shale.sidecar.replication.records import PartitionRecord
 from shale.sidecar.replication.topic_record import TopicRecord
 from shale.sidecar.server.topics import TopicRegistry, record_spec
 
@@ -62,6 +64,22 @@ class StoreTopics:
                 await self.applied(lambda: self._serves(new), timeout_s, f"topic {name} changed")
                 return new
         raise StoreConflict(f"topic {name}: its record in the control store kept changing; try again")
+
+    async def change_partition(self, tp: TopicPartition,
+                               change: Callable[[PartitionRecord], PartitionRecord | None]) -> PartitionRecord | None:
+        """Rewrite a partition record as `change(current)` says (None: leave it; it raises to refuse), by
+        compare-and-set on a fresh read (a reassignment started or cancelled through the admin API). KeyError
+        when the partition has no record; StoreConflict after CAS_ATTEMPTS misses."""
+        for _ in range(CAS_ATTEMPTS):
+            current = (await self._call(self.store.view)).partitions.get(tp)
+            if current is None:
+                raise KeyError(tp)
+            new = change(current.record)
+            if new is None:
+                return None
+            if await self._call(self.store.update_partition, tp, new, current.version):
+                return new
+        raise StoreConflict(f"{tp}: its record in the control store kept changing; try again")
 
     async def delete(self, name: str, timeout_s: float) -> bool:
         """Delete the record as it is now; False if there is none. Waits (bounded) until removed here."""

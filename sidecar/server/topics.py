@@ -191,6 +191,10 @@ class TopicRegistry:
     def topic_id(self, topic: str) -> str:
         return self._ids[topic]
 
+    def topic_named_by(self, topic_id: uuid.UUID) -> str | None:
+        """The topic whose id is `topic_id` (a request naming topics by id), None if none has it."""
+        return next((name for name in self.topics if topic_uuid(self._ids[name]) == topic_id), None)
+
     def hosts(self, tp: TopicPartition) -> bool:
         """This node keeps a replica of the partition (its leader, or with a store any of its replicas)."""
         spec = self.topics.get(tp.topic)
@@ -315,6 +319,17 @@ class TopicRegistry:
         logger.info("topic %s deleted", name)
         self._on_change(name)
         return True
+
+    def delete_replica(self, tp: TopicPartition) -> None:
+        """A replica moved off this node (Kafka's StopReplica with delete): its log goes the way a deleted
+        topic's does (the cleaner lets go first, `-delete`), the topic stays."""
+        if tp not in self.log_dir.logs:
+            return
+        for hook in self.before_delete:
+            hook(tp)
+        self.log_dir.delete(tp)
+        logger.info("%s: replica deleted from node %d (moved to other nodes)", tp, self.node.node_id)
+        self._on_change(tp.topic)
 
     def sync_origin(self, origin_prefix: str, specs: Iterable[TopicSpec]) -> dict[str, str]:
         """Make the topics declared by one source (e.g. the manifests) exactly `specs`.

@@ -33,6 +33,7 @@ from shale.operator.settings import Settings  # noqa: E402
 
 STORAGE_NS = "storage"
 CONFIGMAP = "shale-topics"
+CLIENTS_CA_SECRET = "shale-clients-ca"  # signs tls Users' certificates (tests/operator/test_user_handlers.py)
 GROUP, VERSION, PLURAL = "shale.dev", "v1alpha1", "topics"
 STUCK_AFTER_SECONDS = 3.0
 REFRESH_SECONDS = 0.5

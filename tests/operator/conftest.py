@@ -18,8 +18,8 @@ from typing import Iterator
 import kubernetes
 import pytest
 
-from cluster_util import (CONFIGMAP, REFRESH_SECONDS, STORAGE_NS, STUCK_AFTER_SECONDS, Cluster, OperatorThread,
-                          StorageNodes, storage_objects)
+from cluster_util import (CLIENTS_CA_SECRET, CONFIGMAP, REFRESH_SECONDS, STORAGE_NS, STUCK_AFTER_SECONDS, Cluster,
+                          OperatorThread, StorageNodes, storage_objects)
 from k8s_util import ApiServerThread
 from node_util import ServeProcess, free_port
 from projection import ConfigMapProjection
@@ -57,8 +57,9 @@ def cluster(storage_nodes: StorageNodes, tmp_path: Path, monkeypatch) -> Iterato
                         status_url_template="http://{pod_ip}:{port_http}/status",
                         node_address_template="{pod_ip}:{port_kafka}",
                         cleaning_stuck_after_seconds=STUCK_AFTER_SECONDS, status_interval_seconds=REFRESH_SECONDS,
+                        scale_check_interval_seconds=REFRESH_SECONDS,
                         ready_wait_seconds=10, liveness_endpoint=f"http://127.0.0.1:{free_port()}/healthz",
-                        metrics_host="127.0.0.1", metrics_port=free_port())
+                        metrics_host="127.0.0.1", metrics_port=free_port(), clients_ca_secret=CLIENTS_CA_SECRET)
     operator = OperatorThread(settings).start()
     try:
         yield Cluster(api, storage_nodes, operator, projection, server, kubeconfig)

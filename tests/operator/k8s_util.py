@@ -115,7 +115,10 @@ def declare_resources(server: ApiServer) -> None:
     every = {"get", "list", "watch", "create", "patch", "delete"}
     server.resources["shale.dev/v1alpha1/topics"] = info(kind="Topic", namespaced=True, verbs=every,
                                                          subresources={"status"})
+    server.resources["shale.dev/v1alpha1/users"] = info(kind="User", namespaced=True, verbs=every,
+                                                        subresources={"status"})
     server.resources["v1/namespaces"] = info(kind="Namespace", namespaced=False, verbs={"list", "watch"})
+    server.resources["v1/secrets"] = info(kind="Secret", namespaced=True, verbs=every | {"update"})
     server.resources["v1/events"] = info(kind="Event", namespaced=True, verbs={"create", "list"})
     server.resources["v1/configmaps"] = info(kind="ConfigMap", namespaced=True, verbs=every)
     server.resources["v1/pods"] = info(kind="Pod", namespaced=True, verbs=every)

@@ -114,7 +114,7 @@ def test_configmap_keys_never_collide_and_stay_legal():
 def test_a_new_topic_is_placed_on_the_least_loaded_nodes():
     other = render(desired_topic(body("other", 3, uid=str(uuid.uuid4()))), [(0,), (1,), (0,)], {0: "x:1", 1: "y:1"})
     data = {"team-a_other.yaml": yaml.safe_dump(other), "README": "not a manifest"}
-    text, owners = plan(desired_topic(body(partitions=3)), data, storage(), DNS, {})
+    text, owners, _ = plan(desired_topic(body(partitions=3)), data, storage(), DNS, {})
     assert owners == [(1,), (0,), (1,)]
     manifest = yaml.safe_load(text)
     assert manifest["spec"]["assignment"] == {"partitions": [1, 0, 1], "nodes": {
@@ -124,24 +124,24 @@ def test_a_new_topic_is_placed_on_the_least_loaded_nodes():
 
 def test_an_unchanged_spec_gives_the_same_text_and_a_change_keeps_the_placement():
     topic = desired_topic(body(partitions=2))
-    text, owners = plan(topic, {}, storage(), DNS, {})
+    text, owners, _ = plan(topic, {}, storage(), DNS, {})
     data = {topic.key: text}
-    assert plan(topic, data, storage(), DNS, {}) == (text, owners)
+    assert plan(topic, data, storage(), DNS, {})[:2] == (text, owners)
     grown = desired_topic(body(partitions=4, config={"retention.ms": 5}))
-    text2, owners2 = plan(grown, data, storage(replicas=3), DNS, {})
+    text2, owners2, _ = plan(grown, data, storage(replicas=3), DNS, {})
     assert owners2[:2] == owners and owners2[2] == (2,)  # node 2 is new and empty
     assert yaml.safe_load(text2)["spec"]["config"] == {"retention.ms": "5"}
 
 
 def test_placements_found_on_the_pods_are_kept_when_the_key_is_lost():
     topic = desired_topic(body(partitions=3))
-    _, owners = plan(topic, {}, storage(), DNS, {0: (1,), 1: (1,)})
+    _, owners, _ = plan(topic, {}, storage(), DNS, {0: (1,), 1: (1,)})
     assert owners == [(1,), (1,), (0,)]
 
 
 def test_decreasing_partitions_is_not_supported():
     topic = desired_topic(body(partitions=3))
-    text, _ = plan(topic, {}, storage(), DNS, {})
+    text, *_ = plan(topic, {}, storage(), DNS, {})
     with pytest.raises(SpecError, match="cannot be decreased from 3 to 2") as info:
         plan(desired_topic(body(partitions=2)), {topic.key: text}, storage(), DNS, {})
     assert info.value.reason == "NotSupported"
@@ -150,7 +150,7 @@ def test_decreasing_partitions_is_not_supported():
 
 
 def test_changing_the_topic_name_is_not_supported():
-    text, _ = plan(desired_topic(body()), {}, storage(), DNS, {})
+    text, *_ = plan(desired_topic(body()), {}, storage(), DNS, {})
     with pytest.raises(SpecError, match="topicName") as info:
         plan(desired_topic(body(topicName="renamed")), {"team-a_prices.yaml": text}, storage(), DNS, {})
     assert info.value.reason == "NotSupported"
@@ -158,7 +158,7 @@ def test_changing_the_topic_name_is_not_supported():
 
 def test_two_topics_for_one_kafka_topic_conflict():
     first = desired_topic(body("a", topicName="shared", namespace="x"))
-    text, _ = plan(first, {}, storage(), DNS, {})
+    text, *_ = plan(first, {}, storage(), DNS, {})
     with pytest.raises(SpecError, match="managed by Topic x/a") as info:
         plan(desired_topic(body("b", topicName="shared", namespace="y")), {first.key: text}, storage(), DNS, {})
     assert info.value.reason == "ResourceConflict"
@@ -166,7 +166,7 @@ def test_two_topics_for_one_kafka_topic_conflict():
 
 def test_addresses_from_pod_fields_need_the_pod():
     pods = {0: StoragePod("shale-0", 0, "10.0.0.7", {"kafka": 9092})}
-    text, _ = plan(desired_topic(body(partitions=1)), {}, storage(replicas=1, pods=pods), "{pod_ip}:{port_kafka}", {})
+    text, *_ = plan(desired_topic(body(partitions=1)), {}, storage(replicas=1, pods=pods), "{pod_ip}:{port_kafka}", {})
     assert yaml.safe_load(text)["spec"]["assignment"]["nodes"] == {"0": "10.0.0.7:9092"}
     with pytest.raises(StorageError, match="pod data/shale-1 does not exist"):
         plan(desired_topic(body(partitions=1)), {}, storage(replicas=2, pods=pods), "{pod_ip}:{port_kafka}", {})
@@ -184,7 +184,7 @@ def test_lost_keys_are_written_back_where_the_pods_hold_the_logs():
     found = {"a": {0: (1,), 1: (1,), 2: (0,)}, "b": {0: (0,), 1: (1,)}}
     before = {}
     for topic in (a, b):  # what the operator had written
-        text, _ = plan(desired_topic(topic), before, storage(), DNS, found[topic["metadata"]["name"]])
+        text, *_ = plan(desired_topic(topic), before, storage(), DNS, found[topic["metadata"]["name"]])
         before[desired_topic(topic).key] = text
 
     restore = plan_restore([b, a], {}, storage(), DNS, lambda name: found[name])
@@ -257,7 +257,7 @@ def test_only_applied_topics_that_are_still_managed_count_as_lost():
 
 def test_replicas_place_each_partition_on_distinct_pods_and_the_sidecar_parses_the_lists():
     topic = desired_topic(body(partitions=3, replicas=3))
-    text, owners = plan(topic, {}, storage(replicas=3), DNS, {})
+    text, owners, _ = plan(topic, {}, storage(replicas=3), DNS, {})
     assert owners == [(0, 1, 2), (1, 0, 2), (2, 0, 1)]
     manifest = yaml.safe_load(text)
     assert manifest["spec"]["assignment"]["partitions"] == [[0, 1, 2], [1, 0, 2], [2, 0, 1]]
@@ -274,7 +274,7 @@ def test_the_default_replication_factor_applies_without_spec_replicas_and_is_cap
 
 def test_new_partitions_get_the_topics_replication_factor_and_lost_keys_keep_the_pods_found():
     topic = desired_topic(body(partitions=2, replicas=2))
-    text, owners = plan(topic, {}, storage(replicas=3), DNS, {})
+    text, owners, _ = plan(topic, {}, storage(replicas=3), DNS, {})
     assert owners == [(0, 1), (2, 0)]  # the second's leader on the pod holding nothing yet
     grown = desired_topic(body(partitions=3, replicas=3))  # as Kafka's CreatePartitions: the topic's factor
     assert plan(grown, {topic.key: text}, storage(replicas=3), DNS, {})[1] == owners + [(1, 2)]

@@ -1,6 +1,6 @@
 """The chart's RBAC against what the operator really does: every API call it makes is granted, and no more.
 
-The operator runs a Topic's whole life against kmock (create, grow, a refused spec with its Event,
+The operator runs a Topic's whole life against kmock (create, grow, a scale-in held, a refused spec with its Event,
 the topics ConfigMap deleted and written back, delete; the storage pods scheduled on a zoned node) and
 every request it sent — kopf's and its own, told apart from the tests' by User-Agent — is checked
 against the rules of the Roles and ClusterRoles the chart binds to its service account
@@ -10,10 +10,13 @@ against the rules of the Roles and ClusterRoles the chart binds to its service a
 from __future__ import annotations
 
 import kmock
+import kubernetes
 from chart_util import by_kind, objects, one, render
-from cluster_util import CONFIGMAP, STORAGE_NS, Cluster
+import pytest
+from cluster_util import CLIENTS_CA_SECRET, CONFIGMAP, STORAGE_NS, Cluster
 from k8s_util import TEST_USER_AGENT
 from node_util import wait_for
+from user_util import GROUP, PLURAL, READ_ORDERS, VERSION, create_clients_ca, create_user, secret, user, wait_ready
 
 # kmock's actions as RBAC verbs (a PATCH is `patch`, a PUT `update`).
 _VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "DELETE": "delete"}
@@ -24,12 +27,18 @@ def chart_rules() -> tuple[list[dict], dict[str, str]]:
     the objects the test cluster names otherwise."""
     rendered = objects(render())
     names = {CONFIGMAP: one(rendered, "ConfigMap")["metadata"]["name"],
-             "shale": one(rendered, "StatefulSet")["metadata"]["name"]}
+             "shale": one(rendered, "StatefulSet")["metadata"]["name"],
+             CLIENTS_CA_SECRET: env_value(one(rendered, "Deployment"), "SHALE_CLIENTS_CA_SECRET")}
     account = one(rendered, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     bound = {b["roleRef"]["name"] for b in by_kind(rendered, "RoleBinding") + by_kind(rendered, "ClusterRoleBinding")
              if any(s["name"] == account for s in b["subjects"])}
     roles = by_kind(rendered, "Role") + by_kind(rendered, "ClusterRole")
     return [rule for role in roles if role["metadata"]["name"] in bound for rule in role["rules"]], names
+
+
+def env_value(deployment: dict, name: str) -> str:
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return next(e["value"] for e in container["env"] if e["name"] == name)
 
 
 def allowed(rules: list[dict], group: str, resource: str, verb: str, name: str | None) -> bool:
@@ -38,6 +47,8 @@ def allowed(rules: list[dict], group: str, resource: str, verb: str, name: str |
                and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
 
 
+@pytest.mark.parametrize("storage_nodes", [["authorizer.class.name=shale", "super.users=User:ANONYMOUS"]],
+                         indirect=True)  # the pods keep the Users' ACLs
 def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: Cluster):
     cluster.core.create_namespaced_config_map(STORAGE_NS, {"metadata": {"name": CONFIGMAP}})  # as the chart does
     # The pods run on a node labelled with its zone, which the operator reads to spread replicas.
@@ -50,6 +61,14 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
     cluster.wait_condition("orders", "Ready", "True")
     cluster.patch_topic("orders", {"spec": {"partitions": 2}})
     wait_for(lambda: cluster.condition("orders", "Ready").get("observedGeneration") == 2, what="the second generation")
+    # A scale-in below pod 1, which holds a partition: put back and held (docs/moves.md), then cancelled.
+    apps = kubernetes.client.AppsV1Api(cluster.api)
+    apps.patch_namespaced_stateful_set("shale", STORAGE_NS, {"spec": {"replicas": 1}})
+    wait_for(lambda: (sts := apps.read_namespaced_stateful_set("shale", STORAGE_NS)).spec.replicas == 2
+             and (sts.metadata.annotations or {}).get("shale.dev/scale-in-to") == "1", what="the scale-in held")
+    cluster.wait_condition("orders", "ScaleInBlocked", "True", "ScaleInRefused")
+    apps.patch_namespaced_stateful_set("shale", STORAGE_NS, {"metadata": {"annotations": {"shale.dev/scale-in-to": None}}})
+    wait_for(lambda: cluster.condition("orders", "ScaleInBlocked") == {}, what="the scale-in cancelled")
     cluster.create_topic("bad", 1, {"segment.bytes": "1"})
     wait_for(lambda: cluster.events("bad"), what="the InvalidConfig Event")
     manifests = cluster.configmap_data()
@@ -57,6 +76,18 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
     wait_for(lambda: cluster.configmap_data() == manifests, 20, what="the ConfigMap recreated from the Topics")
     cluster.delete_topic("orders")
     wait_for(lambda: cluster.topic("orders") is None, what="the finalizer removed")
+    # Users: a scram User whose Secret someone truncates (completed in place), a tls User, a deletion.
+    create_clients_ca(cluster)
+    create_user(cluster, "alice", acls=[READ_ORDERS])
+    wait_ready(cluster, "alice", reason="Reconciled")
+    password = secret(cluster, "alice")[1]["password"]
+    cluster.core.patch_namespaced_secret("alice", cluster.namespace, {"data": {"sasl.jaas.config": None}})
+    wait_for(lambda: "sasl.jaas.config" in secret(cluster, "alice")[1], 20, what="the Secret completed")
+    assert secret(cluster, "alice")[1]["password"] == password
+    create_user(cluster, "erin", "tls")
+    wait_ready(cluster, "erin", reason="Reconciled")
+    cluster.objects.delete_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "alice")
+    wait_for(lambda: user(cluster, "alice") is None, 20, what="the User's finalizer removed")
 
     rules, names = chart_rules()
     calls = set()
@@ -81,5 +112,9 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
         ("", "configmaps", "get"), ("", "configmaps", "patch"),  # the manifests
         ("", "configmaps", "create"),  # the ConfigMap recreated after it was deleted
         ("apps", "statefulsets", "get"), ("", "pods", "list"),  # the storage pods
+        ("apps", "statefulsets", "patch"),  # a scale-in held until the pods going are drained
         ("", "nodes", "get"),  # the zone of each pod's node (rbac.nodeZones' ClusterRole)
+        ("shale.dev", "users", "list"), ("shale.dev", "users", "watch"), ("shale.dev", "users", "patch"),
+        ("shale.dev", "users/status", "patch"),
+        ("", "secrets", "get"), ("", "secrets", "create"), ("", "secrets", "patch"),  # Users' Secrets, the clients CA
     }

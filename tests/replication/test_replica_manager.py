@@ -10,6 +10,7 @@ controller, fetchers and etcd, the same rules run in test_leader_side.py and the
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -170,14 +171,15 @@ def test_acks_all_waits_for_the_followers_and_a_new_leader_epoch_answers_not_lea
     asyncio.run(run())
 
 
-def test_a_replica_no_longer_named_is_dropped_and_its_log_kept(manager):
+def test_a_replica_moved_off_this_node_is_dropped_and_its_log_deleted(manager):
     rm, _, fetchers, _ = manager
     rm.apply_view(view(rec(leader=1)))
-    log = rm.partitions[TP].log
+    log_path = rm.partitions[TP].log.dir
     moved = PartitionRecord((1, 2), (1, 2), 1, "i1", 1, 1)
     rm.apply_view(StoreView("2", dict(NODES), {TP: Versioned(moved, "2")}))
     assert TP not in rm.partitions and TP not in fetchers.following
-    assert rm.registry.log_dir.logs[TP] is log  # a stray, as Kafka keeps it
+    # Kafka's StopReplica with delete: the log goes as a deleted topic's does (renamed `-delete`, then removed).
+    assert TP not in rm.registry.log_dir.logs and not os.path.exists(log_path)
 
 
 def test_an_older_record_than_one_applied_is_ignored(manager):

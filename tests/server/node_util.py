@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
@@ -394,13 +395,15 @@ class KubeStoreUrl:
 
 
 def start_replicated_cluster(tmp_path: Path, store, n_nodes: int, *topics: dict, extra: tuple[str, ...] = (),
-                             proxies: bool = False, timeout: float = 60.0) -> ReplicatedCluster:
+                             proxies: bool = False, timeout: float = 60.0,
+                             node_args: Callable[[ServeProcess], list[str]] | None = None) -> ReplicatedCluster:
     """`n_nodes` `shale serve --store URL` processes (node ids 0..n-1; `store.url`: an etcd of tests/etcd_util.py, or
     `KubeStoreUrl`, whose kubeconfig they are given) reading `topics` (manifests, see
     `topic_manifest`; e.g. `replicas=3` or an assignment of replica lists), started, with every partition of
     every topic led by some node before this returns. With `proxies`, each node advertises a fault-injecting
     proxy in front of its listener (tests/fault_proxy.py), so that every client and every other node reaches it
-    through that proxy (`cluster.proxies[n]`)."""
+    through that proxy (`cluster.proxies[n]`). `node_args(server)` gives arguments of each node's own (e.g. its
+    listeners, from `server.port`)."""
     cluster = ReplicatedCluster(tmp_path, store)
     write_manifests(cluster.topics_dir / "topics.yaml", *topics) if topics else cluster.topics_dir.mkdir(
         parents=True, exist_ok=True)
@@ -408,6 +411,8 @@ def start_replicated_cluster(tmp_path: Path, store, n_nodes: int, *topics: dict,
     for n in range(n_nodes):
         cluster.servers[n] = ServeProcess(tmp_path / f"data{n}", cluster.topics_dir, "--store", store.url,
                                           *TEST_OVERRIDES, *extra, node_id=n, env=env)
+        if node_args is not None:
+            cluster.servers[n].args += node_args(cluster.servers[n])
     if proxies:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from fault_proxy import FaultProxy

@@ -124,8 +124,9 @@ def test_status_has_a_stable_documented_shape_and_the_engines_values(node):
     status, doc = get_json(node.node.http_port, "/status")
     assert status == 200
     assert set(doc) == {"version", "node_id", "phase", "ready", "time_ms", "data_dir", "topics", "cleaner",
-                        "uncleanable_partitions", "maintenance", "errors", "manifests", "session_valid"}
-    assert doc["session_valid"] is None  # no control store
+                        "uncleanable_partitions", "maintenance", "errors", "manifests", "session_valid",
+                        "log_dirs", "moves_bytes_copied", "replication_throttles"}
+    assert doc["session_valid"] is None and doc["replication_throttles"] == {}  # no control store
     assert (doc["version"], doc["node_id"], doc["phase"], doc["ready"]) == (1, 3, "serving", True)
     logs = node.node.log_dir.logs
     assert doc["data_dir"]["path"] == node.node.log_dir.path
@@ -146,7 +147,8 @@ def test_status_has_a_stable_documented_shape_and_the_engines_values(node):
         log.log_start_offset, 12, log.size_in_bytes, len(log.segments))
     assert p0["served"] is True and p0["cleanup_policy"] == ["delete"]
     assert p0["dirty_ratio"] is None and p0["last_clean_ms"] is None
-    assert set(p0["cleaning"]) == {"state", "since_ms", "seconds_in_state", "pause_count", "uncleanable_reason"}
+    assert set(p0["cleaning"]) == {"state", "since_ms", "seconds_in_state", "pause_count", "pause_owners",
+                                 "uncleanable_reason"}
     assert doc["topics"]["orders"]["partitions"][0]["min_cleanable_dirty_ratio"] == 1.0
 
     cleaner = doc["cleaner"]
@@ -165,7 +167,8 @@ def test_pause_and_resume_through_http_show_in_status_and_metrics(node):
     port = node.node.http_port
     before = now_ms()
     status, body = get_json(port, "/partitions/orders/0/pause", "POST")
-    assert status == 200 and body == {"topic": "orders", "partition": 0, "state": "paused", "pause_count": 1}
+    assert status == 200 and body == {"topic": "orders", "partition": 0, "state": "paused", "pause_count": 1,
+                                      "pause_owners": ["anonymous:1"]}
     assert get_json(port, "/partitions/orders/0/pause", "POST")[1]["pause_count"] == 2
 
     cleaning = get_json(port, "/status")[1]["topics"]["orders"]["partitions"][0]["cleaning"]
@@ -177,7 +180,7 @@ def test_pause_and_resume_through_http_show_in_status_and_metrics(node):
     assert sample(metrics, "shale_cleaning_pause_count", topic="orders", partition=0) == 2
 
     assert get_json(port, "/partitions/orders/0/resume", "POST") == (
-        200, {"topic": "orders", "partition": 0, "state": "paused", "pause_count": 1})
+        200, {"topic": "orders", "partition": 0, "state": "paused", "pause_count": 1, "pause_owners": ["anonymous:1"]})
     status, body = get_json(port, "/partitions/orders/0/resume", "POST")
     assert status == 200 and body["pause_count"] == 0 and body["state"] != "paused"
     assert scrape(port)[("shale_cleaning_pause_count", frozenset({("topic", "orders"), ("partition", "0")}))] == 0

@@ -108,3 +108,57 @@ app.kubernetes.io/part-of: shale
     resources: ["events"]
     verbs: ["create"]
 {{- end }}
+
+{{/* The operator's rules on Users, in each namespace it reconciles (templates/rbac.yaml, operator/user_handlers.py). */}}
+{{- define "shale.userRules" }}
+  # Watch Users and patch them (kopf's finalizer: a deleted User's credential and ACLs leave the pods first).
+  - apiGroups: ["shale.dev"]
+    resources: ["users"]
+    verbs: ["list", "watch", "patch"]
+  - apiGroups: ["shale.dev"]
+    resources: ["users/status"]
+    verbs: ["patch"]
+  # Each User's Secret (named like the User): read, created with the password or certificate, completed.
+  # RBAC cannot limit these to names not known ahead: any Secret of these namespaces.
+  - apiGroups: [""]
+    resources: ["secrets"]
+    verbs: ["get", "create", "patch"]
+{{- end }}
+
+{{/* Security (docs/security.md): the Secrets of TLS material and the HTTP token; given, or generated on install. */}}
+{{- define "shale.clusterCASecret" -}}{{ include "shale.fullname" . }}-cluster-ca{{- end -}}
+{{- define "shale.storageTLSSecret" -}}
+{{- default (printf "%s-storage-tls" (include "shale.fullname" .)) .Values.security.tls.storageSecret -}}
+{{- end -}}
+{{- define "shale.operatorTLSSecret" -}}
+{{- default (printf "%s-operator-tls" (include "shale.fullname" .)) .Values.security.tls.operatorSecret -}}
+{{- end -}}
+{{- define "shale.clientsCASecret" -}}
+{{- default (printf "%s-clients-ca" (include "shale.fullname" .)) .Values.security.tls.clientsCASecret -}}
+{{- end -}}
+{{- define "shale.httpTokenSecret" -}}
+{{- default (printf "%s-http-token" (include "shale.fullname" .)) .Values.security.httpTokenSecret -}}
+{{- end -}}
+{{/* The principals of the generated certificates (CN=<name>, Kafka's default principal mapping). */}}
+{{- define "shale.storagePrincipal" -}}User:CN={{ include "shale.storageName" . }}{{- end -}}
+{{- define "shale.operatorPrincipal" -}}User:CN={{ include "shale.operatorName" . }}{{- end -}}
+
+{{/* The storage nodes' `--override`s for listeners, TLS, SASL and ACLs (security.enabled). Paths only: no secret. */}}
+{{- define "shale.securityOverrides" -}}
+{{- $s := .Values.storage -}}
+{{- $sec := .Values.security -}}
+{{- $superUsers := concat (list (include "shale.storagePrincipal" .) (include "shale.operatorPrincipal" .)) $sec.superUsers -}}
+listeners: {{ printf "INTERNAL://0.0.0.0:%v,CLIENT://0.0.0.0:%v,CLIENTTLS://0.0.0.0:%v" $sec.internalPort $s.kafkaPort $sec.tlsClientPort | quote }}
+advertised.listeners: {{ printf "INTERNAL://:%v,CLIENT://:%v,CLIENTTLS://:%v" $sec.internalPort $s.kafkaPort $sec.tlsClientPort | quote }}
+listener.security.protocol.map: "INTERNAL:SSL,CLIENT:SASL_SSL,CLIENTTLS:SSL"
+inter.broker.listener.name: "INTERNAL"
+ssl.keystore.location: "/etc/shale/tls/tls.crt"
+ssl.keystore.key.location: "/etc/shale/tls/tls.key"
+ssl.truststore.location: "/etc/shale/tls/ca.crt"
+listener.name.internal.ssl.client.auth: "required"
+listener.name.clienttls.ssl.client.auth: "required"
+listener.name.clienttls.ssl.truststore.location: "/etc/shale/clients-ca/tls.crt"
+sasl.enabled.mechanisms: "SCRAM-SHA-512"
+authorizer.class.name: "shale"
+super.users: {{ join ";" $superUsers | quote }}
+{{- end -}}

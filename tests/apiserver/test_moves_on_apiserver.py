@@ -1,0 +1,179 @@
+"""Moves between pods driven by the operator on a real kube-apiserver (docs/moves.md, "The operator").
+
+The chart's release with replication on, five real `shale serve --store kubernetes` processes of which three run
+at first, and the operator under the chart's RBAC. The test plays the StatefulSet controller's part: it starts
+pods 3 and 4 (process and Pod object) before raising `spec.replicas`, and stops them only once the operator has
+lowered it. Under `acks=all` load from real clients on both topics:
+
+- a Topic with `spec.replicas` 1 → 3 → 2: every partition ends with that many replicas on distinct pods;
+- a Topic at RF 3 while the StatefulSet goes 3 → 5 (its replicas evened out onto the new pods) → 3 (asked
+  through the `shale.dev/scale-in-to` annotation: pods 3 and 4 drained first, the StatefulSet lowered by the
+  operator only once no manifest names them and they serve nothing);
+
+every move shows in the Topic's status (ongoing, then done), `Reassigning` goes back to False, every
+acknowledged record is read back at its offset from replicas byte-identical below the high watermark, and no
+partition is left with its cleaning paused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import kubernetes
+import pytest
+
+from apiserver_util import Release, install_release, operated, run_pods, storage_pods
+from chart_util import one
+from cluster_util import Cluster, StorageNodes
+from kube_apiserver import ApiServer
+from node_util import TEST_OVERRIDES, KubeStoreUrl, ReplicatedCluster, ServeProcess, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replication"))
+from fault_util import AckedLoad, check_acknowledged  # noqa: E402 - the fault tests' acks=all load and checks
+
+_namespaces = itertools.count(1)
+SCALED, GROWN = "scaled", "grown"
+ANNOTATION = "shale.dev/scale-in-to"
+MOVE_TIMEOUT = 180
+
+
+@pytest.fixture
+def five(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[Cluster, ReplicatedCluster, Release,
+                                                                               dict[int, ServeProcess]]]:
+    """The release (three storage pods, replication on) operated with pods 0-2 running; pods 3 and 4 prepared."""
+    release = install_release(apiserver.client(), f"moves{next(_namespaces)}",
+                              {"storage": {"replicas": 3, "replication": {"enabled": True}},
+                               "security": {"enabled": False}})  # plaintext: the moves, not the listeners
+    line = one(release.objects, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    store_args = re.search(r"--store (kubernetes) --cluster-id (\S+)", line)
+    assert store_args, f"the chart's storage command has no --store kubernetes: {line}"
+    base = tmp_path_factory.mktemp("moves")
+    token = apiserver.service_account_token(release.namespace, release.storage_service_account)
+    store = KubeStoreUrl(apiserver.write_kubeconfig(base / "storage-kubeconfig", token, namespace=release.namespace))
+    nodes = ReplicatedCluster(base, store)
+    nodes.topics_dir.mkdir()
+    every = {n: ServeProcess(base / f"data{n}", nodes.topics_dir, "--store", store_args[1], "--cluster-id",
+                             store_args[2], *TEST_OVERRIDES, node_id=n, env={"KUBECONFIG": str(store.kubeconfig)})
+             for n in range(5)}
+    try:
+        for n in range(3):
+            nodes.servers[n] = every[n].start()
+        nodes.wait_for_members()
+        with operated(apiserver, release, StorageNodes(nodes.topics_dir, [every[n] for n in range(3)]), base,
+                      monkeypatch) as cluster:
+            yield cluster, nodes, release, every
+    finally:
+        nodes.stop()
+
+
+def assignment(cluster: Cluster, topic: str) -> list[tuple[int, ...]]:
+    raw = cluster.manifest(topic)["spec"]["assignment"]["partitions"]
+    return [tuple(r) if isinstance(r, list) else (r,) for r in raw]
+
+
+def settled(cluster: Cluster, topic: str, check) -> list[tuple[int, ...]] | None:
+    """The topic's assignment once `check(assignment)` holds, every move is done, Reassigning is False and the
+    Topic is Ready for it."""
+    placed = assignment(cluster, topic)
+    status = (cluster.topic(topic) or {}).get("status") or {}
+    moves = status.get("moves") or []
+    if not check(placed) or any(m.get("state") != "done" for m in moves):
+        return None
+    if cluster.condition(topic, "Reassigning").get("status") != "False":
+        return None
+    return placed if cluster.condition(topic, "Ready").get("status") == "True" else None
+
+
+def wait_settled(cluster: Cluster, topic: str, check, what: str) -> list[tuple[int, ...]]:
+    return wait_for(lambda: settled(cluster, topic, check), MOVE_TIMEOUT, interval=0.5,
+                    what=f"{topic}: {what}; last assignment {assignment(cluster, topic)}, moves "
+                         f"{((cluster.topic(topic) or {}).get('status') or {}).get('moves')}, Reassigning "
+                         f"{cluster.condition(topic, 'Reassigning')}, Ready {cluster.condition(topic, 'Ready')}")
+
+
+def statefulset(cluster: Cluster, release: Release) -> tuple[int, str | None]:
+    name = one(release.objects, "StatefulSet")["metadata"]["name"]
+    sts = kubernetes.client.AppsV1Api(cluster.api).read_namespaced_stateful_set(name, release.namespace)
+    return sts.spec.replicas, (sts.metadata.annotations or {}).get(ANNOTATION)
+
+
+def test_scale_3_5_3_and_replicas_1_3_2_move_replicas_under_acks_all(five):
+    cluster, nodes, release, every = five
+    sts = one(release.objects, "StatefulSet")["metadata"]["name"]
+    apps = kubernetes.client.AppsV1Api(cluster.api)
+    cluster.create_topic(SCALED, 3, {"min.insync.replicas": "2"}, replicas=3)
+    cluster.create_topic(GROWN, 2, replicas=1)
+    cluster.wait_condition(SCALED, "Ready", "True", "PartitionsServed", timeout=90)
+    cluster.wait_condition(GROWN, "Ready", "True", "PartitionsServed", timeout=90)
+    assert all(sorted(r) == [0, 1, 2] for r in assignment(cluster, SCALED))
+    loads = [AckedLoad("confluent", nodes.bootstrap, SCALED, 3).start(),
+             AckedLoad("kafka-python", nodes.bootstrap, GROWN, 2).start()]
+    try:
+        for load in loads:
+            load.wait_for_acks(50)
+
+        # spec.replicas 1 → 3: each partition gains two replicas on distinct pods.
+        cluster.patch_topic(GROWN, {"spec": {"replicas": 3}})
+        grown = wait_settled(cluster, GROWN, lambda a: all(len(set(r)) == 3 for r in a), "three replicas each")
+        moves = cluster.topic(GROWN)["status"]["moves"]
+        assert sorted(m["partition"] for m in moves) == [0, 1]
+        for m in moves:
+            assert len(m["fromReplicas"]) == 1 and sorted(m["targetReplicas"]) == [0, 1, 2] and m["startedAt"]
+            assert m["bytesRemaining"] == 0 and m["finishedAt"]
+        assert [r[0] for r in grown] == [r[0] for r in map(tuple, (m["fromReplicas"] for m in
+                                                                   sorted(moves, key=lambda m: m["partition"])))]
+
+        # Scale-out 3 → 5: the pods start (the StatefulSet controller's part), then spec.replicas goes up.
+        run_pods(cluster.api, storage_pods(release.objects, [every[n] for n in range(5)])[3:])
+        for n in (3, 4):
+            nodes.servers[n] = every[n].start()
+        nodes.wait_for_members()
+        apps.patch_namespaced_stateful_set(sts, release.namespace, {"spec": {"replicas": 5}})
+        spread = wait_settled(cluster, SCALED, lambda a: set(Counter(n for r in a for n in r)) == {0, 1, 2, 3, 4},
+                              "replicas on all five pods")
+        counts = Counter(n for r in spread for n in r)
+        assert sorted(counts.values()) == [1, 2, 2, 2, 2]  # 9 replicas over 5 pods, evened out
+        assert all(len(set(r)) == 3 for r in spread)
+
+        # spec.replicas 3 → 2 (on five pods now).
+        cluster.patch_topic(GROWN, {"spec": {"replicas": 2}})
+        wait_settled(cluster, GROWN, lambda a: all(len(set(r)) == 2 for r in a), "two replicas each")
+
+        # Scale-in 5 → 3 through the annotation: pods 3 and 4 drained, then the operator lowers spec.replicas.
+        apps.patch_namespaced_stateful_set(sts, release.namespace, {"metadata": {"annotations": {ANNOTATION: "3"}}})
+        wait_for(lambda: statefulset(cluster, release) == (3, None), MOVE_TIMEOUT, interval=0.2,
+                 what=f"the operator to scale the StatefulSet to 3; last {statefulset(cluster, release)}, "
+                      f"{SCALED} {assignment(cluster, SCALED)}, {GROWN} {assignment(cluster, GROWN)}")
+        for topic in (SCALED, GROWN):  # at that moment no manifest names the pods going
+            assert all(set(r) <= {0, 1, 2} for r in assignment(cluster, topic)), (topic, assignment(cluster, topic))
+        for n in (3, 4):
+            served = {t: [e["partition"] for e in d["partitions"] if e.get("served", True)]
+                      for t, d in cluster.node_status(n)["topics"].items()}
+            assert all(not parts for parts in served.values()), f"pod {n} still serves {served}"
+        for n in (3, 4):  # the StatefulSet controller's part: the pods above the size go
+            assert every[n].terminate() == 0, every[n].log()
+            cluster.core.delete_namespaced_pod(f"{sts}-{n}", release.namespace)
+        wait_settled(cluster, SCALED, lambda a: all(sorted(r) == [0, 1, 2] for r in a), "back on pods 0-2")
+        wait_settled(cluster, GROWN, lambda a: all(len(set(r)) == 2 and set(r) <= {0, 1, 2} for r in a),
+                     "two replicas each on pods 0-2")
+    finally:
+        for load in loads:
+            load.close()
+
+    # Every acknowledged record at its offset, replicas byte-identical below the HW, nothing left paused.
+    for load in loads:
+        assert load.failed == [], f"{load.client} was told of failures: {load.failed[:3]}"
+        for partition in range(load.partitions):
+            check_acknowledged(nodes, load.topic, partition, load.acked)
+    for n in range(3):
+        paused = [(t, e["partition"]) for t, d in cluster.node_status(n)["topics"].items() for e in d["partitions"]
+                  if (e.get("cleaning") or {}).get("state") == "paused"]
+        assert paused == [], f"pod {n}: cleaning left paused on {paused}"
+    metrics = cluster.metrics()
+    assert f'shale_topic_moves{{namespace="{release.namespace}",state="ongoing",topic="{SCALED}"}} 0.0' in metrics
+    assert "shale_operator_scale_in_target -1.0" in metrics

@@ -1,0 +1,115 @@
+"""Replication throttles with Kafka's names (sidecar/replication/throttle.py): the rate over windows and which
+replicas a `*.replication.throttled.replicas` value names, pure; then a real move under `acks=all` load with
+both throttles set low: the throttle is in force while the new replica copies, in-sync replication (and so
+the producers' acknowledgements) goes on meanwhile, the move completes, nothing acknowledged is lost, and
+/status and /metrics show the move, its bytes and the throttle."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+
+from confluent_kafka import Producer
+from hypothesis import given, strategies as st
+
+from fault_util import AckedLoad, check_acknowledged
+from node_util import start_replicated_cluster, topic_manifest, wait_for, write_manifests
+from shale.sidecar.replication.throttle import ReplicationQuota, names_replica
+from shale.sidecar.topic_config import LONG_MAX
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_quota_lets_a_first_burst_of_all_windows_but_one_through_then_holds_to_the_rate():
+    clock = Clock()
+    quota = ReplicationQuota(rate=1000, window_num=11, window_s=1.0, clock=clock)
+    quota.record(10_000)  # 10 windows' worth at once: exactly the rate over the minimum elapsed time
+    assert not quota.exceeded()
+    quota.record(1)
+    assert quota.exceeded()
+    clock.now += 10.5  # time passes, nothing moves: below the rate again
+    assert not quota.exceeded() and quota.recorded_bytes == 10_001
+    clock.now += 11.0  # every window expired
+    assert quota.measured() == 0.0
+
+
+def test_no_throttle_is_never_exceeded():
+    quota = ReplicationQuota(clock=Clock())
+    quota.record(10**12)
+    assert not quota.enabled and not quota.exceeded() and quota.rate == LONG_MAX
+
+
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 5)), max_size=6), st.integers(0, 20), st.integers(0, 5))
+def test_throttled_replicas_name_partition_node_pairs_or_all(pairs, partition, node):
+    value = tuple(f"{p}:{n}" for p, n in pairs)
+    assert names_replica(value, partition, node) == ((partition, node) in pairs)
+    assert names_replica(("*",), partition, node)
+    assert not names_replica((), partition, node)
+
+
+def metric(port: int, name: str, labels: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    selector = re.escape(name) + (rf"\{{{re.escape(labels)}\}}" if labels else "")
+    found = re.search(rf"^{selector} (\S+)$", text, re.M)
+    return None if found is None else float(found.group(1))
+
+
+def status(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
+        return json.loads(response.read())
+
+
+RATE = 200_000  # bytes per second: with 11 one-second windows, a first 2 MB pass at once, the rest at this rate
+THROTTLES = ("--override", f"leader.replication.throttled.rate={RATE}",
+             "--override", f"follower.replication.throttled.rate={RATE}")
+THROTTLED = {"leader.replication.throttled.replicas": "*", "follower.replication.throttled.replicas": "*"}
+
+
+def test_a_throttled_move_does_not_hold_back_in_sync_replication(tmp_path, etcd):
+    cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest(
+        "big", 1, assignment={"partitions": [[0, 1]]}, config=THROTTLED), extra=THROTTLES)
+    load = AckedLoad("confluent", cluster.bootstrap, "big")
+    try:
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 20,
+                             "compression.type": "none"})
+        for _ in range(4000):  # 4 MB the new replica must copy: twice the first burst the throttle allows
+            producer.produce("big", os.urandom(1000), partition=0)
+            producer.poll(0)
+        assert producer.flush(60) == 0
+        load.start().wait_for_acks(50)
+        write_manifests(cluster.topics_dir / "topics.yaml", topic_manifest(
+            "big", 1, assignment={"partitions": [[0, 2]]}, config=THROTTLED))
+        leader = cluster.servers[0]
+        wait_for(lambda: metric(leader.http_port, "shale_replication_throttle_in_force", 'side="leader"') == 1.0,
+                 60, interval=0.1, what="the leader's throttle to be in force")
+        during = status(leader.http_port)["topics"]["big"]["partitions"][0]["replica"]
+        assert (during["replicas"], during["adding_replicas"], during["removing_replicas"]) == ([0, 2, 1], [2], [1])
+        acked_before = len(load.acked)
+        # In-sync replication is never throttled: acks=all goes on while the new replica is held back.
+        load.wait_for_acks(acked_before + 100)
+        assert metric(leader.http_port, "shale_reassigning_partitions", "") == 1.0
+        wait_for(lambda: cluster.metadata("big").get(0).replicas == (0, 2)
+                 and set(cluster.metadata("big")[0].isr) == {0, 2}, 120, interval=0.3, what="the move to finish")
+        acked = load.stop()
+        assert load.failed == [], load.failed[:3]
+        check_acknowledged(cluster, "big", 0, acked)
+        moved_in = metric(cluster.servers[2].http_port, "shale_reassignment_bytes_total", 'direction="in"')
+        assert moved_in is not None and moved_in >= 4_000_000
+        assert metric(leader.http_port, "shale_reassignment_bytes_total", 'direction="out"') >= 4_000_000
+        assert metric(leader.http_port, "shale_replication_throttled_rate_bytes", 'side="leader"') == RATE
+        assert metric(leader.http_port, "shale_replication_throttled_bytes_total", 'side="leader"') >= 4_000_000
+        assert status(leader.http_port)["replication_throttles"]["leader"]["rate"] == RATE
+        wait_for(lambda: not (cluster.data_dir(1) / "big-0").exists(), 60, what="node 1's replica deleted")
+    finally:
+        load.close()
+        cluster.stop()
+
