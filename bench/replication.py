@@ -704,15 +704,17 @@ def interpretation(res: Results) -> str:
             f"{f.seconds(99):.2f} s** ({'goal met' if f.seconds(99) < GOAL_FAILOVER_P99_S else '**goal not met**'}); "
             f"over the {len(live)} kills that left a live replica to elect, p50 {percentile(live, 50):.2f} s, p99 "
             f"{percentile(live, 99):.2f} s. The cluster's part — until every live node names the new leader — is p50 "
-            f"{f.seconds(50, 'elected_s'):.2f} s: the dead leader's etcd lease (TTL = the session timeout, rounded up "
-            "to whole seconds) expires between TTL − heartbeat and TTL after the kill, plus etcd's lease-expiry "
-            "check, then one watch event, one compare-and-set and the new leader's `make leader`. The client's part "
-            f"(p50 ≈ {client:.2f} s) is librdkafka's: while the old leader's session lives, Metadata still names it; "
-            "the producer re-reads Metadata from a 1 s timer, and when the answer both moves the leader and drops the "
-            "dead node from the broker list (as Kafka's does for a fenced broker), librdkafka parks the partition "
-            "on its internal broker and waits for the next tick before producing to the new leader (the same "
-            "sequence against Kafka: confluentinc/librdkafka#3712). With a 2 s session the goal cannot be met by "
-            "construction: the lease alone lasts 1.5–2 s after the kill, the client adds about a second.")
+            f"{f.seconds(50, 'elected_s'):.2f} s, p99 {f.seconds(99, 'elected_s'):.2f} s, and no longer waits for the "
+            "dead leader's session: its followers' fetch connections close, their reconnection is refused (nobody "
+            "listens at its address), and the first in-sync follower to see that ends the leader's etcd lease and "
+            "elects in the same round (docs/replication.md, \"Ending a dead leader's session\"); the rest is etcd "
+            "round trips and the new leader's `make leader`, each a wait for a CPU on this machine. The client's part "
+            f"(p50 ≈ {client:.2f} s) is librdkafka's: from the moment the followers lost the leader, Metadata "
+            "names no leader for its partitions (LEADER_NOT_AVAILABLE, as Kafka answers for a leader that is not a live "
+            "broker), so the producer re-asks within its retry backoff instead of waiting for its one-second "
+            "refresh, and moves from its internal broker to the new leader as soon as one is named (told the dead "
+            "leader instead, it would learn of the move and of the dead node's removal in one answer, and park the "
+            "partition for another second: confluentinc/librdkafka#3712).")
     for f in res.failovers:
         offline = [k for k in f.kills if k.offline]
         if offline:
@@ -753,8 +755,9 @@ def interpretation(res: Results) -> str:
     out.append(
         f"- **Sessions lost under load: {res.fenced} times** over the run a running node found its last etcd "
         "renewal older than its session allows and fenced itself (`controller.py`: it stops acknowledging, opens a "
-        "new session, and its partitions are elected again). The controller is a thread of the node's process, "
-        "and on this machine (load average above, two cores) neither it nor etcd always got a CPU within the "
+        "new session, and its partitions are elected again). Renewals run on a thread of their own that does "
+        "nothing else, so a slow view or write of the control loop no longer delays them; what is left is the "
+        "machine (load average above, two cores): neither that thread nor etcd always got a CPU within the "
         f"session: nodes fenced with their last renewal sent up to {res.fenced_late_max_s:.1f} s before, and etcd "
         f"logged requests (among them reads of the whole view, which every node makes every heartbeat) taking up "
         f"to {res.etcd_slowest_ms / 1000:.1f} s. Each such fencing is a "
@@ -803,8 +806,8 @@ What is measured (details in the docstring of `bench/replication.py`):
   `replica.lag.time.max.ms` (30 s) ahead of its followers, which were then shrunk out of the ISR (see below).
 - **latency**: {res.latency_records:,} records one at a time (after {LATENCY_WARMUP}), `linger.ms=0`, `max.in.flight=1`:
   `produce()` to the delivery report; the CPU column is all three nodes' per record.
-- **failover**: a producer writes one record at a time (`acks=all`, idempotent, `retry.backoff.ms=50`,
-  `retry.backoff.max.ms=250`) to an RF 3 partition with `min.insync.replicas={MIN_ISR}`; its leader is SIGKILLed; the
+- **failover**: a producer writes one record at a time (`acks=all`, idempotent, `max.in.flight=1`, every other
+  setting librdkafka's default) to an RF 3 partition with `min.insync.replicas={MIN_ISR}`; its leader is SIGKILLed; the
   time runs from the kill to the acknowledgement of the first record sent after it (one round trip more than
   the failover itself); beside it, when every live node's Metadata first named the new leader (polled every
   0.1 s: the cluster's part). The node is restarted on its data and the next kill waits for it to be back in

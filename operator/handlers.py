@@ -214,7 +214,7 @@ def _moved(body: kopf.Body, storage: Storage, reports: Mapping[int, NodeReport],
     blocked = None
     if storage.scale_in_to is not None and storage.scale_in_to < storage.replicas:
         leaving = {n for n in set(storage.pods) | set(range(storage.replicas)) if n >= storage.scale_in_to}
-        down = {n for n, r in reports.items() if r.document is None}
+        down = {n for n in leaving if n not in reports or reports[n].document is None}  # no pod or no /status
         why = scale_in_refusal(owners, leaving, moves is not None, progress, down)
         if not storage.nodes:
             why = [f"the StatefulSet would have no pods left to hold the topic's {len(owners)} partition(s)"]

@@ -267,17 +267,15 @@ class ScaleAction:
     message: str = ""
 
 
-def scale_action(spec_replicas: int, scale_in_to: int | None, held: set[int],
-                 present: set[int] | None = None) -> ScaleAction | None:
-    """What to do to the StatefulSet. held: the pods that topics' manifests or pods' logs still name;
-    present: the pods that exist (default: every held one).
+def scale_action(spec_replicas: int, scale_in_to: int | None, held: set[int]) -> ScaleAction | None:
+    """What to do to the StatefulSet. held: the pods that topics' manifests name or that serve a partition.
 
     A spec.replicas below a pod that still holds replicas is put back above it and becomes the scale-in
-    target; a target is applied once no pod at or above it holds anything; a target at or above spec.replicas
-    means nothing (done, or cancelled by scaling out) and is removed. A pod above spec.replicas that is gone
-    already is not brought back: its replicas show as not served on their Topics.
+    target — also when the pod is gone already (scaled in while the operator was down): put back, the
+    StatefulSet brings it back on its volume, with its data. A target is applied once no pod at or above it
+    holds anything; a target at or above spec.replicas means nothing (done, or cancelled by scaling out) and
+    is removed.
     """
-    held = {n for n in held if n < spec_replicas or present is None or n in present}
     needed = max(held) + 1 if held else 0
     if spec_replicas < needed:
         pods = sorted(n for n in held if n >= spec_replicas)

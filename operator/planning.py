@@ -90,11 +90,24 @@ def plan(topic: DesiredTopic, data: Mapping[str, str], storage: Storage, address
                    for replicas, record in zip(previous, records)]
         owners = step(previous, target, settled, moves.max_moves)
     placed = {node for replicas in owners for node in replicas}
-    addresses = {node: storage.render(address_template, node) for node in sorted(set(storage.nodes) | placed)}
+    written = ((mine.manifest["spec"].get("assignment") or {}).get("nodes") or {}) if mine is not None else {}
+    addresses = {node: _address(storage, address_template, node, written)
+                 for node in sorted(set(storage.nodes) | placed)}
     manifest = render(topic, owners, addresses)
     if mine is not None and mine.manifest == manifest:
         return Planned(data[topic.key], owners, target)
     return Planned(to_yaml(manifest), owners, target)
+
+
+def _address(storage: Storage, template: str, node: int, written: Mapping[str, str]) -> str:
+    """Node `node`'s address; the one written before while its pod is gone (a restart, a scale-in held back),
+    so a missing pod does not stop the topic from being reconciled — only a new node needs its pod."""
+    try:
+        return storage.render(template, node)
+    except StorageError:
+        if isinstance(written.get(str(node)), str):
+            return written[str(node)]
+        raise
 
 
 def _name_change(applied: str | None, topic: DesiredTopic) -> SpecError:

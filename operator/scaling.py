@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 
 async def holders(storage: Storage, settings: Settings, configmap: TopicsConfigMap,
                   cache: ReportCache | None) -> dict[int, set[str]]:
-    """pod ordinal → the topics it holds replicas of: named in a manifest, or served by the pod (any topic,
-    also those created through the Kafka API, which no manifest names)."""
+    """pod ordinal → the topics it holds replicas of: named in a manifest, served by the pod (any topic, also
+    those created through the Kafka API, which no manifest names), or named by a partition record a pod reports
+    (a replica a move has yet to remove, perhaps on a pod that is down)."""
     held: dict[int, set[str]] = {}
     snapshot = await asyncio.to_thread(configmap.read)
     for applied in applied_topics(snapshot.data).values():
@@ -41,8 +42,12 @@ async def holders(storage: Storage, settings: Settings, configmap: TopicsConfigM
     reports = await fetch_reports(storage, settings.status_url_template, every, settings.http_timeout_seconds, cache)
     for ordinal, report in reports.items():
         for topic in (report.document or {}).get("topics") or {}:
-            if any(e.get("served", True) for e in partitions_of(report, topic)):
+            for entry in partitions_of(report, topic):
+                if not entry.get("served", True):
+                    continue
                 held.setdefault(ordinal, set()).add(topic)
+                for node in (entry.get("replica") or {}).get("replicas") or ():  # a record naming a pod holds it
+                    held.setdefault(node, set()).add(topic)
     return held
 
 
@@ -54,7 +59,7 @@ async def check_scale(settings: Settings, api: kubernetes.client.ApiClient, conf
     except StorageError:
         return None  # the Topics report it
     held = await holders(storage, settings, configmap, cache)
-    action = scale_action(storage.replicas, storage.scale_in_to, set(held), set(storage.pods))
+    action = scale_action(storage.replicas, storage.scale_in_to, set(held))
     draining = {n: sorted(topics) for n, topics in sorted(held.items())
                 if storage.scale_in_to is not None and n >= storage.scale_in_to}
     if action is None:

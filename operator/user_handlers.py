@@ -192,7 +192,8 @@ async def _apply_on_pods(ctx: UserContext, body: kopf.Body, user: DesiredUser, s
         raise _NotApplied("NodeRefused", str(exc)) from None
     if new_password:
         ctx.sent[uid] = digest
-    return (f"{user.principal}: credential and {len(user.acls)} ACL(s) on {len(addresses)} storage pod(s)"
+    what = "credential and " if user.authentication == "scram-sha-512" else ""
+    return (f"{user.principal}: {what}{len(user.acls)} ACL(s) on {len(addresses)} storage pod(s)"
             + (f" ({created} created, {deleted} deleted now)" if created or deleted else ""))
 
 
@@ -239,8 +240,18 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
 
     @kopf.timer(*RESOURCE, id="user-refresh", interval=settings.status_interval_seconds,
                 initial_delay=settings.status_interval_seconds, registry=registry)
-    async def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-        await reconcile_user(memo.users, body, patch, logger)
+    async def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
+                      stopped: kopf.DaemonStopped, **_: Any) -> None:
+        # kopf waits for a stopped timer before it runs the delete handler, and polls only every
+        # `cancellation_polling` (60 s) once the timer missed its instant exit: give the refresh up at once.
+        work = asyncio.ensure_future(reconcile_user(memo.users, body, patch, logger))
+        stop = asyncio.ensure_future(stopped.wait())
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not work.done():
+            work.cancel()
+            return
+        work.result()
 
     @kopf.on.delete(*RESOURCE, id="user-remove", registry=registry)
     async def delete(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:

@@ -348,8 +348,9 @@ class ConfigKey:
 
 
 _THROTTLED_DOC = (
-    "Replicas whose replication is throttled on the {} side: `*` for all, or partitionId:brokerId pairs. "
-    "Not a storage behaviour; kept so Kafka configs are accepted."
+    "Replicas whose replication is throttled on the {0} side while out of the ISR (a reassignment's new "
+    "replicas): `*` for all, or partitionId:brokerId pairs; the rate is the node's "
+    "{0}.replication.throttled.rate (docs/moves.md)."
 )
 _TIERED_ONLY = "Only checked when remote.storage.enable is true"
 

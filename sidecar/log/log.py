@@ -22,6 +22,7 @@ from ..plural import plural
 from .atomic_file import fsync_dir
 from .checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError, EpochEntry, TopicPartition
 from .errors import (
+    CorruptIndexError,
     CorruptRecordError,
     InvalidRecordError,
     InvalidTimestampError,
@@ -173,7 +174,7 @@ class Log:
         self._ts_prefix: list[int] | None = None  # running max of inactive segments' largest timestamps
         self.producer_state = ProducerStateManager(directory, self.name,
                                                    producer_id_expiration_ms=producer_id_expiration_ms)
-        rebuild_from = result.recovered_from
+        rebuild_from = self._first_untrusted_txn_index(result.recovered_from)
         if rebuild_from is not None:  # the recovered segments' `.txnindex` is rebuilt from their markers
             for seg in self.segments[self._floor_segment(rebuild_from):]:
                 seg.txn_index.reset()
@@ -214,6 +215,19 @@ class Log:
         cache.replace(truncated_from_start(truncated_from_end(entries, self.log_end_offset), self.log_start_offset),
                       "loading the log")
         return cache
+
+    def _first_untrusted_txn_index(self, recovered_from: int | None) -> int | None:
+        """Where the `.txnindex` files must be rebuilt from: the recovered segments, or an earlier segment whose
+        file fails Kafka's sanity check (Kafka recovers such a segment at load)."""
+        for seg in self.segments:
+            if recovered_from is not None and seg.base_offset >= recovered_from:
+                break
+            problem = seg.txn_index.sanity_problem() if os.path.exists(seg.txn_index.path) else None
+            if problem is not None:
+                logger.warning("%s: found a corrupted transaction index %s (%s); rebuilding the transaction indexes "
+                               "from offset %d", self.name, seg.txn_index.path, problem, seg.base_offset)
+                return seg.base_offset
+        return recovered_from
 
     def _index_recovered_abort(self, txn: CompletedTxn, recovered_from: int) -> None:
         if txn.is_abort and txn.last_offset >= recovered_from:
@@ -361,7 +375,7 @@ class Log:
                         if txn.is_abort:
                             self.active_segment.txn_index.append(txn.aborted_txn())
                 self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
-            except (OSError, TornSegmentError) as e:
+            except (OSError, TornSegmentError, CorruptIndexError) as e:
                 if update is not None and update.completed:
                     try:
                         self.active_segment.txn_index.truncate_to(first_offset)

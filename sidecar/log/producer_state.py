@@ -425,13 +425,15 @@ class ProducerStateManager:
                     now_ms: int) -> None:
         """Forget what the log lost above its new end (Kafka's truncateAndReload).
 
-        With no producers there is nothing to forget (truncation only removes batches), so the replay is skipped.
+        The replay is skipped only when no producer state was ever saved and none is held (a log of plain
+        batches: nothing to forget). Producers that expired still count when a snapshot exists: the cut may
+        remove the marker of a transaction of theirs, which is then open again.
         """
-        if self.producers:
+        if self.producers or self._snapshots:
             self.reload(segments, log_start_offset=log_start_offset, log_end_offset=log_end_offset, now_ms=now_ms)
         else:
-            self.delete_snapshots([o for o in self._snapshots if o > log_end_offset])
             self._last_snap_offset = min(self._last_snap_offset, log_end_offset)
+            self._unreplicated = deque(t for t in self._unreplicated if t[1] < log_end_offset)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """An empty log at `offset`: no producers, no snapshots."""

@@ -123,6 +123,15 @@ class TransactionIndex:
     def last_offset(self) -> int | None:
         return self.entries[-1].last_offset if self.entries else None
 
+    def sanity_problem(self) -> str | None:
+        """Why the file cannot be trusted (Kafka's sanityCheck, at load), or None."""
+        try:
+            problems = consistency_problems(self.entries, self.base_offset)
+        except CorruptIndexError as e:
+            self._entries = None
+            return str(e)
+        return "; ".join(problems) or None
+
     def append(self, txn: AbortedTxn) -> None:
         """Add an entry; its marker offset must follow the last one's (Kafka's IllegalArgumentException)."""
         last = self.last_offset
@@ -153,7 +162,7 @@ class TransactionIndex:
 
     def reset(self) -> None:
         """Forget every entry (recovery rebuilds them from the batches)."""
-        if self.entries or os.path.exists(self.path):
+        if self._entries or os.path.exists(self.path):  # not read first: the file may be what is unreadable
             self._rewrite_length([])
 
     def replace(self, entries: list[AbortedTxn]) -> None:

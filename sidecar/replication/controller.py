@@ -1,7 +1,8 @@
 """The node's control loop: its session in the store, elections, ISR writes, and the view the node acts on.
 
-One daemon thread per node, in the shape of Patroni's HA loop (docs/replication.md): open a session, read the store, run `election.decide` for each partition the node
-wants and write what it decides (compare-and-set), carry out the ISR changes its leaders propose, and hand
+One daemon thread per node, in the shape of Patroni's HA loop (docs/replication.md): open a session, read the
+store, run `election.decide` for each partition the node wants and write what it decides (compare-and-set),
+carry out the ISR changes its leaders propose, end the session of a leader its fetchers find gone, and hand
 each new view to the event loop. Store calls block, which is why this is a thread and not a coroutine.
 A second thread does nothing but renew the session every `broker.heartbeat.interval.ms`: a slow view or write
 (each up to the store's call timeout) on the control loop can then never delay a renewal, which on a loaded
@@ -97,7 +98,7 @@ class Controller:
         self._proposals: dict[TopicPartition, tuple[Versioned, PartitionRecord]] = {}
         self._deletions: set[TopicPartition] = set()
         self._refusing: set[NodeRegistration] = set()  # leaders whose port refused a connection, to check
-        self._ended: set[NodeRegistration] = set()  # sessions this node ended: each at most once
+        self._judged: set[NodeRegistration] = set()  # refusing leaders already acted on (or declined): once each
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._session_open = False
@@ -176,7 +177,7 @@ class Controller:
         to `broker.session.timeout.ms` for it to expire, if it still leads a partition this node is in sync
         for (docs/replication.md, "Ending a dead leader's session")."""
         with self._lock:
-            if leader in self._ended:
+            if leader in self._judged:
                 return
             self._refusing.add(leader)
         self._wake.set()
@@ -293,7 +294,7 @@ class Controller:
 
     def _fence(self, reason: str) -> None:
         """Stop leading now and prepare a new session under a new incarnation (never resume the old one)."""
-        self._lead_until = 0.0
+        self._lead_until = 0.0  # at once, even while a renewal in flight holds the lock
         with self._session_lock:  # a renewal in flight for the old incarnation finishes first, and is void
             self._lead_until = 0.0
             was_open, self._session_open = self._session_open, False
@@ -311,7 +312,10 @@ class Controller:
         with self._lock:
             deletions, proposals = set(self._deletions), dict(self._proposals)
             refusing, self._refusing = self._refusing, set()
-        wrote = any([self._end_session_of(view, leader) for leader in refusing])
+        ended = {leader.node_id for leader in refusing if self._end_session_of(view, leader)}
+        wrote = bool(ended)
+        if ended:  # elect now, on the view as the store has it after the ended sessions (the CAS guards the rest)
+            view = replace(view, nodes={n: r for n, r in view.nodes.items() if n not in ended})
         for tp in deletions:
             self._store.delete_partition(tp)
             with self._lock:
@@ -323,26 +327,46 @@ class Controller:
             with self._lock:
                 if self._proposals.get(tp) is proposal:
                     del self._proposals[tp]
-        for tp, wanted in self._wanted().items():
+        for tp, wanted in self._in_my_order(list(self._wanted().items()), view):
             if tp not in deletions:
                 wrote |= self._elect(view, tp, Wanted(*wanted))
         return wrote
+
+    def _in_my_order(self, items: list, view: StoreView) -> list:
+        """The partitions rotated by this node's rank among the live ones: when a node that led many partitions
+        dies, every survivor elects them all (the CAS lets one write land), and in one shared order they would
+        race on each in turn; rotated, each starts where no other does, and the last partition of the list is
+        not the last elected everywhere."""
+        live = sorted(view.nodes)
+        if not items or self._me.node_id not in live:
+            return items
+        start = live.index(self._me.node_id) * len(items) // len(live)
+        return items[start:] + items[:start]
 
     def _end_session_of(self, view: StoreView, leader: NodeRegistration) -> bool:
         """End the session of a leader whose port refused this node's connection, if that process still holds
         it and leads a partition whose ISR holds this node as the process it is (so the election that follows
         is the clean one among the ISR, which is safe whether or not the old leader lives)."""
         if not view.is_live(leader.node_id, leader.incarnation) or leader.node_id == self._me.node_id:
+            with self._lock:
+                self._judged.add(leader)
             return False
         led = [tp for tp, v in view.partitions.items()
                if (v.record.leader, v.record.leader_incarnation) == (leader.node_id, leader.incarnation)
                and self._me.node_id in v.record.isr
                and v.record.isr_incarnation(self._me.node_id) in (self._me.incarnation, UNKNOWN_INCARNATION)]
-        if not led or not self.may_lead():
+        if not self.may_lead():
+            return False  # this node's own session is in doubt: the fetcher's next refusal asks again
+        if not led:
+            with self._lock:
+                self._judged.add(leader)
+            logger.info("node %d: leader node %d (incarnation %s) refuses connections; this node is not in sync for "
+                        "a partition it leads: its session is left to expire", self._me.node_id, leader.node_id,
+                        leader.incarnation)
             return False
+        ended = self._store.end_session(leader)  # StoreUnavailable: the fetcher's next refusal asks again
         with self._lock:
-            self._ended.add(leader)
-        ended = self._store.end_session(leader)
+            self._judged.add(leader)
         logger.warning("node %d: leader node %d (incarnation %s) refuses connections at %s:%d: %s its session so "
                        "that %s elect a new leader now", self._me.node_id, leader.node_id, leader.incarnation,
                        leader.host, leader.port, "ended" if ended else "did not need to end",

@@ -272,6 +272,24 @@ class EtcdStore:
                            "mod_revision": int(expected_version)}],
                          [{"request_delete_range": {"key": _b64(key)}}])
 
+    # One named document under the prefix, changed by compare-and-swap (the cluster's security state,
+    # sidecar/server/security_sync.py, on a store of its own prefix).
+    def get_document(self, name: str) -> tuple[str, str] | None:
+        """(value, version) of `name`, None when absent."""
+        found = self._get_one(self.prefix + name)
+        return None if found is None else (found[0], str(found[1]))
+
+    def put_document(self, name: str, value: str, expected_version: str | None) -> str | None:
+        """Write `name` if it is still at `expected_version` (None: only if absent): its new version, or None
+        if it was not."""
+        key = _b64(self.prefix + name)
+        compare = ({"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": 0}
+                   if expected_version is None else
+                   {"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": int(expected_version)})
+        answer = self._post("/kv/txn", {"compare": [compare], "success": [
+            {"request_put": {"key": key, "value": _b64(value)}}], "failure": []})
+        return str(answer["header"]["revision"]) if answer.get("succeeded", False) else None
+
     def close(self) -> None:
         for client in self._clients + self._renew_clients:
             client.session.close()

@@ -46,8 +46,17 @@ class ReplicationQuota:
     window_s: float = 1.0
     clock: Callable[[], float] = time.monotonic
     recorded_bytes: int = 0  # throttled replicas' bytes since the start (for /metrics)
+    configured: int = field(init=False)  # the command line's rate, which a dynamic config overrides
     _samples: deque = field(default_factory=deque)  # [window start, bytes], oldest first
     _lock: threading.Lock = field(default_factory=threading.Lock)  # /metrics reads from the HTTP thread
+
+    def __post_init__(self) -> None:
+        self.configured = self.rate
+
+    def set_rate(self, rate: int | None) -> None:
+        """A dynamic broker config (IncrementalAlterConfigs on this node): the new rate, None back to the
+        configured one. Takes effect at the next check; what was measured stays."""
+        self.rate = self.configured if rate is None else rate
 
     @property
     def enabled(self) -> bool:

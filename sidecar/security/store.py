@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shale.sidecar.log.atomic_file import atomic_write
@@ -76,10 +76,12 @@ class Upsertion:
 
 class SecurityStore:
     def __init__(self, path: str | None, authorizer: Authorizer,
-                 credentials: dict[str, dict[ScramMechanism, ScramCredential]]) -> None:
+                 credentials: dict[str, dict[ScramMechanism, ScramCredential]],
+                 persist: Callable[[dict], None] | None = None) -> None:
         self.path = path
         self.authorizer = authorizer
         self._credentials = credentials
+        self._persist = persist  # instead of the file: where a scratch copy's change goes (SecurityStoreError if not)
 
     @classmethod
     def open(cls, directory: str, authorizer: Authorizer) -> SecurityStore:
@@ -111,6 +113,18 @@ class SecurityStore:
                       for user, by in sorted(self._credentials.items())},
         }
 
+    @classmethod
+    def from_document(cls, doc: dict, source: str, persist: Callable[[dict], None]) -> SecurityStore:
+        """A copy of a shared state, in memory, whose changes go to `persist` (security_sync.py)."""
+        try:
+            bindings, credentials = _parse(doc)
+        except (ValueError, AttributeError, TypeError) as e:
+            raise SecurityStoreError(f"{source} is not a valid security document: {e}") from None
+        authorizer = Authorizer()
+        for b in bindings:
+            authorizer.add(b)
+        return cls(None, authorizer, credentials, persist)
+
     def replace(self, doc: dict, source: str) -> None:
         """Take `doc` as the whole state (memory, then the file); a document that does not parse changes
         nothing and is an error naming `source`."""
@@ -125,7 +139,8 @@ class SecurityStore:
     # --- persistence ---------------------------------------------------------------------------------
 
     def _save(self) -> None:
-        if self.path is None:  # a scratch copy (security_sync.py): the shared store is its durable place
+        if self._persist is not None:
+            self._persist(self.document())
             return
         try:
             atomic_write(self.path, json.dumps(self.document(), indent=1).encode(), mode=0o600)

@@ -4,32 +4,42 @@ AlterUserScramCredentials, their fields mapped onto `SecurityStore` (which holds
 The ACL APIs answer SECURITY_DISABLED without an authorizer, as Kafka's broker does; the SCRAM APIs work
 either way (a node may authenticate before it authorizes). Whether the caller may use them at all is
 `authorization.py`'s check (DESCRIBE or ALTER on the cluster). Each change is written to this node's
-`shale-security.json` before it is answered; docs/security.md says how a cluster's nodes agree.
+`shale-security.json` before it is answered; with `--store etcd://` to the cluster's state in etcd first
+(`security_sync.py`), so every node has it.
 """
 
 from __future__ import annotations
 
 import logging
 from itertools import groupby
+from typing import Callable, TypeVar
 
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.error_codes import NONE, SECURITY_DISABLED
 from shale.sidecar.security.acl import AclBinding, AclBindingFilter, InvalidAclError
 from shale.sidecar.security.store import Deletion, SecurityStore, Upsertion
 from shale.sidecar.server.broker import ConnectionInfo, Handler
+from shale.sidecar.server.security_sync import SharedSecurity
 
 logger = logging.getLogger(__name__)
 
 API_DESCRIBE_ACLS, API_CREATE_ACLS, API_DELETE_ACLS = 29, 30, 31
 API_DESCRIBE_USER_SCRAM_CREDENTIALS, API_ALTER_USER_SCRAM_CREDENTIALS = 50, 51
 
+_T = TypeVar("_T")
+
 NO_AUTHORIZER = "No Authorizer is configured on the broker"  # Kafka's SecurityDisabledException message
 
 
 class AclAdmin:
-    def __init__(self, store: SecurityStore, *, authorizer_enabled: bool) -> None:
+    def __init__(self, store: SecurityStore, *, authorizer_enabled: bool, shared: SharedSecurity | None = None) -> None:
         self.store = store
         self.authorizer_enabled = authorizer_enabled
+        self.shared = shared  # with `--store etcd://`: changes go to the cluster's state (security_sync.py)
+
+    async def _change(self, fn: Callable[[SecurityStore], _T]) -> _T:
+        """A change of the security state: this node's, or the cluster's when it shares one."""
+        return fn(self.store) if self.shared is None else await self.shared.change(fn)
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -75,7 +85,7 @@ class AclAdmin:
                                                     c.host, c.operation, c.permission_type))
             except InvalidAclError as e:
                 parsed.append(e)
-        outcomes = self.store.create_acls(parsed)
+        outcomes = await self._change(lambda store: store.create_acls(parsed))
         for p, o in zip(parsed, outcomes):
             if isinstance(p, AclBinding) and o.error_code == NONE:
                 logger.info("%s created ACL %s", conn.principal, _describe(p))
@@ -96,7 +106,7 @@ class AclAdmin:
             except InvalidAclError as e:
                 parsed.append(e)
         results = []
-        for outcome in self.store.delete_acls(parsed):
+        for outcome in await self._change(lambda store: store.delete_acls(parsed)):
             for b in outcome.deleted:
                 logger.info("%s deleted ACL %s", conn.principal, _describe(b))
             results.append({"error_code": outcome.error_code, "error_message": outcome.error_message,
@@ -122,9 +132,9 @@ class AclAdmin:
 
     async def _alter_scram(self, request: codec.Request, conn: ConnectionInfo) -> dict:
         b = request.body
-        outcomes = self.store.alter_scram_credentials(
-            [Deletion(d.name, d.mechanism) for d in b.deletions],
-            [Upsertion(u.name, u.mechanism, u.iterations, u.salt, u.salted_password) for u in b.upsertions])
+        deletions = [Deletion(d.name, d.mechanism) for d in b.deletions]
+        upsertions = [Upsertion(u.name, u.mechanism, u.iterations, u.salt, u.salted_password) for u in b.upsertions]
+        outcomes = await self._change(lambda store: store.alter_scram_credentials(deletions, upsertions))
         for user, o in outcomes:
             if o.error_code == NONE:
                 logger.info("%s altered the SCRAM credentials of user %r", conn.principal, user)

@@ -46,7 +46,7 @@ from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS
 from shale.sidecar.server.broker import ConnectionInfo, Handler, controller_id
 from shale.sidecar.server.log_dir_moves import LogDirMoves
 from shale.sidecar.server.manifests import ORIGIN_PREFIX, RESERVED
-from shale.sidecar.server.server_config import SERVER_CONFIG_KEYS, ServerConfig
+from shale.sidecar.server.server_config import SERVER_CONFIG_KEYS, SERVER_CONFIG_KEYS_BY_NAME, ServerConfig
 from shale.sidecar.server.store_topics import StoreConflict, StoreTopics
 from shale.sidecar.server.topics import (CapacityError, TopicError, TopicRegistry, TopicSpec, record_spec, topic_id_for,
                                          topic_uuid)
@@ -76,7 +76,7 @@ ENDPOINT_BROKERS, ENDPOINT_CONTROLLERS = 1, 2
 RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
 
 # DescribeConfigsResponse.ConfigSource ids.
-DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
+DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 2, 4, 5
 
 # DescribeConfigsResponse.ConfigType ids, by ConfigDef type name.
 CONFIG_TYPE_IDS = {"boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "double": 6, "list": 7}
@@ -128,8 +128,9 @@ _BROKER_SYNONYMS: Mapping[str, tuple[str, int]] = {
 }
 
 
-# How a request's configs for one topic become its new overrides (Kafka names -> string values).
-NewOverrides = Callable[[TopicSpec, list], dict[str, str]]
+# How a request's configs become the new overrides of a topic (or this node's dynamic configs), from the current
+# ones (Kafka names -> string values).
+NewOverrides = Callable[[Mapping[str, str], list], dict[str, str]]
 
 
 class AdminError(Exception):
@@ -142,7 +143,8 @@ class AdminError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class BrokerSetting:
-    """One entry of the BROKER resource: read-only, since a node's settings come from its command line."""
+    """One entry of the BROKER resource: read-only, since a node's settings come from its command line (but for
+    the few it changes live, `AdminApis.dynamic_broker`)."""
 
     name: str
     value: str
@@ -181,8 +183,13 @@ class AdminApis:
 
     def __init__(self, registry: TopicRegistry, server_config: ServerConfig | None = None,
                  cluster_id: str = "shale", removal_held: Callable[[str], bool] = lambda _name: False,
-                 store_topics: StoreTopics | None = None, log_dir_moves: LogDirMoves | None = None) -> None:
+                 store_topics: StoreTopics | None = None, log_dir_moves: LogDirMoves | None = None,
+                 dynamic_broker: Mapping[str, Callable[[Any], None]] | None = None) -> None:
         self.registry = registry
+        # The broker configs this node changes live (Kafka's per-broker dynamic configs; here the replication
+        # throttles): name -> apply(parsed value, or None for the command line's). Set ones, as strings:
+        self.dynamic_broker = dict(dynamic_broker or {})
+        self.dynamic_values: dict[str, str] = {}
         self.log_dir_moves = log_dir_moves  # AlterReplicaLogDirs is served with it (docs/moves.md)
         # With a control store the API's topics are its topic records (every node applies them); None: this node's.
         self.store_topics = store_topics
@@ -686,6 +693,10 @@ class AdminApis:
             for key in SERVER_CONFIG_KEYS:
                 if key.name == "log.dirs":
                     continue  # the dirs in use, above (the setting is empty when --data-dir names them)
+                if key.name in self.dynamic_values:
+                    settings.append(BrokerSetting(key.name, self.dynamic_values[key.name], key.type.name,
+                                                  DYNAMIC_BROKER_CONFIG))
+                    continue
                 value = key.to_string(self.server_config.value_of(key.name))
                 settings.append(BrokerSetting(key.name, value, key.type.name,
                                               STATIC_BROKER_CONFIG if key.name in overridden else DEFAULT_CONFIG))
@@ -701,7 +712,8 @@ class AdminApis:
         if name == "":
             return []  # the cluster-wide dynamic defaults: a node has none
         self._check_broker_name(name)
-        return [{"name": s.name, "value": s.value, "read_only": True, "config_source": s.source,
+        return [{"name": s.name, "value": s.value, "read_only": s.name not in self.dynamic_broker,
+                 "config_source": s.source,
                  "is_sensitive": False, "config_type": CONFIG_TYPE_IDS[s.type], "documentation": None,
                  "synonyms": [{"name": s.name, "value": s.value, "source": s.source}] if synonyms else []}
                 for s in self._broker_settings() if wanted is None or s.name in wanted]
@@ -744,9 +756,7 @@ class AdminApis:
                     if res.resource_name != "":
                         self._check_broker_name(res.resource_name)
                     if res.configs:
-                        names = ", ".join(c.name for c in res.configs)
-                        raise AdminError(INVALID_REQUEST, f"Cannot update these configs dynamically: {names} "
-                                                          "(a node's settings come from its command line)")
+                        self._alter_broker(res.resource_name, res.configs, compute, bool(body.validate_only))
                 else:
                     raise AdminError(INVALID_REQUEST, f"Unknown resource type {res.resource_type}")
             except AdminError as exc:
@@ -756,6 +766,29 @@ class AdminApis:
             responses.append(out)
         return {"throttle_time_ms": 0, "responses": responses}
 
+    def _alter_broker(self, name: str, configs: list, compute: NewOverrides, validate_only: bool) -> None:
+        """This node's dynamic configs (`dynamic_broker`), as Kafka's per-broker ones: kafka-reassign-partitions
+        sets the replication throttles this way. Held in memory: a restart goes back to the command line (Kafka
+        keeps them in its metadata log); the cluster-wide default (an empty name) is not served."""
+        fixed = [c.name for c in configs if c.name not in self.dynamic_broker or name == ""]
+        if fixed:
+            raise AdminError(INVALID_REQUEST, f"Cannot update these configs dynamically: {', '.join(fixed)} (a "
+                                              "node's settings come from its command line; per node only: "
+                                              f"{', '.join(sorted(self.dynamic_broker)) or 'none here'})")
+        new = compute(self.dynamic_values, list(configs))
+        parsed = {}
+        for key, value in new.items():
+            try:
+                parsed[key] = SERVER_CONFIG_KEYS_BY_NAME[key].parse(value)
+            except InvalidConfigError as exc:
+                raise AdminError(INVALID_CONFIG, str(exc)) from None
+        if validate_only:
+            return
+        for key, apply in self.dynamic_broker.items():
+            apply(parsed.get(key))
+        self.dynamic_values = new
+        logger.info("node %d: dynamic broker configs now %s", self.registry.node.node_id, new or "none")
+
     async def _alter_topic(self, name: str, configs: list, compute: NewOverrides, validate_only: bool,
                            conn: ConnectionInfo) -> None:
         if name == "":
@@ -764,7 +797,7 @@ class AdminApis:
         self._check_api_owned(spec, "edit the manifest (kubectl apply) to change its config; changes made through the "
                                     "Kafka API would be reverted by the manifest",
                               "its config is set by the node")
-        config = _parse_config(compute(spec, list(configs)))
+        config = _parse_config(compute(spec.config.overrides(), list(configs)))
         if validate_only or config == spec.config:
             return
         if self.store_topics is None:
@@ -773,7 +806,7 @@ class AdminApis:
             def altered(record: TopicRecord | None, _view: StoreView) -> TopicRecord:
                 if record is None:
                     raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{name}' does not exist.")
-                new = _parse_config(compute(record_spec(record), list(configs)))
+                new = _parse_config(compute(record_spec(record).config.overrides(), list(configs)))
                 return dataclasses.replace(record, config=new.overrides())
             config = record_spec(await self._stored(
                 self.store_topics.change(name, altered, DEFAULT_TIMEOUT_MS / 1000))).config
@@ -816,7 +849,7 @@ def _timeout_s(body: Any) -> float:
     return (timeout_ms if timeout_ms is not None and timeout_ms > 0 else DEFAULT_TIMEOUT_MS) / 1000
 
 
-def _replace_all(spec: TopicSpec, configs: list) -> dict[str, str]:
+def _replace_all(current: Mapping[str, str], configs: list) -> dict[str, str]:
     """Legacy AlterConfigs: exactly the given configs, every other key back to its default."""
     nulls = [c.name for c in configs if c.value is None]
     if nulls:
@@ -824,12 +857,12 @@ def _replace_all(spec: TopicSpec, configs: list) -> dict[str, str]:
     return {c.name: c.value for c in configs}
 
 
-def _apply_ops(spec: TopicSpec, configs: list) -> dict[str, str]:
-    """Kafka's incrementalAlterConfigResource on the topic's current overrides (strings, as stored)."""
+def _apply_ops(current: Mapping[str, str], configs: list) -> dict[str, str]:
+    """Kafka's incrementalAlterConfigResource on the current overrides (strings, as stored)."""
     nulls = [c.name for c in configs if c.config_operation != OP_DELETE and c.value is None]
     if nulls:
         raise AdminError(INVALID_REQUEST, "Null value not supported for : " + ", ".join(nulls))
-    overrides = dict(spec.config.overrides())
+    overrides = dict(current)
     for c in configs:
         op = c.config_operation
         if op == OP_SET:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -25,7 +26,7 @@ from shale.sidecar.protocol.error_codes import (
     CLUSTER_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, NONE, TOPIC_AUTHORIZATION_FAILED,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID,
 )
-from shale.sidecar.security.acl import CLUSTER_NAME, AclOperation, ResourceType
+from shale.sidecar.security.acl import AUTHORIZATION_ERRORS, CLUSTER_NAME, AclOperation, ResourceType
 from shale.sidecar.security.authorizer import Authorizer
 from shale.sidecar.server.broker import ConnectionInfo, Handler
 
@@ -48,13 +49,14 @@ _CONFIG_TOPIC, _CONFIG_BROKER, _CONFIG_BROKER_LOGGER = 2, 4, 8
 UNCHECKED = frozenset({17, 18, 36})  # SaslHandshake, ApiVersions, SaslAuthenticate
 
 
-@dataclass(frozen=True)
 class Access:
-    """One request's principal before the authorizer: every check of the request goes through here."""
+    """One request's principal before the authorizer: every check of the request goes through here (a plain
+    slotted class: one is made per request, and a frozen dataclass costs several times as much)."""
 
-    authorizer: Authorizer
-    conn: ConnectionInfo
-    api: str
+    __slots__ = ("authorizer", "conn", "api")
+
+    def __init__(self, authorizer: Authorizer, conn: ConnectionInfo, api: str) -> None:
+        self.authorizer, self.conn, self.api = authorizer, conn, api
 
     def allows(self, operation: AclOperation, resource_type: ResourceType, name: str = CLUSTER_NAME) -> bool:
         return self.authorizer.authorize(self.conn.principal, self.conn.host, operation, resource_type, name)
@@ -63,12 +65,25 @@ class Access:
         return self.authorizer.authorized_operations(self.conn.principal, self.conn.host, resource_type, name)
 
     def refused(self, operation: AclOperation, resource_type: ResourceType, names: Iterable[str]) -> None:
-        """One log line per request and check that refused something, naming the principal and resources."""
+        """A log line for a check that refused something, naming the principal and the resources; the same
+        refusal again (a consumer polling a topic it may not read) is logged once a minute."""
         names = sorted(set(names))
-        if names:
-            shown = ", ".join(repr(n) for n in names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-            logger.info("refused %s: %s from %s (listener %s) may not %s %s %s", self.api, self.conn.principal,
-                        self.conn.host, self.conn.listener, operation.name, resource_type.name, shown)
+        if not names:
+            return
+        key = (self.api, self.conn.principal, self.conn.host, operation, resource_type, tuple(names))
+        now = time.monotonic()
+        if now - _LOGGED.get(key, -LOG_EVERY_S) < LOG_EVERY_S:
+            return
+        if len(_LOGGED) >= 4096:  # bounded: forget them all rather than grow with principals and names
+            _LOGGED.clear()
+        _LOGGED[key] = now
+        shown = ", ".join(repr(n) for n in names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        logger.info("refused %s: %s from %s (listener %s) may not %s %s %s", self.api, self.conn.principal,
+                    self.conn.host, self.conn.listener, operation.name, resource_type.name, shown)
+
+
+LOG_EVERY_S = 60.0
+_LOGGED: dict[tuple, float] = {}  # refusal -> when it was last logged (the event loop's thread only)
 
 
 Guard = Callable[[Access, codec.Request, Handler], Any]  # async (access, request, handler) -> response body
@@ -109,7 +124,7 @@ def _with(request: codec.Request, handler: Handler, conn: ConnectionInfo, **fiel
 def _whole(operation: AclOperation, resource_type: ResourceType, name_of_resource: Callable[[Any], str],
            refusal: Callable[[codec.Request, int], dict]) -> Guard:
     """A check on one resource for the whole request; refused: `refusal(request, error)` answers it."""
-    error = _error_of(resource_type)
+    error = AUTHORIZATION_ERRORS[resource_type]
 
     async def guard(access: Access, request: codec.Request, handler: Handler) -> Any:
         name = name_of_resource(request.body)
@@ -118,12 +133,6 @@ def _whole(operation: AclOperation, resource_type: ResourceType, name_of_resourc
         access.refused(operation, resource_type, [name])
         return refusal(request, error)
     return guard
-
-
-def _error_of(resource_type: ResourceType) -> int:
-    return {_R.TOPIC: TOPIC_AUTHORIZATION_FAILED, _R.GROUP: GROUP_AUTHORIZATION_FAILED,
-            _R.CLUSTER: CLUSTER_AUTHORIZATION_FAILED, _R.TRANSACTIONAL_ID: TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            }[resource_type]
 
 
 def _top_error(request: codec.Request, error: int) -> dict:
@@ -208,7 +217,8 @@ def _per_topic(shape: TopicParts, operation: AclOperation,
         else:
             kept, refused = split_topics(shape, topics, lambda n: access.allows(operation, _R.TOPIC, n),
                                          TOPIC_AUTHORIZATION_FAILED)
-            access.refused(operation, _R.TOPIC, (r[shape.r_name] for r in refused))
+            if refused:
+                access.refused(operation, _R.TOPIC, (r[shape.r_name] for r in refused))
         return await _split_answer(access, request, handler, shape.topics, kept, shape.r_topics, refused)
     return guard
 
@@ -237,7 +247,8 @@ def _produce_first(access: Access, request: codec.Request) -> int:
 
 
 def _follower_first(access: Access, request: codec.Request) -> int:
-    """A follower's fetch (replica id >= 0) needs CLUSTER_ACTION; refused, every partition is TOPIC_AUTHORIZATION_FAILED."""
+    """A follower's fetch (replica id >= 0) needs CLUSTER_ACTION; refused, every partition answers
+    TOPIC_AUTHORIZATION_FAILED."""
     if request.body.replica_id < 0 or access.allows(_O.CLUSTER_ACTION, _R.CLUSTER):
         return NONE
     access.refused(_O.CLUSTER_ACTION, _R.CLUSTER, [CLUSTER_NAME])
@@ -289,9 +300,11 @@ async def _metadata(access: Access, request: codec.Request, handler: Handler) ->
                 refused.append({"error_code": TOPIC_AUTHORIZATION_FAILED, "name": t.name, "partitions": [],
                                 "is_internal": False})
         access.refused(_O.DESCRIBE, _R.TOPIC, (r["name"] for r in refused))
-        # an empty list still answers the brokers (and, v1+, means "no topics"); v0's empty list means all
         response = await (handler(request, access.conn) if not refused else
                           _with(request, handler, access.conn, topics=kept))
+        if refused:  # only what was asked and allowed: v0 reads an emptied list as "every topic"
+            asked = {t.name for t in kept}
+            response["topics"] = [t for t in response["topics"] if t["name"] in asked]
         response["topics"] = [*response["topics"], *refused]
     for t in response["topics"]:
         if t.get("authorized_operations") is not None and t["error_code"] == NONE:
@@ -373,7 +386,7 @@ async def _find_coordinator(access: Access, request: codec.Request, handler: Han
     """DESCRIBE on the group (key type 0) or transactional id (1) asked for."""
     body = request.body
     resource_type = _R.TRANSACTIONAL_ID if body.key_type == 1 else _R.GROUP
-    error = _error_of(resource_type)
+    error = AUTHORIZATION_ERRORS[resource_type]
     if request.api_version < 4:
         if body.key is None or access.allows(_O.DESCRIBE, resource_type, body.key):
             return await handler(request, access.conn)
@@ -389,7 +402,7 @@ async def _find_coordinator(access: Access, request: codec.Request, handler: Han
 def _names(operation: AclOperation, resource_type: ResourceType, request_list: str, response_list: str,
            response_name: str, answer: Callable[[str, int], dict]) -> Guard:
     """A request whose items are plain names (groups, topics), each checked and answered on its own."""
-    error = _error_of(resource_type)
+    error = AUTHORIZATION_ERRORS[resource_type]
 
     async def guard(access: Access, request: codec.Request, handler: Handler) -> Any:
         names = getattr(request.body, request_list) or []
@@ -542,7 +555,7 @@ def _configs(operation: AclOperation, response_list: str, answer_configs: bool) 
                 kept.append(r)
             else:
                 access.refused(operation, resource_type, [name])
-                refused.append(answer(r, _error_of(resource_type)))
+                refused.append(answer(r, AUTHORIZATION_ERRORS[resource_type]))
         return await _split_answer(access, request, handler, "resources", kept, response_list, refused)
     return guard
 

@@ -689,7 +689,7 @@ class Broker:
         return {
             "throttle_time_ms": 0,
             "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": racks.get(n.node_id)}
-                        | self._address_on(n.node_id, conn.listener)
+                        | self.address_on(n.node_id, conn.listener)
                         for n in sorted(registry.nodes().values(), key=lambda n: n.node_id)],
             "cluster_id": self.cluster_id,
             "controller_id": controller_id(registry),
@@ -697,7 +697,7 @@ class Broker:
             "authorized_operations": CLUSTER_OPERATIONS if cluster_operations else None,
         }
 
-    def _address_on(self, node_id: int, listener: str) -> dict:
+    def address_on(self, node_id: int, listener: str) -> dict:
         """This node's address on the listener a request came through (Kafka answers each listener's own);
         other nodes are named by their registered (inter-broker) address."""
         if node_id != self.node_id or listener not in self.advertised_at:

@@ -310,6 +310,8 @@ class GroupCoordinator:
         self.new_member_join_timeout_ms = new_member_join_timeout_ms
         self.clock: Clock = clock or LoopClock()
         self.on_append = on_append or (lambda _tp: None)  # the broker's poke: wake fetches of __consumer_offsets
+        # The broker's `address_on`: this node's host and port on the listener a request came through.
+        self.address_on: Callable[[int, str], dict] = lambda _node_id, _listener: {}
         # How a record batch is appended to a led partition: with a control store, in the leader epoch, and the
         # high watermark raised (`StorageNode._append_as_leader`).
         self.append: Callable[[TopicPartition, Log, bytes], Any] = lambda _tp, log, batch: log.append(batch)
@@ -1277,11 +1279,12 @@ class GroupCoordinator:
         v, b = request.api_version, request.body
         key_type = b.key_type if v >= 1 else 0
         if v < 4:
-            return {"throttle_time_ms": 0, **self.find_coordinator(b.key, key_type)}
+            found = self.find_coordinator(b.key, key_type)
+            return {"throttle_time_ms": 0, **found, **self.address_on(found["node_id"], conn.listener)}
         coordinators = []
         for key in b.coordinator_keys:
             found = self.find_coordinator(key, key_type)
-            coordinators.append({"key": key, **found})
+            coordinators.append({"key": key, **found, **self.address_on(found["node_id"], conn.listener)})
         return {"throttle_time_ms": 0, "coordinators": coordinators}
 
     async def _handle_join_group(self, request: codec.Request, conn) -> dict:

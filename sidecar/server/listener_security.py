@@ -78,7 +78,7 @@ def listener_setting(settings: Mapping[str, str], listener: str, name: str) -> s
     return None if value is None else value.strip()
 
 
-def _int(settings: Mapping[str, str], name: str, value: str | None) -> int:
+def _int(name: str, value: str | None) -> int:
     try:
         result = int(value if value is not None else DEFAULTS[name])
     except ValueError:
@@ -154,7 +154,7 @@ def _sasl_config(settings: Mapping[str, str], listener: str, credentials: Creden
                        (listener_setting(settings, listener, SASL_ENABLED_MECHANISMS) or "").split(",") if m.strip())
     try:
         return SaslConfig(mechanisms, credentials,
-                          _int(settings, MAX_REAUTH_MS, listener_setting(settings, listener, MAX_REAUTH_MS)))
+                          _int(MAX_REAUTH_MS, listener_setting(settings, listener, MAX_REAUTH_MS)))
     except ValueError as exc:
         raise ListenerConfigError(f"listener {listener}: {exc}") from None
 
@@ -171,7 +171,7 @@ def listener_securities(settings: Mapping[str, str], listen: tuple[str, int], ad
         host, port = listen
         return None, [ListenerSecurity.plaintext(host, port)]
     config = ListenerConfig.from_settings(settings)
-    delay = _int(settings, FAILED_AUTHENTICATION_DELAY_MS, settings.get(FAILED_AUTHENTICATION_DELAY_MS))
+    delay = _int(FAILED_AUTHENTICATION_DELAY_MS, settings.get(FAILED_AUTHENTICATION_DELAY_MS))
     advertised = {e.listener: e for e in config.advertised}
     out = []
     for endpoint in config.listeners:

@@ -155,53 +155,61 @@ class LogDirMoves:
         move.thread.start()
 
     def _run(self, move: Move, resume: bool, after: Move | None) -> None:
-        tp, keep_pause = move.tp, False
+        tp = move.tp
         try:
-            if after is not None and after.thread is not None:
-                after.thread.join()  # its future replica is gone before this one is made
-            if move.cancel.is_set():
-                raise MoveCancelled(move.reason)
-            self.maintenance.pause(tp, move.owner)  # persisted before the future replica exists
-            copy = self.log_dirs.resume_future(tp, move.id) if resume else self.log_dirs.add_future(
-                tp, move.id, self.log_dirs.by_path(move.target))
-            copy.throttle = lambda n: (self._moved(move, n), self.throttle(n))
-            copy.cancelled = move.cancel
-            move.state = COPYING
-            while True:
-                log = self.log_dirs.logs.get(tp)
-                if log is None:
-                    raise MoveCancelled("its topic was deleted")
-                _, move.bytes_remaining = copy.plan(log)
-                move.copied_through = copy.copied_through(log)
-                if move.bytes_remaining <= SWAP_BELOW_BYTES:
-                    move.state = SWAPPING
-                    self.run_exclusive(lambda: self._swap(move, copy))
-                    break
-                if copy.step(log) == 0:
-                    move.cancel.wait(POLL_S)
-            self._finish(move, DONE, "")
-            logger.info("%s: move %s done: %s -> %s, %d bytes copied", tp, move.id, move.source, move.target,
-                        move.bytes_copied)
+            self._copy_and_swap(move, resume, after)
+            outcome = (DONE, "")
         except Exception as exc:  # noqa: BLE001 - every way out releases the pause below
             if move.cancel.is_set() and self._stopping.is_set() and not move.reason:
-                keep_pause = True  # the node stops: the future replica and the pause wait for the next start
+                # The node stops: the future replica and the (persisted) pause wait for the next start.
                 logger.info("%s: move %s interrupted by the shutdown; it resumes at the next start", tp, move.id)
-            elif move.cancel.is_set() or isinstance(exc, MoveCancelled):
-                self._finish(move, CANCELLED, move.reason or str(exc))
-                logger.warning("%s: move %s to %s cancelled: %s", tp, move.id, move.target, move.reason or exc)
+                return
+            if move.cancel.is_set() or isinstance(exc, MoveCancelled):
+                outcome = (CANCELLED, move.reason or str(exc))
+                logger.warning("%s: move %s to %s cancelled: %s", tp, move.id, move.target, outcome[1])
             else:
-                self._finish(move, FAILED, f"{type(exc).__name__}: {exc}")
+                outcome = (FAILED, f"{type(exc).__name__}: {exc}")
                 logger.error("%s: move %s from %s to %s failed: %s", tp, move.id, move.source, move.target,
-                             move.reason, exc_info=True)
-            if not keep_pause:
-                try:
-                    self.log_dirs.drop_future(tp, move.id)
-                except OSError as e:
-                    logger.error("%s: cannot remove the future replica of move %s in %s: %s", tp, move.id,
-                                 move.target, e)
-        finally:
-            if not keep_pause:
-                self._release(move)
+                             outcome[1], exc_info=True)
+            try:
+                self.log_dirs.drop_future(tp, move.id)
+            except OSError as e:
+                logger.error("%s: cannot remove the future replica of move %s in %s: %s", tp, move.id, move.target, e)
+        except BaseException:
+            self._release(move)
+            raise
+        self._release(move)  # before the state says the move ended: whoever sees it ended sees the pause gone
+        move.state, move.reason, move.finished_ms = *outcome, self.clock()
+        if outcome[0] == DONE:
+            move.bytes_remaining = 0
+            logger.info("%s: move %s done: %s -> %s, %d bytes copied", tp, move.id, move.source, move.target,
+                        move.bytes_copied)
+
+    def _copy_and_swap(self, move: Move, resume: bool, after: Move | None) -> None:
+        """Pause, create (or restart) the future replica, copy until nearly caught up, swap on the loop."""
+        tp = move.tp
+        if after is not None and after.thread is not None:
+            after.thread.join()  # its future replica is gone before this one is made
+        if move.cancel.is_set():
+            raise MoveCancelled(move.reason)
+        self.maintenance.pause(tp, move.owner)  # persisted before the future replica exists
+        copy = self.log_dirs.resume_future(tp, move.id) if resume else self.log_dirs.add_future(
+            tp, move.id, self.log_dirs.by_path(move.target))
+        copy.throttle = lambda n: (self._moved(move, n), self.throttle(n))
+        copy.cancelled = move.cancel
+        move.state = COPYING
+        while True:
+            log = self.log_dirs.logs.get(tp)
+            if log is None:
+                raise MoveCancelled("its topic was deleted")
+            _, move.bytes_remaining = copy.plan(log)
+            move.copied_through = copy.copied_through(log)
+            if move.bytes_remaining <= SWAP_BELOW_BYTES:
+                move.state = SWAPPING
+                self.run_exclusive(lambda: self._swap(move, copy))
+                return
+            if copy.step(log) == 0:
+                move.cancel.wait(POLL_S)
 
     def _swap(self, move: Move, copy: FutureCopy) -> None:
         """On the event loop: the last bytes, the renames, the new log served, the cleaner's checkpoint moved."""
@@ -222,11 +230,6 @@ class LogDirMoves:
             move.bytes_copied += n
             if move.bytes_remaining is not None:
                 move.bytes_remaining = max(move.bytes_remaining - n, 0)
-
-    def _finish(self, move: Move, state: str, reason: str) -> None:
-        move.state, move.reason, move.finished_ms = state, reason, self.clock()
-        if state == DONE:
-            move.bytes_remaining = 0
 
     def _release(self, move: Move) -> None:
         try:

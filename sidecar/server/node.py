@@ -30,6 +30,7 @@ from shale.sidecar.server.admin import AdminApis
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.error_codes import NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
 from shale.sidecar.server.authorization import authorize_handlers
+from shale.sidecar.server.security_sync import SharedSecurity
 from shale.sidecar.server.broker import Broker, ConnectionInfo
 from shale.sidecar.server.channel import SASL_HANDLERS
 from shale.sidecar.server.inter_broker import InterBrokerClient
@@ -192,13 +193,19 @@ class StorageNode:
                                                                       self.registry)
         self.admin = AdminApis(self.registry, self.server_config, options.cluster_id,
                                removal_held=lambda name: name in self.manifests.held, store_topics=store_topics,
-                               log_dir_moves=self.moves)
+                               log_dir_moves=self.moves, dynamic_broker={} if self.replicas is None else {
+                                   "leader.replication.throttled.rate": self.replicas.leader_quota.set_rate,
+                                   "follower.replication.throttled.rate": self.replicas.follower_quota.set_rate})
         self.groups = GroupCoordinator(self.registry,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
                                        initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,
                                        replication_factor=self.server_config.offsets_topic_replication_factor
                                        if self.replicas is not None else None)
         self.authorizing = bool(self.server_config.authorizer_class_name)
+        # With etcd the cluster shares one security state (security_sync.py); on Kubernetes the operator writes it.
+        self.shared_security: SharedSecurity | None = None
+        if options.store is not None and options.store.startswith("etcd://"):
+            self.shared_security = SharedSecurity.on_etcd(options.store, options.cluster_id, self.security)
         self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
                              observe=self.metrics.observe_request,
@@ -207,12 +214,14 @@ class StorageNode:
                              replicas=self.replicas, listeners=self.listeners,
                              handlers={**SASL_HANDLERS, **self.admin.handlers(), **self.groups.handlers(),
                                        **Reassignments(self.registry, store_topics, self._store_view).handlers(),
-                                       **AclAdmin(self.security, authorizer_enabled=self.authorizing).handlers(),
+                                       **AclAdmin(self.security, authorizer_enabled=self.authorizing,
+                                                  shared=self.shared_security).handlers(),
                                        API_INIT_PRODUCER_ID: self._init_producer_id})
         if self.authorizing:  # every API checked as Kafka's broker checks it (authorization.py)
             self.broker.handlers = authorize_handlers(self.broker.handlers, self.authorizer,
                                                       self.registry.topic_named_by)
         self.groups.on_append = self.broker.poke  # commits wake fetches of __consumer_offsets
+        self.groups.address_on = self.broker.address_on  # FindCoordinator answers the request's listener
         if self.replicas is not None:
             self.groups.append = self._append_as_leader
             self.groups.replicated = self._replicated
@@ -259,10 +268,14 @@ class StorageNode:
         self.maintenance.topic_changed(name)
         self.broker.topic_changed(name)
         if self.replicas is not None:
+            # The partitions the controller may still have written for it (the last snapshot it read), not only
+            # those of the last view: a record it re-created after another node deleted the topic's (it still
+            # wanted them) may not be in a view yet, and would stay in the store for good.
+            had = {tp for tp in self.replicas.wanted() if tp.topic == name}
             self.replicas.topics_changed(name)
             if self.controller is not None:
                 if name not in self.registry.topics:  # its records go too; every node that deletes it says so
-                    for tp in [tp for tp in self.replicas.view.partitions if tp.topic == name]:
+                    for tp in had | {tp for tp in self.replicas.view.partitions if tp.topic == name}:
                         self.controller.delete(tp)
                 self.controller.wake()
         if name not in self.registry.topics:
@@ -350,6 +363,8 @@ class StorageNode:
 
     async def _stop_replication(self) -> None:
         """End the session first, so the others elect new leaders at once rather than after its timeout."""
+        if self.shared_security is not None:
+            await asyncio.to_thread(self.shared_security.close)
         if self.controller is not None:
             await asyncio.to_thread(self.controller.stop)
         if self.admin.store_topics is not None:
@@ -377,6 +392,8 @@ class StorageNode:
             self.registry.node = NodeAddress(self.options.node_id, self.registry.node.host, self.broker.port)
         if self.replicas is not None:
             self._start_replication()
+        if self.shared_security is not None:
+            self.shared_security.start(self._loop)
         self.ready = True
         self.phase = "serving"
         logger.info("node %d serving %s from %s", self.options.node_id, plural(len(self.registry.topics), "topic"),

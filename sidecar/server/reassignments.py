@@ -34,6 +34,7 @@ from shale.sidecar.replication import reassignment
 from shale.sidecar.replication.control_store import StoreUnavailable, StoreView
 from shale.sidecar.replication.records import PartitionRecord
 from shale.sidecar.replication.topic_record import TopicRecord
+from shale.sidecar.server.admin import AdminError
 from shale.sidecar.server.broker import ConnectionInfo, Handler
 from shale.sidecar.server.manifests import ORIGIN_PREFIX
 from shale.sidecar.server.store_topics import StoreConflict, StoreTopics
@@ -43,14 +44,6 @@ logger = logging.getLogger(__name__)
 
 API_ALTER_PARTITION_REASSIGNMENTS, API_LIST_PARTITION_REASSIGNMENTS = 45, 46
 DEFAULT_TIMEOUT_MS = 60000
-
-
-class Refused(Exception):
-    """One partition's error code and message."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 @dataclasses.dataclass
@@ -82,7 +75,7 @@ class Reassignments:
                     logger.info("%s: reassignment %s by AlterPartitionReassignments from client %r at %s", tp,
                                 "cancelled" if target is None else f"to replicas {list(target)}", conn.client_id,
                                 conn.host)
-                except Refused as exc:
+                except AdminError as exc:
                     logger.info("%s: AlterPartitionReassignments from client %r refused: %s", tp, conn.client_id,
                                 exc.message)
                     out.update(error_code=exc.code, error_message=exc.message)
@@ -94,33 +87,33 @@ class Reassignments:
                          timeout_s: float) -> None:
         spec = self.registry.topics.get(tp.topic)
         if spec is None or not 0 <= tp.partition < spec.partitions:
-            raise Refused(UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
+            raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
         if self.store_topics is None:
-            raise Refused(INVALID_REPLICA_ASSIGNMENT, "This node has no control store (shale serve --store): each "
+            raise AdminError(INVALID_REPLICA_ASSIGNMENT, "This node has no control store (shale serve --store): each "
                                                       "partition has one replica, which cannot move.")
         try:
             view = await self.store_topics.view()
             current = view.partitions.get(tp)
             if current is None:
-                raise Refused(UNKNOWN_TOPIC_OR_PARTITION, f"{tp} has no partition record yet.")
+                raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"{tp} has no partition record yet.")
             record = current.record
             if target is None:
                 if not record.reassigning:
-                    raise Refused(NO_REASSIGNMENT_IN_PROGRESS, f"No ongoing reassignment for {tp}.")
+                    raise AdminError(NO_REASSIGNMENT_IN_PROGRESS, f"No ongoing reassignment for {tp}.")
                 wanted = record.original_replicas
             else:
                 try:
                     reassignment.check_target(target, view.nodes)
                 except reassignment.InvalidTarget as exc:
-                    raise Refused(INVALID_REPLICA_ASSIGNMENT, f"{tp}: {exc}.") from None
+                    raise AdminError(INVALID_REPLICA_ASSIGNMENT, f"{tp}: {exc}.") from None
                 if not allow_rf_change and len(target) != len(record.target_replicas):
-                    raise Refused(INVALID_REPLICATION_FACTOR, f"The replication factor is changed from "
+                    raise AdminError(INVALID_REPLICATION_FACTOR, f"The replication factor is changed from "
                                   f"{len(record.target_replicas)} to {len(target)} but AllowReplicationFactorChange"
                                   " is false.")
                 wanted = target
             await self._write(tp, spec.origin, wanted, view, timeout_s)
         except (StoreUnavailable, StoreConflict) as exc:
-            raise Refused(REQUEST_TIMED_OUT, f"The control store did not take the change: {exc}") from None
+            raise AdminError(REQUEST_TIMED_OUT, f"The control store did not take the change: {exc}") from None
         done = (lambda r: not r.reassigning) if target is None else (lambda r: r.target_replicas == target)
         await self.store_topics.applied(lambda: self._shows(tp, done), timeout_s, f"the reassignment of {tp}")
 
@@ -130,13 +123,13 @@ class Reassignments:
         if origin.startswith(ORIGIN_PREFIX):
             spec = self.registry.topics[tp.topic]
             if spec.assignment is not None:
-                raise Refused(POLICY_VIOLATION, f"Topic '{tp.topic}' is declared by the Topic manifest "
+                raise AdminError(POLICY_VIOLATION, f"Topic '{tp.topic}' is declared by the Topic manifest "
                               f"{origin[len(ORIGIN_PREFIX):]}, which names its replicas: change spec.assignment "
                               "there (a move made here would be undone at its next reload).")
         if tp.topic in view.topics:
             def change(record: TopicRecord | None, _view: StoreView) -> TopicRecord:
                 if record is None or tp.partition >= record.partitions:
-                    raise Refused(UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
+                    raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, "The partition does not exist.")
                 assignment = list(record.assignment)
                 assignment[tp.partition] = wanted
                 return dataclasses.replace(record, assignment=tuple(assignment))

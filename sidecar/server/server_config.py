@@ -117,10 +117,11 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("leader.replication.throttled.rate", LONG, LONG_MAX, Range(0),
               "Bytes per second this node sends as leader to throttled replicas (out of the ISR and named by "
               "their topic's leader.replication.throttled.replicas) at most; a move then does not starve "
-              "producers (docs/moves.md). Kafka's dynamic broker config, here an override."),
+              "producers (docs/moves.md). Also changed live per node, as Kafka's dynamic broker config "
+              "(IncrementalAlterConfigs on the node's BROKER resource; kept in memory until a restart)."),
     ConfigKey("follower.replication.throttled.rate", LONG, LONG_MAX, Range(0),
               "Bytes per second this node fetches as follower for throttled replicas (out of the ISR and named "
-              "by their topic's follower.replication.throttled.replicas) at most."),
+              "by their topic's follower.replication.throttled.replicas) at most; changed live as the leader's."),
     ConfigKey("replication.quota.window.num", INT, 11, Range(1),
               "Windows over which the replication throttles measure their rates."),
     ConfigKey("replication.quota.window.size.seconds", INT, 1, Range(1),

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from apiserver_util import Release, install_crd, install_release, operated
+from apiserver_util import USER_CRD_FILE, Release, install_crd, install_release, operated
 from cluster_util import Cluster, StorageNodes
 from kube_apiserver import ApiServer
 from node_util import ServeProcess
@@ -30,6 +30,7 @@ def apiserver(tmp_path_factory) -> Iterator[ApiServer]:
     try:
         server.start()
         install_crd(server.client())
+        install_crd(server.client(), USER_CRD_FILE)
     except BaseException:
         server.stop()
         raise

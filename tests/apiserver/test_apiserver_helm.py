@@ -32,8 +32,8 @@ def chart_for_1_20(directory: Path) -> Path:
     shutil.copytree(CHART, chart)
     meta = yaml.safe_load((chart / "Chart.yaml").read_text())
     (chart / "Chart.yaml").write_text(yaml.safe_dump({**meta, "kubeVersion": ">=1.20.0-0"}, sort_keys=False))
-    [crd_file] = (chart / "crds").iterdir()
-    crd_file.write_text(yaml.safe_dump(crd_for_1_20(), sort_keys=False))
+    for crd_file in (chart / "crds").iterdir():  # the Topic and User CRDs
+        crd_file.write_text(yaml.safe_dump(crd_for_1_20(crd_file), sort_keys=False))
     return chart
 
 
@@ -68,8 +68,13 @@ def test_helm_install_upgrade_uninstall(apiserver: ApiServer, tmp_path: Path):
         assert found["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
     assert "deployed" in run("status", RELEASE)
 
+    secrets = {o["metadata"]["name"]: stored(o)["data"] for o in rendered if o["kind"] == "Secret"}
+    assert len(secrets) == 5  # TLS material and the HTTP token, generated on install (security.enabled)
     run("upgrade", RELEASE, str(chart), "--set", "storage.replicas=3", *FLAGS_FOR_1_20)
     assert stored(one(rendered, "StatefulSet"))["spec"]["replicas"] == 3
+    # An upgrade keeps every generated certificate, key and token (`lookup`): nothing to roll, no client cut off.
+    assert {name: stored({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}})["data"]
+            for name in secrets} == secrets
     assert "REVISION: 2" in run("status", RELEASE)
 
     run("uninstall", RELEASE)

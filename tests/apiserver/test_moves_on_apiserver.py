@@ -6,9 +6,12 @@ pods 3 and 4 (process and Pod object) before raising `spec.replicas`, and stops 
 lowered it. Under `acks=all` load from real clients on both topics:
 
 - a Topic with `spec.replicas` 1 → 3 → 2: every partition ends with that many replicas on distinct pods;
-- a Topic at RF 3 while the StatefulSet goes 3 → 5 (its replicas evened out onto the new pods) → 3 (asked
-  through the `shale.dev/scale-in-to` annotation: pods 3 and 4 drained first, the StatefulSet lowered by the
-  operator only once no manifest names them and they serve nothing);
+- a Topic at RF 3 while the StatefulSet goes 3 → 5 (its replicas evened out onto the new pods) → 4 (`kubectl
+  scale`: the test, as the StatefulSet controller, stops pod 4 at once, which holds the only copy of a partition
+  of a third, single-replica Topic; the operator puts the size back and shows why the scale-in waits, pod 4
+  returns on its data and is drained) → 3 (asked through the `shale.dev/scale-in-to` annotation: pod 3 drained
+  first); each time the StatefulSet is lowered by the operator only once no manifest names the pods going and
+  they serve nothing;
 
 every move shows in the Topic's status (ongoing, then done), `Reassigning` goes back to False, every
 acknowledged record is read back at its offset from replicas byte-identical below the high watermark, and no
@@ -18,8 +21,10 @@ partition is left with its cleaning paused.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import sys
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -37,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replication"))
 from fault_util import AckedLoad, check_acknowledged  # noqa: E402 - the fault tests' acks=all load and checks
 
 _namespaces = itertools.count(1)
-SCALED, GROWN = "scaled", "grown"
+SCALED, GROWN, SINGLE = "scaled", "grown", "single"
 ANNOTATION = "shale.dev/scale-in-to"
 MOVE_TIMEOUT = 180
 
@@ -69,6 +74,12 @@ def five(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[
             yield cluster, nodes, release, every
     finally:
         nodes.stop()
+    # The real authorizer granted the operator every call, the StatefulSet patches included (409s are CAS misses).
+    operator = f"system:serviceaccount:{release.namespace}:{release.service_account}"
+    refused = sorted({(e["verb"], e["requestURI"].split("?")[0], e["responseStatus"]["code"])
+                      for e in apiserver.responses(operator) if e["responseStatus"]["code"] in (401, 403, 422)})
+    assert refused == [], f"the server refused the operator: {refused}"
+    assert any(e["verb"] == "patch" and "/statefulsets/" in e["requestURI"] for e in apiserver.responses(operator))
 
 
 def assignment(cluster: Cluster, topic: str) -> list[tuple[int, ...]]:
@@ -76,30 +87,60 @@ def assignment(cluster: Cluster, topic: str) -> list[tuple[int, ...]]:
     return [tuple(r) if isinstance(r, list) else (r,) for r in raw]
 
 
-def settled(cluster: Cluster, topic: str, check) -> list[tuple[int, ...]] | None:
-    """The topic's assignment once `check(assignment)` holds, every move is done, Reassigning is False and the
-    Topic is Ready for it."""
+def settled(cluster: Cluster, topic: str, before: list[tuple[int, ...]], check) -> list[tuple[int, ...]] | None:
+    """The topic's assignment once `check(assignment)` holds and the status shows it reached: Ready for the current
+    generation, Reassigning False, and every partition that changed since `before` with a done move to where it
+    is now."""
     placed = assignment(cluster, topic)
-    status = (cluster.topic(topic) or {}).get("status") or {}
-    moves = status.get("moves") or []
-    if not check(placed) or any(m.get("state") != "done" for m in moves):
+    body = cluster.topic(topic) or {}
+    status = body.get("status") or {}
+    ready = cluster.condition(topic, "Ready")
+    if not check(placed) or ready.get("status") != "True" or \
+            ready.get("observedGeneration") != body["metadata"]["generation"]:
         return None
     if cluster.condition(topic, "Reassigning").get("status") != "False":
         return None
-    return placed if cluster.condition(topic, "Ready").get("status") == "True" else None
+    done = {m["partition"]: tuple(m["targetReplicas"]) for m in status.get("moves") or () if m["state"] == "done"}
+    changed = [p for p, replicas in enumerate(placed) if replicas != before[p]]
+    return placed if all(done.get(p) == placed[p] for p in changed) else None
 
 
-def wait_settled(cluster: Cluster, topic: str, check, what: str) -> list[tuple[int, ...]]:
-    return wait_for(lambda: settled(cluster, topic, check), MOVE_TIMEOUT, interval=0.5,
+def wait_settled(cluster: Cluster, topic: str, before: list[tuple[int, ...]], check, what: str
+                 ) -> list[tuple[int, ...]]:
+    return wait_for(lambda: settled(cluster, topic, before, check), MOVE_TIMEOUT, interval=0.5,
                     what=f"{topic}: {what}; last assignment {assignment(cluster, topic)}, moves "
                          f"{((cluster.topic(topic) or {}).get('status') or {}).get('moves')}, Reassigning "
                          f"{cluster.condition(topic, 'Reassigning')}, Ready {cluster.condition(topic, 'Ready')}")
+
+
+def node_status(server: ServeProcess) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/status", timeout=5) as r:
+        return json.load(r)
 
 
 def statefulset(cluster: Cluster, release: Release) -> tuple[int, str | None]:
     name = one(release.objects, "StatefulSet")["metadata"]["name"]
     sts = kubernetes.client.AppsV1Api(cluster.api).read_namespaced_stateful_set(name, release.namespace)
     return sts.spec.replicas, (sts.metadata.annotations or {}).get(ANNOTATION)
+
+
+def scaled_in(cluster: Cluster, release: Release, every: dict[int, ServeProcess], size: int) -> None:
+    """Until the operator sets the StatefulSet's size to `size`; then no manifest names a pod at or above it and
+    those pods serve nothing, and they go (the StatefulSet controller's part: process and Pod object)."""
+    wait_for(lambda: statefulset(cluster, release) == (size, None), MOVE_TIMEOUT, interval=0.2,
+             what=f"the operator to scale the StatefulSet to {size}; last {statefulset(cluster, release)}, "
+                  f"{SCALED} {assignment(cluster, SCALED)}, {GROWN} {assignment(cluster, GROWN)}")
+    going = [n for n in every if n >= size and every[n].running]
+    for topic in (SCALED, GROWN, SINGLE):
+        assert all(max(r) < size for r in assignment(cluster, topic)), (topic, assignment(cluster, topic))
+    for n in going:
+        served = {t: [e["partition"] for e in d["partitions"] if e.get("served", True)]
+                  for t, d in node_status(every[n])["topics"].items()}
+        assert all(not parts for parts in served.values()), f"pod {n} still serves {served}"
+    sts = one(release.objects, "StatefulSet")["metadata"]["name"]
+    for n in going:
+        assert every[n].terminate() == 0, every[n].log()
+        cluster.core.delete_namespaced_pod(f"{sts}-{n}", release.namespace)
 
 
 def test_scale_3_5_3_and_replicas_1_3_2_move_replicas_under_acks_all(five):
@@ -118,8 +159,10 @@ def test_scale_3_5_3_and_replicas_1_3_2_move_replicas_under_acks_all(five):
             load.wait_for_acks(50)
 
         # spec.replicas 1 → 3: each partition gains two replicas on distinct pods.
+        before = assignment(cluster, GROWN)
         cluster.patch_topic(GROWN, {"spec": {"replicas": 3}})
-        grown = wait_settled(cluster, GROWN, lambda a: all(len(set(r)) == 3 for r in a), "three replicas each")
+        grown = wait_settled(cluster, GROWN, before, lambda a: all(len(set(r)) == 3 for r in a),
+                             "three replicas each")
         moves = cluster.topic(GROWN)["status"]["moves"]
         assert sorted(m["partition"] for m in moves) == [0, 1]
         for m in moves:
@@ -133,40 +176,62 @@ def test_scale_3_5_3_and_replicas_1_3_2_move_replicas_under_acks_all(five):
         for n in (3, 4):
             nodes.servers[n] = every[n].start()
         nodes.wait_for_members()
+        before = assignment(cluster, SCALED)
         apps.patch_namespaced_stateful_set(sts, release.namespace, {"spec": {"replicas": 5}})
-        spread = wait_settled(cluster, SCALED, lambda a: set(Counter(n for r in a for n in r)) == {0, 1, 2, 3, 4},
+        spread = wait_settled(cluster, SCALED, before,
+                              lambda a: set(Counter(n for r in a for n in r)) == {0, 1, 2, 3, 4},
                               "replicas on all five pods")
         counts = Counter(n for r in spread for n in r)
         assert sorted(counts.values()) == [1, 2, 2, 2, 2]  # 9 replicas over 5 pods, evened out
         assert all(len(set(r)) == 3 for r in spread)
 
         # spec.replicas 3 → 2 (on five pods now).
+        before = assignment(cluster, GROWN)
         cluster.patch_topic(GROWN, {"spec": {"replicas": 2}})
-        wait_settled(cluster, GROWN, lambda a: all(len(set(r)) == 2 for r in a), "two replicas each")
+        wait_settled(cluster, GROWN, before, lambda a: all(len(set(r)) == 2 for r in a), "two replicas each")
 
-        # Scale-in 5 → 3 through the annotation: pods 3 and 4 drained, then the operator lowers spec.replicas.
+        # A third topic, one replica per partition, evened out over the five pods: pod 4 holds the only copy of one.
+        cluster.create_topic(SINGLE, 5, replicas=1)
+        cluster.wait_condition(SINGLE, "Ready", "True", "PartitionsServed", timeout=90)
+        single = assignment(cluster, SINGLE)
+        assert sorted(single) == [(0,), (1,), (2,), (3,), (4,)]
+        only = single.index((4,))
+        acked_single = AckedLoad("confluent", nodes.bootstrap, SINGLE, 5).start()
+        acked_single.wait_for_acks(100)
+        acked_single.stop()
+
+        # Scale-in 5 → 4 with `kubectl scale`: the StatefulSet controller stops pod 4 at once. Its partition of
+        # SINGLE cannot be copied from anywhere meanwhile: the operator puts the size back, records the target
+        # and says why the scale-in waits; the controller brings pod 4 back on its data, and it is drained.
+        apps.patch_namespaced_stateful_set(sts, release.namespace, {"spec": {"replicas": 4}})
+        assert every[4].terminate() == 0, every[4].log()
+        cluster.core.delete_namespaced_pod(f"{sts}-4", release.namespace)
+        wait_for(lambda: statefulset(cluster, release) == (5, "4"), 30, interval=0.1,
+                 what=f"the operator to put the StatefulSet back; last {statefulset(cluster, release)}")
+        blocked = cluster.wait_condition(SINGLE, "ScaleInBlocked", "True", "ScaleInRefused", timeout=30)
+        assert (f"cannot be scaled in to 4: partition {only}: its in-sync replicas [4] are all on leaving pods "
+                "that are down") in blocked["message"]
+        assert assignment(cluster, SINGLE)[only] == (4,)  # nothing to copy from: not moved
+        run_pods(cluster.api, storage_pods(release.objects, [every[n] for n in range(5)])[4:])
+        every[4].start()
+        scaled_in(cluster, release, every, 4)
+        wait_for(lambda: cluster.condition(SINGLE, "ScaleInBlocked") == {}, 30, what="ScaleInBlocked gone")
+
+        # Scale-in 4 → 3 through the annotation: no pod goes before it is drained.
+        before = {topic: assignment(cluster, topic) for topic in (SCALED, GROWN)}
         apps.patch_namespaced_stateful_set(sts, release.namespace, {"metadata": {"annotations": {ANNOTATION: "3"}}})
-        wait_for(lambda: statefulset(cluster, release) == (3, None), MOVE_TIMEOUT, interval=0.2,
-                 what=f"the operator to scale the StatefulSet to 3; last {statefulset(cluster, release)}, "
-                      f"{SCALED} {assignment(cluster, SCALED)}, {GROWN} {assignment(cluster, GROWN)}")
-        for topic in (SCALED, GROWN):  # at that moment no manifest names the pods going
-            assert all(set(r) <= {0, 1, 2} for r in assignment(cluster, topic)), (topic, assignment(cluster, topic))
-        for n in (3, 4):
-            served = {t: [e["partition"] for e in d["partitions"] if e.get("served", True)]
-                      for t, d in cluster.node_status(n)["topics"].items()}
-            assert all(not parts for parts in served.values()), f"pod {n} still serves {served}"
-        for n in (3, 4):  # the StatefulSet controller's part: the pods above the size go
-            assert every[n].terminate() == 0, every[n].log()
-            cluster.core.delete_namespaced_pod(f"{sts}-{n}", release.namespace)
-        wait_settled(cluster, SCALED, lambda a: all(sorted(r) == [0, 1, 2] for r in a), "back on pods 0-2")
-        wait_settled(cluster, GROWN, lambda a: all(len(set(r)) == 2 and set(r) <= {0, 1, 2} for r in a),
+        scaled_in(cluster, release, every, 3)
+        wait_settled(cluster, SCALED, before[SCALED], lambda a: all(sorted(r) == [0, 1, 2] for r in a),
+                     "back on pods 0-2")
+        wait_settled(cluster, GROWN, before[GROWN], lambda a: all(len(set(r)) == 2 and max(r) < 3 for r in a),
                      "two replicas each on pods 0-2")
     finally:
         for load in loads:
             load.close()
 
     # Every acknowledged record at its offset, replicas byte-identical below the HW, nothing left paused.
-    for load in loads:
+    assert sorted(Counter(r[0] for r in assignment(cluster, SINGLE)).values()) == [1, 2, 2]  # on pods 0-2, even
+    for load in loads + [acked_single]:
         assert load.failed == [], f"{load.client} was told of failures: {load.failed[:3]}"
         for partition in range(load.partitions):
             check_acknowledged(nodes, load.topic, partition, load.acked)

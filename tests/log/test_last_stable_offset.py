@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cleaner_util import end_marker, make_cleaner, to_clean
+from fs_util import PAGE, fill, small_fs
 from logtest_util import FakeClock, drop_unclosed, make_config
+from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import ControlType, Record, encode_batch
 from shale.sidecar.log.transaction_index import AbortedTxn, parse_entries
@@ -294,3 +297,89 @@ def test_a_kafka_written_transactional_segment_recovers_to_kafkas_index(tmp_path
     assert txnindex_files(log) == {0: [AbortedTxn(0, 1, 6, 7)]}
     assert log.collect_aborted_transactions(0, 13) == [AbortedTxn(0, 1, 6, 7)]
     assert log.collect_aborted_transactions(7, 13) == []
+
+
+def test_a_corrupt_index_found_at_a_clean_start_is_rebuilt(tmp_path) -> None:
+    """Kafka's sanity check at load: an entry of an unknown version (or out of order) makes the segment's index
+    rebuilt from the batches, even after a clean shutdown."""
+    log = open_log(tmp_path)
+    log.append(txn_data(1))  # 0
+    log.append(marker(1, ABORT))  # 1
+    log.roll()
+    log.append(txn_data(2))  # 2
+    log.append(marker(2, ABORT))  # 3
+    log.roll()
+    log.close()
+    written = txnindex_files(log)
+    bad = os.path.join(log.dir, "00000000000000000002.txnindex")
+    with open(bad, "r+b") as f:
+        f.write(b"\x00\x05")  # version 5
+    reopened = open_log(tmp_path)
+    assert txnindex_files(reopened) == written == {0: [AbortedTxn(1, 0, 1, 2)], 2: [AbortedTxn(2, 2, 3, 4)]}
+
+
+replicated_ops = st.lists(st.one_of(
+    st.tuples(st.just("txn"), st.sampled_from(PIDS)),
+    st.tuples(st.just("plain"), st.just(0)),
+    st.tuples(st.just("commit"), st.sampled_from(PIDS)),
+    st.tuples(st.just("abort"), st.sampled_from(PIDS)),
+    st.tuples(st.just("hw"), st.floats(0, 1)),
+    st.tuples(st.just("truncate"), st.floats(0, 1)),
+), min_size=1, max_size=40)
+
+
+@given(replicated_ops)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_replicated_lso_follows_the_model(tmp_path_factory, steps) -> None:
+    """Kafka's rule on a replicated log: a finished transaction stays unstable until the high watermark passes its
+    marker; the LSO never passes the high watermark; a truncation (a follower's) reopens what it cuts."""
+    log = open_log(tmp_path_factory.mktemp("replicated"))
+    log.replicated = True
+    batches: list[tuple[int, int, str, int]] = []
+    for kind, arg in steps:
+        leo = log.log_end_offset
+        if kind == "hw":
+            log.update_high_watermark(log.high_watermark + round(arg * (leo - log.high_watermark)))
+        elif kind == "truncate":
+            keep = max(int(arg * len(batches)), next((i for i, b in enumerate(batches) if b[0] >= log.high_watermark),
+                                                     len(batches)))  # a follower never truncates below its HW
+            log.truncate_to(batches[keep][0] if keep < len(batches) else leo)
+            del batches[keep:]
+        else:
+            log.append({"txn": lambda: txn_data(arg), "plain": plain, "commit": lambda: marker(arg, COMMIT),
+                        "abort": lambda: marker(arg, ABORT)}[kind]())
+            batches.append((leo, arg if kind != "plain" else 0, kind, 1))
+        hw = log.high_watermark
+        ongoing: dict[int, int] = {}
+        unstable = []
+        for base, pid, k, _ in batches:
+            if k == "txn":
+                ongoing.setdefault(pid, base)
+            elif k in ("commit", "abort") and pid in ongoing:
+                first = ongoing.pop(pid)
+                if base >= hw:
+                    unstable.append(first)
+        assert log.last_stable_offset == min([hw, *ongoing.values(), *unstable])
+
+
+@pytest.mark.parametrize("room", [0, PAGE])
+def test_an_abort_refused_by_a_full_disk_leaves_no_entry_and_the_transaction_open(tmp_path, room) -> None:
+    """With no room, the index write fails; with one page, the index takes it and the segment's next page fails:
+    either way the entry is taken back, the transaction stays open, and the retry indexes it once."""
+    with small_fs(tmp_path, "tmpfs", 512) as mnt:
+        log = open_log(mnt / "t-0")
+        log.append(txn_data(1))  # 0
+        while PAGE - log.active_segment.size % PAGE >= len(marker(1, ABORT)):  # the marker will need a new page
+            log.append(plain())
+        filler = fill(mnt)
+        filler.release(room)
+        end = log.log_end_offset
+        with pytest.raises(KafkaStorageError, match="t-0"):
+            log.append(marker(1, ABORT))
+        assert log.log_end_offset == end and log.last_stable_offset == 0
+        assert log.active_segment.txn_index.entries == []
+        assert [e for entries in txnindex_files(log).values() for e in entries] == []
+        filler.release()
+        log.append(marker(1, ABORT))
+        assert txnindex_files(log) == {0: [AbortedTxn(1, 0, end, end + 1)]} and log.last_stable_offset == end + 1
+        drop_unclosed(log)

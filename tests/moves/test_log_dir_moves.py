@@ -63,12 +63,22 @@ def alter(node: NodeThread, target: Path) -> None:
     assert [e.__name__ for e in result.values()] == ["NoError"], result
 
 
+def produce_held(node: NodeThread) -> None:
+    """1.5 MB of duplicates kept uncompacted (a pause of the test's own), so a move has more than one chunk to copy."""
+    node.node.maintenance.pause(TP, "http:setup")
+    produce_duplicates(node.bootstrap)
+
+
 def wait_copying(node: NodeThread) -> dict:
-    """The move copies (wedged by the throttle): its pause is the partition's only one."""
+    """The move copies (wedged by the throttle); the test's own pause, if any, is released: the move's is then
+    the partition's only one."""
     def copying():
         p = partition_status(node)
         return p if p["move"] and p["move"]["state"] == "copying" and p["move"]["bytes_copied"] > 0 else None
     p = wait_for(copying, what="the move to copy")
+    if "http:setup" in p["cleaning"]["pause_owners"]:
+        node.node.maintenance.resume(TP, "http:setup")
+        p = partition_status(node)
     assert p["cleaning"]["state"] == "paused"
     assert p["cleaning"]["pause_owners"] == [f"move:{p['move']['id']}"]
     return p
@@ -129,7 +139,7 @@ def test_second_alter_cancels_and_the_old_pause_is_released(tmp_path):
     """KAFKA-19458: a move replaced by another one left its pause behind."""
     dirs = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
     with node_with_dirs(tmp_path, dirs, WEDGED) as node:
-        produce_duplicates(node.bootstrap)
+        produce_held(node)
         source = Path(node.node.log_dir.dir_of(TP))
         first_target, second_target = [d for d in dirs if d != source]
         alter(node, first_target)
@@ -152,7 +162,7 @@ def test_second_alter_cancels_and_the_old_pause_is_released(tmp_path):
 def test_alter_back_to_current_dir_cancels(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     with node_with_dirs(tmp_path, [a, b], WEDGED) as node:
-        produce_duplicates(node.bootstrap)
+        produce_held(node)
         source = Path(node.node.log_dir.dir_of(TP))
         alter(node, b if source == a else a)
         moving = wait_copying(node)["move"]
@@ -173,7 +183,7 @@ def test_alter_back_to_current_dir_cancels(tmp_path):
 def test_topic_deleted_mid_move_releases_the_pause(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     with node_with_dirs(tmp_path, [a, b], WEDGED) as node:
-        produce_duplicates(node.bootstrap)
+        produce_held(node)
         source = Path(node.node.log_dir.dir_of(TP))
         alter(node, b if source == a else a)
         move = wait_copying(node)["move"]
@@ -195,10 +205,10 @@ def test_target_dir_failure_fails_the_move_and_resumes_cleaning(tmp_path):
     with small_fs(tmp_path / "small", "tmpfs", 512) as small:
         big = tmp_path / "big"
         with node_with_dirs(tmp_path, [big, small], QUICK) as node:
-            produce_duplicates(node.bootstrap, 3000)  # ~3 MB, and the first cleaning is not awaited
             if node.node.log_dir.dir_of(TP) != str(big):
                 pytest.fail("orders-0 was expected in the first dir (fewest partitions, ties to the first)")
             node.node.maintenance.pause(TP, "http:test")  # keep the log large until the move has failed
+            produce_duplicates(node.bootstrap, 3000)  # ~3 MB, far more than the target's 512 KiB
             alter(node, small)
             wait_for(lambda: partition_status(node)["move"]["state"] == "failed", what="the move to fail")
             move = partition_status(node)["move"]
@@ -251,7 +261,8 @@ def test_crash_between_swap_steps_recovers(tmp_path, crash_at):
     assert done.returncode == 9, done.stderr
     assert future_dirs(a, b), "the crash left no move directory behind: it happened at the wrong point"
 
-    with ServeProcess(a, tmp_path / "topics", "--data-dir", str(b), "--override", "offsets.topic.num.partitions=2") as serve:
+    with ServeProcess(a, tmp_path / "topics", "--data-dir", str(b), "--override", "offsets.topic.num.partitions=2",
+                      "--override", "log.cleaner.enable=false") as serve:  # no compaction to change the bytes after
         def settled():
             with urllib.request.urlopen(f"http://127.0.0.1:{serve.http_port}/status", timeout=10) as r:
                 p = json.loads(r.read())["topics"]["orders"]["partitions"][0]

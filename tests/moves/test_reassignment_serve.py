@@ -20,8 +20,9 @@ from kafka.protocol.admin.topics import (
 
 from fault_proxy import FREEZE
 from fault_util import AckedLoad, check_acknowledged
-from node_util import ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for, write_manifests
-from clients_util import build, call, partition_dir
+from node_util import (NodeThread, ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for,
+                       write_manifests)
+from clients_util import build, call, partition_dir, stored_records
 from shale.sidecar.protocol.error_codes import (
     INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR, NO_REASSIGNMENT_IN_PROGRESS, NONE, POLICY_VIOLATION,
     UNKNOWN_TOPIC_OR_PARTITION,
@@ -110,8 +111,8 @@ def test_a_changed_manifest_moves_every_partition_from_node_0_to_nodes_1_and_2_u
 
 
 def test_alter_and_list_partition_reassignments_with_kafkas_errors_and_cancel(tmp_path, etcd):
-    cluster = start_replicated_cluster(tmp_path, etcd, 3, extra=("--override", "replica.lag.time.max.ms=3000"),
-                                       proxies=True)
+    cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("plain", 1, replicas=1),
+                                       extra=("--override", "replica.lag.time.max.ms=3000"), proxies=True)
     admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap.split(","))
     load = AckedLoad("kafka-python", cluster.bootstrap, "api")
     try:
@@ -153,6 +154,13 @@ def test_alter_and_list_partition_reassignments_with_kafkas_errors_and_cancel(tm
         wait_log_deleted(cluster, 0, "api", 0)
         # The topic record was rewritten with the move (it declares the API's topics): no node moves it back.
         assert listed(cluster, 1) == {} and cluster.metadata("api")[0].replicas == (2, 1)
+
+        # A manifest with `spec.replicas` alone places nothing itself: the partition record moves directly.
+        (source,) = cluster.metadata("plain")[0].replicas
+        target = tuple(n for n in range(3) if n != source)
+        assert alter(cluster, source, {("plain", 0): list(target)}) == {("plain", 0): (NONE, None)}
+        wait_moved(cluster, "plain", 0, target)
+        wait_log_deleted(cluster, source, "plain", 0)
         assert_no_pauses(cluster)
     finally:
         load.close()
@@ -212,3 +220,18 @@ def test_the_target_killed_mid_move_and_restarted_completes_the_move(tmp_path, e
     finally:
         load.close()
         cluster.stop()
+
+
+def test_a_node_without_a_store_moves_nothing_and_lists_nothing(tmp_path):
+    write_manifests(tmp_path / "topics" / "t.yaml", topic_manifest("solo", 1))
+    with NodeThread(tmp_path / "data", tmp_path / "topics") as node:
+        port = node.node.broker.port
+        resp = call(port, build(AlterPartitionReassignmentsRequest, {"timeout_ms": 1000, "topics": [
+            {"name": "solo", "partitions": [{"partition_index": 0, "replicas": [1]}]}]}, 0),
+            AlterPartitionReassignmentsResponse)
+        (part,) = resp.responses[0].partitions
+        assert part.error_code == INVALID_REPLICA_ASSIGNMENT and "no control store" in part.error_message
+        listed_here = call(port, build(ListPartitionReassignmentsRequest, {"timeout_ms": 1000, "topics": None}, 0),
+                           ListPartitionReassignmentsResponse)
+        assert (listed_here.error_code, listed_here.topics) == (NONE, [])
+        assert stored_records(tmp_path / "data", "solo", 0) == []  # nothing moved, nothing written

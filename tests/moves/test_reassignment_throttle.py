@@ -1,8 +1,9 @@
 """Replication throttles with Kafka's names (sidecar/replication/throttle.py): the rate over windows and which
 replicas a `*.replication.throttled.replicas` value names, pure; then a real move under `acks=all` load with
-both throttles set low: the throttle is in force while the new replica copies, in-sync replication (and so
-the producers' acknowledgements) goes on meanwhile, the move completes, nothing acknowledged is lost, and
-/status and /metrics show the move, its bytes and the throttle."""
+both throttles set low (the leader's on its command line, the new follower's live through kafka-python's
+admin client, as kafka-reassign-partitions --throttle sets it): the throttle is in force while the new replica
+copies, in-sync replication (and so the producers' acknowledgements) goes on meanwhile, the move completes,
+nothing acknowledged is lost, and /status and /metrics show the move, its bytes and the throttle."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import urllib.request
 
 from confluent_kafka import Producer
 from hypothesis import given, strategies as st
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType
 
 from fault_util import AckedLoad, check_acknowledged
 from node_util import start_replicated_cluster, topic_manifest, wait_for, write_manifests
@@ -69,8 +72,8 @@ def status(port: int) -> dict:
 
 
 RATE = 200_000  # bytes per second: with 11 one-second windows, a first 2 MB pass at once, the rest at this rate
-THROTTLES = ("--override", f"leader.replication.throttled.rate={RATE}",
-             "--override", f"follower.replication.throttled.rate={RATE}")
+THROTTLES = ("--override", f"leader.replication.throttled.rate={RATE}")
+FOLLOWER_RATE = "follower.replication.throttled.rate"
 THROTTLED = {"leader.replication.throttled.replicas": "*", "follower.replication.throttled.replicas": "*"}
 
 
@@ -78,7 +81,15 @@ def test_a_throttled_move_does_not_hold_back_in_sync_replication(tmp_path, etcd)
     cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest(
         "big", 1, assignment={"partitions": [[0, 1]]}, config=THROTTLED), extra=THROTTLES)
     load = AckedLoad("confluent", cluster.bootstrap, "big")
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap.split(","))
+    node2 = ConfigResource(ConfigResourceType.BROKER, "2")
     try:
+        # The new replica's node gets its follower throttle live (Kafka's per-broker dynamic config).
+        admin.alter_configs([ConfigResource(ConfigResourceType.BROKER, "2", configs={FOLLOWER_RATE: str(RATE)})])
+        described = admin.describe_configs([node2], config_filter="all")
+        assert described["broker"]["2"][FOLLOWER_RATE]["value"] == str(RATE)
+        assert described["broker"]["2"][FOLLOWER_RATE]["config_source"] == "DYNAMIC_BROKER_CONFIG"
+        assert metric(cluster.servers[2].http_port, "shale_replication_throttled_rate_bytes", 'side="follower"') == RATE
         producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 20,
                              "compression.type": "none"})
         for _ in range(4000):  # 4 MB the new replica must copy: twice the first burst the throttle allows
@@ -109,7 +120,12 @@ def test_a_throttled_move_does_not_hold_back_in_sync_replication(tmp_path, etcd)
         assert metric(leader.http_port, "shale_replication_throttled_bytes_total", 'side="leader"') >= 4_000_000
         assert status(leader.http_port)["replication_throttles"]["leader"]["rate"] == RATE
         wait_for(lambda: not (cluster.data_dir(1) / "big-0").exists(), 60, what="node 1's replica deleted")
+        assert metric(cluster.servers[2].http_port, "shale_replication_throttled_bytes_total",
+                      'side="follower"') > 0  # node 2 counted its throttled fetches
+        admin.reset_configs([ConfigResource(ConfigResourceType.BROKER, "2", configs={FOLLOWER_RATE: None})])
+        assert metric(cluster.servers[2].http_port, "shale_replication_throttled_rate_bytes", 'side="follower"') is None
     finally:
         load.close()
+        admin.close()
         cluster.stop()
 

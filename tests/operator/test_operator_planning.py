@@ -287,3 +287,15 @@ def test_spec_replicas_must_be_a_positive_integer(replicas):
     with pytest.raises(SpecError, match="spec.replicas must be an integer >= 1") as info:
         desired_topic(body(replicas=replicas))
     assert info.value.reason == "InvalidSpec"
+
+
+def test_a_pod_gone_for_a_while_keeps_its_written_address_and_a_new_node_still_needs_its_pod():
+    pods = {n: StoragePod(f"shale-{n}", n, "10.0.0.%d" % n, {"kafka": 9092}) for n in (0, 1)}
+    topic = desired_topic(body(partitions=2))
+    text, owners, _ = plan(topic, {}, storage(replicas=2, pods=pods), "{pod_ip}:{port_kafka}", {})
+    assert yaml.safe_load(text)["spec"]["assignment"]["nodes"] == {"0": "10.0.0.0:9092", "1": "10.0.0.1:9092"}
+    del pods[1]  # restarting, or stopped by a scale-in that is then held back
+    again, *_ = plan(topic, {topic.key: text}, storage(replicas=2, pods=pods), "{pod_ip}:{port_kafka}", {})
+    assert again == text
+    with pytest.raises(StorageError, match="shale-1 does not exist"):
+        plan(topic, {}, storage(replicas=2, pods=pods), "{pod_ip}:{port_kafka}", {})

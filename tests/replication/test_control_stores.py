@@ -123,6 +123,22 @@ def test_close_session_removes_the_node_without_waiting_for_the_ttl(engine):
         mine.keepalive()
 
 
+def test_a_peer_ends_the_session_of_the_incarnation_it_names_and_no_other(engine):
+    mine, peer = engine.store(), engine.store()
+    mine.open_session(node(1, "a"), 60_000)
+    assert not peer.end_session(node(1, "b"))  # not the incarnation that holds it
+    assert peer.view().is_live(1, "a")
+    assert peer.end_session(node(1, "a"))
+    assert not peer.view().is_live(1)  # at once, not after the 60 s session
+    with pytest.raises(SessionLost):  # the ended process learns at its next renewal
+        mine.keepalive()
+    assert not peer.end_session(node(1, "a"))  # gone already
+    mine.open_session(node(1, "c"), 60_000)
+    assert not peer.end_session(node(1, "a"))  # a successor's session is another one and stays
+    mine.keepalive()
+    assert peer.view().is_live(1, "c")
+
+
 def test_keepalive_without_a_session_is_session_lost(engine):
     with pytest.raises(SessionLost):
         engine.store().keepalive()

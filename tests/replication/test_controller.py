@@ -104,11 +104,11 @@ def members(etcd, loop) -> Iterator[Callable[..., Member]]:
         member.controller.stop()
 
 
-def start_together(members, observer, ids: tuple[int, ...]) -> list[Member]:
+def start_together(members, observer, ids: tuple[int, ...], **session) -> list[Member]:
     """Nodes that want TP only once all of them are live, so that its record is created with all in sync."""
     go = threading.Event()
     wanted = lambda: {TP: Wanted(ids, len(ids))} if go.is_set() else {}  # noqa: E731
-    nodes = [members(i, wanted) for i in ids]
+    nodes = [members(i, wanted, **session) for i in ids]
     wait_for(lambda: all_live(observer, *ids), what=f"sessions of {ids}")
     go.set()
     for m in nodes:
@@ -195,7 +195,7 @@ def test_an_assignment_no_record_can_hold_is_logged_and_the_other_partitions_go_
     assert record_in(observer, bad) is None
     assert any("node 1: orders-1: not creating its record (fix its assignment)" in r.getMessage()
                and "replicas must be distinct" in r.getMessage() for r in caplog.records)
-    assert node.leads() and node.controller.may_lead()
+    wait_for(lambda: node.leads(), what="node 1 to act on the good partition's record")  # its next view
 
 
 def test_delete_removes_the_record(members, observer):
@@ -230,13 +230,112 @@ def test_store_stopped_leaders_stop_leading_then_reopen_sessions_under_new_incar
     wait_for(lambda: all(m.controller.may_lead() for m in nodes), what="new sessions")
     assert all(m.controller.incarnation != before[m.node_id] for m in nodes)
     # Node 1's old leadership is void: the record is re-elected to a current session. Which node wins
-    # depends on which reopened first (node 1 alone would be the last ISR member standing).
-    after = wait_for(lambda: (r := record_in(observer)) is not None and r.leader_incarnation not in before.values()
-                     and r, what="a new election")
+    # depends on which reopened first (node 1 alone would be the last ISR member standing); the first node back
+    # may find the other still away and take the partition offline until it returns (leader -1 meanwhile).
+    after = wait_for(lambda: (r := record_in(observer)) is not None and r.leader != -1
+                     and r.leader_incarnation not in before.values() and r, what="a new election")
     leader = {m.node_id: m for m in nodes}[after.leader]
     assert after.leader_incarnation == leader.controller.incarnation and after.leader_epoch >= 1
     wait_for(lambda: leader.leads(), what="the new leader to act on the record")
     assert [m.node_id for m in nodes if m.leads()] == [after.leader]
+
+
+def test_a_follower_whose_leader_refuses_connections_ends_its_session_and_the_isr_elects_at_once(members, observer):
+    # Sessions far longer than any wait below: only the early end can move the partition.
+    nodes = start_together(members, observer, (1, 2, 3), session_ms=120_000, heartbeat_ms=500)
+    wait_for(lambda: nodes[0].leads(), what="node 1 to lead")
+    before = record_in(observer)
+    # Nothing listens at node 1's registered port (9001): what node 2's fetcher would have found.
+    nodes[1].controller.leader_refused(nodes[0].controller.node)
+    after = wait_for(lambda: (r := record_in(observer)) is not None and r.leader_epoch > before.leader_epoch and r,
+                     what="an election without waiting for node 1's session to expire")
+    assert after.leader == 2 and after.isr == (2, 3)
+    # Node 1 was alive all along: its next renewal finds the session gone and it stops leading (the election
+    # was the ISR's clean one, so whatever node 1 acknowledged before is on node 2 too).
+    wait_for(lambda: nodes[0].fenced, what="node 1 to learn that its session was ended")
+    wait_for(lambda: nodes[1].leads(), what="node 2 to lead")
+    assert not nodes[0].leads()
+
+
+def test_a_refusing_leader_is_left_to_expire_by_a_node_not_in_its_isr(members, observer, caplog):
+    caplog.set_level(logging.INFO, logger="shale.sidecar.replication.controller")
+    go = threading.Event()
+    wanted = lambda: {TP: Wanted((1, 2, 3), 3)} if go.is_set() else {}  # noqa: E731
+    nodes = [members(i, wanted, session_ms=120_000, heartbeat_ms=500) for i in (1, 2, 3)]
+    wait_for(lambda: all_live(observer, 1, 2, 3), what="sessions of 1, 2, 3")
+    inc = {m.node_id: m.controller.incarnation for m in nodes}
+    assert observer.create_partition(TP, PartitionRecord(replicas=(1, 2, 3), isr=(1, 2), leader=1,
+                                                         leader_incarnation=inc[1], isr_incarnations=(inc[1], inc[2])))
+    go.set()
+    wait_for(lambda: nodes[0].leads(), what="node 1 to lead")
+    nodes[2].controller.leader_refused(nodes[0].controller.node)  # node 3 is out of the ISR
+    wait_for(lambda: "its session is left to expire" in caplog.text, what="node 3 to decline")
+    assert observer.view().is_live(1, inc[1]) and nodes[0].leads() and not nodes[0].fenced
+
+
+def test_a_control_loop_stuck_longer_than_the_session_keeps_its_session(members, observer):
+    stuck, release = threading.Event(), threading.Event()
+    table = {TP: Wanted((1,), 1)}
+
+    def wanted() -> dict:
+        if stuck.is_set():  # a slow store call or a long pause on the control loop, not on the renewal
+            stuck.clear()
+            release.wait(60)
+        return dict(table)
+    member = members(1, wanted)
+    wait_for(lambda: member.leads(), what="node 1 to lead")
+    incarnation = member.controller.incarnation
+    stuck.set()
+    wait_for(lambda: not stuck.is_set(), what="the control loop to be stuck")
+    time.sleep(3 * SESSION_MS / 1000)  # three sessions without a view read
+    try:
+        assert observer.view().is_live(1, incarnation)  # renewed all along by the session thread
+        assert member.controller.may_lead()
+    finally:
+        release.set()
+    other = TopicPartition("orders", 1)
+    table[other] = Wanted((1,), 1)
+    member.controller.wake()
+    wait_for(lambda: record_in(observer, other) is not None, what="the control loop to run again")
+    assert member.fenced == [] and member.controller.incarnation == incarnation and member.leads()
+
+
+def test_an_unexpected_error_in_the_control_loop_is_logged_and_the_loop_goes_on(members, observer, caplog):
+    fail = threading.Event()
+    table = {TP: Wanted((1,), 1)}
+
+    def wanted() -> dict:
+        if fail.is_set():
+            fail.clear()
+            raise RuntimeError("a bug behind wanted()")
+        return dict(table)
+    member = members(1, wanted)
+    wait_for(lambda: member.leads(), what="node 1 to lead")
+    fail.set()
+    member.controller.wake()
+    wait_for(lambda: "a bug behind wanted()" in caplog.text, what="the error to be logged")
+    other = TopicPartition("orders", 1)
+    table[other] = Wanted((1,), 1)
+    member.controller.wake()
+    wait_for(lambda: record_in(observer, other) is not None, what="the loop to go on after the error")
+    assert member.leads() and member.fenced == []
+
+
+def test_after_a_storm_of_store_stalls_every_node_reopens_its_session_and_one_leads(etcd, members, observer):
+    nodes = start_together(members, observer, (1, 2))
+    wait_for(lambda: nodes[0].leads(), what="node 1 to lead")
+    for _ in range(4):  # each stall outlasts the session: every node fences, reopens, and is stalled again
+        etcd.sigstop()
+        time.sleep(SESSION_MS / 1000 + 0.5)
+        etcd.sigcont()
+        time.sleep(0.3)
+    wait_for(lambda: all(observer.view().is_live(m.node_id, m.controller.incarnation) and m.controller.may_lead()
+                         for m in nodes), timeout=60, what="every node to hold a session again")
+    assert all(m.fenced for m in nodes)
+    current = {m.controller.incarnation for m in nodes}
+    after = wait_for(lambda: (r := record_in(observer)) is not None and r.leader != -1
+                     and r.leader_incarnation in current and r, timeout=60, what="an election among the sessions")
+    wait_for(lambda: [m.node_id for m in nodes if m.leads()] == [after.leader], what="one node to lead")
 
 
 def test_replication_broker_settings_have_their_defaults_and_the_heartbeat_rule():

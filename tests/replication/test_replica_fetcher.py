@@ -6,6 +6,7 @@ stale. The leader is `log_leader.LogLeader` (real Logs, the node's codec, Kafka'
 from __future__ import annotations
 
 import asyncio
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from shale.sidecar.protocol.client_codec import decode_response
 from shale.sidecar.protocol.codec import encode_response
 from shale.sidecar.replication.follower import apply_fetched, apply_reset, start_following, whole_batches
 from shale.sidecar.replication.records import NodeRegistration
-from shale.sidecar.replication.replica_fetcher import FetcherConfig, ReplicaFetchers
+from shale.sidecar.replication.replica_fetcher import FetcherConfig, LeaderUnreachable, ReplicaFetchers, _Connection
 from shale.sidecar.server.server_config import ServerConfig
 from shale.sidecar.topic_config import TopicConfig
 
@@ -315,6 +316,46 @@ def test_a_leader_that_stops_answering_is_retried_after_the_backoff_until_it_is_
         assert log_bytes(follower_log) == log_bytes(leader_log)
         await fetchers.close()
         await leader.stop()
+    run(scenario())
+
+
+def test_a_leader_gone_from_its_port_is_lost_and_reported_refused_until_it_is_back(tmp_path):
+    async def scenario():
+        leader_log, follower_log = new_log(tmp_path / "l"), new_log(tmp_path / "f")
+        lead(leader_log, 0, 2)
+        leader = await LogLeader({TP: LedPartition(leader_log, epoch=0)}).start()
+        refused: list[NodeRegistration] = []
+        fetchers = ReplicaFetchers(3, {TP: follower_log}.get, FAST, on_refused=refused.append)
+        fetchers.follow(TP, node(leader), 0)
+        await until(lambda: follower_log.log_end_offset == 2, "the first fetch")
+        assert not fetchers.lost(node(leader)) and refused == []
+        await leader.stop()  # nobody listens on its port any more, as after a SIGKILL
+        await until(lambda: fetchers.lost(node(leader)), "the closed connection to count as lost")
+        await until(lambda: refused, "the refused reconnection to be reported")
+        assert set(refused) == {node(leader)}  # the registration followed, for the controller to judge
+        leader = await LogLeader(leader.partitions, port=leader.port).start()
+        await until(lambda: not fetchers.lost(node(leader)), "the leader to count as reachable again")
+        await fetchers.close()
+        await leader.stop()
+    run(scenario())
+
+
+def test_a_connection_the_leader_closed_is_seen_closed_before_the_fetch_task_reads_it():
+    async def scenario():
+        listener = socket.create_server(("127.0.0.1", 0))  # a plain socket: closing it needs no event loop
+        port = listener.getsockname()[1]
+        conn = _Connection(NodeRegistration(1, "a", "127.0.0.1", port), "test", 10.0, asyncio.open_connection)
+        pending = asyncio.ensure_future(conn.request(1, 12, {"replica_id": 3, "max_wait_ms": 500, "min_bytes": 1,
+                                                           "max_bytes": 1000, "topics": []}))
+        await asyncio.sleep(0.05)  # connected (the kernel's backlog) and the request sent; no answer will come
+        leader_side, _ = listener.accept()
+        assert not conn.peer_closed()
+        leader_side.close()  # the leader process dies: its kernel closes the connection
+        listener.close()
+        time.sleep(0.05)  # blocking: the event loop, and so the fetch task, does not run meanwhile
+        assert not pending.done() and conn.peer_closed()
+        with pytest.raises(LeaderUnreachable):
+            await pending
     run(scenario())
 
 

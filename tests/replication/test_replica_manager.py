@@ -51,12 +51,16 @@ class Controller:
 class Fetchers:
     def __init__(self) -> None:
         self.following: dict[TopicPartition, tuple[int, int]] = {}
+        self.gone: set[NodeRegistration] = set()  # leader processes whose connection is down
 
     def follow(self, tp, leader, leader_epoch) -> None:
         self.following[tp] = (leader.node_id, leader_epoch)
 
     def unfollow(self, tp) -> None:
         self.following.pop(tp, None)
+
+    def lost(self, leader) -> bool:
+        return leader in self.gone
 
 
 @pytest.fixture
@@ -116,6 +120,18 @@ def test_a_record_naming_a_previous_process_of_this_node_is_no_leadership(manage
     rm.apply_view(view(rec(leader=0, inc="i0"), "2", {**NODES, 0: NodeRegistration(0, "i0-new-session", "h", 1)}))
     assert rm.partitions[TP].state.role is Role.NONE and rm.leader(TP) is None and TP not in fetchers.following
     assert rm.leader_id(TP) == -1  # Metadata: being re-elected
+
+
+def test_metadata_names_no_leader_while_this_nodes_fetcher_has_lost_it(manager):
+    rm, _, fetchers, _ = manager
+    rm.apply_view(view(rec(leader=1, epoch=0)))
+    record = rm.record(TP)
+    assert rm.announced_leader(record) == 1
+    fetchers.gone.add(NODES[1])  # its connection closed: the process is gone, its session not yet
+    assert rm.announced_leader(record) == -1 and rm.valid_leader(record) == 1  # only Metadata says so
+    fetchers.gone.add(NodeRegistration(1, "an-older-process", "h", 1))
+    fetchers.gone.discard(NODES[1])  # reached again; a lost older process of the node is another leader
+    assert rm.announced_leader(record) == 1
 
 
 def test_may_lead_gates_acknowledgements_but_not_reads(manager):

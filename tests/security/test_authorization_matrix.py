@@ -17,7 +17,8 @@ import pytest
 from kafka.protocol.admin.acl import CreateAclsRequest, CreateAclsResponse, DeleteAclsRequest, DeleteAclsResponse
 from kafka.protocol.admin.acl import DescribeAclsRequest, DescribeAclsResponse
 from kafka.protocol.admin.cluster import (
-    AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse, DescribeClusterRequest, DescribeClusterResponse, DescribeLogDirsRequest, DescribeLogDirsResponse,
+    AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse, DescribeClusterRequest, DescribeClusterResponse,
+    DescribeLogDirsRequest, DescribeLogDirsResponse,
 )
 from kafka.protocol.admin.configs import (
     AlterConfigsRequest, AlterConfigsResponse, DescribeConfigsRequest, DescribeConfigsResponse,
@@ -59,6 +60,7 @@ from shale.sidecar.security.acl import (  # noqa: E402
     CLUSTER_NAME, AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern,
     ResourceType,
 )
+from shale.sidecar.security.api_permissions import API_PERMISSIONS  # noqa: E402
 from shale.sidecar.security.authorizer import Authorizer  # noqa: E402
 from shale.sidecar.security.store import SecurityStore  # noqa: E402
 
@@ -139,7 +141,8 @@ def cases() -> dict[str, Case]:
                                each("groups"), {GROUP_AUTH}),
         "CreateTopics": Case(build(CreateTopicsRequest, {"topics": [
             {"name": "new-topic", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}],
-            "timeout_ms": 10000, "validate_only": True}, version=5), CreateTopicsResponse, each("topics"), {TOPIC_AUTH}),
+            "timeout_ms": 10000, "validate_only": True}, version=5), CreateTopicsResponse, each("topics"),
+            {TOPIC_AUTH}),
         "DeleteTopics": Case(build(DeleteTopicsRequest, {"topic_names": ["orders"], "timeout_ms": 1000}, version=5),
                              DeleteTopicsResponse, each("responses"), {TOPIC_AUTH}),
         "InitProducerId": Case(build(InitProducerIdRequest, {"transactional_id": None, "transaction_timeout_ms": 1000},
@@ -182,8 +185,9 @@ def cases() -> dict[str, Case]:
             {"resource_type": 4, "resource_name": "0", "configs": [
                 {"name": "log.cleaner.threads", "config_operation": 0, "value": "2"}]}], "validate_only": True},
             version=1), IncrementalAlterConfigsResponse, each("responses"), {CLUSTER_AUTH}),
-        "AlterPartitionReassignments": Case(build(AlterPartitionReassignmentsRequest, {"timeout_ms": 1000, "topics": []},
-                                                  version=0), AlterPartitionReassignmentsResponse, top, {CLUSTER_AUTH}),
+        "AlterPartitionReassignments": Case(build(AlterPartitionReassignmentsRequest,
+                                                  {"timeout_ms": 1000, "topics": []}, version=0),
+                                            AlterPartitionReassignmentsResponse, top, {CLUSTER_AUTH}),
         "ListPartitionReassignments": Case(build(ListPartitionReassignmentsRequest, {"timeout_ms": 1000,
                                                                                     "topics": None}, version=0),
                                            ListPartitionReassignmentsResponse, top, {CLUSTER_AUTH}),
@@ -207,6 +211,22 @@ def test_every_served_api_is_in_the_matrix():
                                                                        "SaslAuthenticate"}
     covered = {name.split(" ")[0] for name in CASES} | {"ListGroups", "DescribeCluster"}  # (filters: below)
     assert served <= covered, f"APIs without a matrix row: {sorted(served - covered)}"
+
+
+def checks_errors(checks) -> set[int]:
+    out = set()
+    for c in checks:
+        while c is not None:
+            out.add(c.error_code)
+            c = c.otherwise
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_refusal_is_one_api_permissions_names(name):
+    """The matrix and sidecar/security/api_permissions.py (Kafka's table) agree on what a refusal answers."""
+    key = CASES[name].request.API_KEY
+    assert CASES[name].refused <= checks_errors(API_PERMISSIONS[key]), API_PERMISSIONS[key]
 
 
 def start(tmp_path: Path, name: str, grants: list) -> ServeProcess:

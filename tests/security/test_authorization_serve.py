@@ -22,7 +22,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ACL, ACLFilter, ACLOperation, ACLPermissionType, KafkaAdminClient, ResourcePattern
 from kafka.admin import ResourcePatternFilter, ResourceType
 from kafka.admin import ACLResourcePatternType
-from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
+from kafka.errors import TopicAuthorizationFailedError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from node_util import ServeProcess, topic_manifest, wait_for, write_manifests  # noqa: E402
@@ -216,7 +216,8 @@ def test_super_users_and_allow_everyone(tmp_path):
     store = SecurityStore.open(str(data), Authorizer())  # one ACL, on audit only: deny everyone READ
     store.create_acls([AclBinding(Rp(Rt.TOPIC, "audit", PatternType.LITERAL),
                                   AccessControlEntry("User:*", "*", AclOperation.READ, AclPermissionType.DENY))])
-    with ServeProcess(data, topics.parent, "--override", "authorizer.class.name=kafka.security.authorizer.AclAuthorizer",
+    with ServeProcess(data, topics.parent,
+                      "--override", "authorizer.class.name=kafka.security.authorizer.AclAuthorizer",
                       "--override", "allow.everyone.if.no.acl.found=true") as server:
         assert produce(server, "orders") is None  # no ACL names orders: open to everyone
         err = produce(server, "audit")  # an ACL names audit, none allows WRITE

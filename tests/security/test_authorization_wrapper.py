@@ -82,7 +82,8 @@ class Recorder:
 
     async def metadata(self, request, conn):
         self.seen.append(request)
-        names = NAMES if request.body.topics is None else [t.name for t in request.body.topics]
+        every = request.body.topics is None or (request.api_version == 0 and not request.body.topics)
+        names = NAMES if every else [t.name for t in request.body.topics]  # v0: an empty list is every topic
         return {"topics": [{"name": n, "error_code": NONE, "partitions": [], "authorized_operations": frozenset()}
                            for n in names], "brokers": []}
 
@@ -140,17 +141,20 @@ def test_fetch_needs_read_and_a_follower_cluster_action(acls, topics, replica_id
     authorizer = authorizer_of(acls)
     follower_ok = replica_id < 0  # no ACL here grants CLUSTER_ACTION
     allowed = {t for t in topics if follower_ok and authorizer.authorize(ALICE, CONN.host, O.READ, R.TOPIC, t)}
-    expected = {(t, p): NONE if t in allowed else TOPIC_AUTHORIZATION_FAILED for t, parts in topics.items() for p in parts}
+    expected = {(t, p): NONE if t in allowed else TOPIC_AUTHORIZATION_FAILED
+                for t, parts in topics.items() for p in parts}
     assert answers(response, "responses", "topic", "partitions", "partition_index") == expected
     assert {t.topic for r in recorder.seen for t in r.body.topics} == allowed
 
 
 @settings(max_examples=200, deadline=None)
-@given(acls=acl_sets, named=st.one_of(st.none(), st.lists(st.sampled_from(NAMES), unique=True, max_size=4)))
-def test_metadata_hides_or_refuses_topics_without_describe(acls, named):
+@given(acls=acl_sets, named=st.one_of(st.none(), st.lists(st.sampled_from(NAMES), unique=True, min_size=1, max_size=4)),
+       version=st.sampled_from([0, 9]))
+def test_metadata_hides_or_refuses_topics_without_describe(acls, named, version):
     recorder = Recorder()
-    request = decoded(build(MetadataRequest, {"topics": None if named is None else [{"name": n} for n in named],
-                                              "include_topic_authorized_operations": True}, version=9))
+    topics = ([] if version == 0 else None) if named is None else [{"name": n} for n in named]
+    values = {"topics": topics} if version == 0 else {"topics": topics, "include_topic_authorized_operations": True}
+    request = decoded(build(MetadataRequest, values, version=version))
     response = run(acls, 3, recorder.metadata, request)
     authorizer = authorizer_of(acls)
     visible = {n for n in NAMES if authorizer.authorize(ALICE, CONN.host, O.DESCRIBE, R.TOPIC, n)}

@@ -238,7 +238,7 @@ def test_sasl_on_a_plaintext_listener_answers_illegal_sasl_state(node):
     refused = subprocess.run(["kcat", "-b", f"127.0.0.1:{node.plain_port}", "-X", "security.protocol=SASL_PLAINTEXT",
                               "-X", "sasl.mechanisms=SCRAM-SHA-512", "-X", "sasl.username=alice",
                               "-X", f"sasl.password={PASSWORD}", "-L", "-m", "5"],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60, env=node.kcat_env)
     assert refused.returncode != 0
     _still_serves(node)
 
@@ -251,3 +251,28 @@ def _still_serves(node) -> None:
     ((broker),) = metadata.brokers
     assert (broker.host, broker.port) == ("127.0.0.1", node.port)  # the listener's own address
     conn.close()
+
+
+def test_a_frame_above_sasl_server_max_receive_size_before_authentication_closes(node):
+    conn = RawClient(node.port, client_context(node.pki))
+    size = 600 * 1024  # above Kafka's sasl.server.max.receive.size (512 KiB), below socket.request.max.bytes
+    conn.sock.sendall(size.to_bytes(4, "big") + bytes(1024))
+    assert conn.closed()
+    wait_for(lambda: f"a {size}-byte frame before authentication" in node.log(), 30, what="the refusal in the log")
+    _still_serves(node)
+
+
+def test_each_listener_names_this_node_by_its_own_address(node):
+    """Metadata and FindCoordinator on the PLAINTEXT listener send a client back to that listener, not to the
+    SASL_SSL one the node is registered with (a consumer group then works on either)."""
+    conn = RawClient(node.plain_port)
+    ((broker),) = conn.request(METADATA, 9, {"topics": None, "allow_auto_topic_creation": False}).brokers
+    assert (broker.host, broker.port) == ("127.0.0.1", node.plain_port)
+    coordinator = conn.request(10, 3, {"key": "plain-group", "key_type": 0})
+    assert (coordinator.error_code, coordinator.host, coordinator.port) == (0, "127.0.0.1", node.plain_port)
+    (found,) = conn.request(10, 4, {"key_type": 0, "coordinator_keys": ["plain-group"]}).coordinators
+    assert (found.error_code, found.port) == (0, node.plain_port)
+    consumer = KafkaConsumer("orders", bootstrap_servers=f"127.0.0.1:{node.plain_port}", group_id="plain-group",
+                             auto_offset_reset="earliest", consumer_timeout_ms=20000)
+    assert next(iter(consumer)).topic == "orders"
+    consumer.close()

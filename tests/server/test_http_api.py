@@ -139,8 +139,11 @@ def test_status_has_a_stable_documented_shape_and_the_engines_values(node):
     p0 = events[0]
     assert set(p0) == {"partition", "served", "log_start_offset", "log_end_offset", "recovery_point", "size_bytes",
                        "segments", "cleanup_policy", "cleaning", "dirty_ratio", "min_cleanable_dirty_ratio",
-                       "last_clean_ms", "storage_error", "high_watermark", "replica"}
+                       "last_clean_ms", "storage_error", "high_watermark", "replica", "last_stable_offset", "log_dir",
+                       "move"}
+    assert (p0["log_dir"], p0["move"]) == (node.node.log_dir.path, None)
     assert p0["high_watermark"] == 12 and p0["replica"] is None  # one replica: the high watermark is the log end
+    assert p0["last_stable_offset"] == 12, "no transaction: the last stable offset is the high watermark"
     assert p0["storage_error"] is None and doc["data_dir"]["storage_failing_partitions"] == 0
     log = logs[TopicPartition("events", 0)]
     assert (p0["log_start_offset"], p0["log_end_offset"], p0["size_bytes"], p0["segments"]) == (

@@ -5,12 +5,15 @@ ListOffsets at both isolation levels, /status and /metrics, and the same answers
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
 
 import confluent_kafka
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition as AioTP
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTP
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
@@ -18,7 +21,7 @@ from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsRespo
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 from clients_util import build, call, partition_dir
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from node_util import ServeProcess, start_replicated_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.records import ControlType, Record, encode_batch, encode_control_key, encode_end_txn_marker
 from shale.sidecar.log.transaction_index import AbortedTxn, parse_entries
 
@@ -106,6 +109,28 @@ def kafka_python_read_committed(bootstrap: str) -> list[bytes]:
         consumer.close()
 
 
+def aiokafka_read_committed(bootstrap: str) -> list[bytes]:
+    async def run() -> list[bytes]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                    isolation_level="read_committed", fetch_max_wait_ms=100)
+        await consumer.start()
+        tp = AioTP(TOPIC, 0)
+        try:
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            stop = (await consumer.end_offsets([tp]))[tp]
+            values = []
+            async with asyncio.timeout(30):
+                while await consumer.position(tp) < stop:
+                    for records in (await consumer.getmany(timeout_ms=200)).values():
+                        values += [r.value for r in records]
+            return values
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
 def status_lso(server: ServeProcess) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/status", timeout=10) as resp:
         doc = json.load(resp)
@@ -146,6 +171,7 @@ def test_read_committed_readers_see_committed_data_up_to_the_lso_and_after_a_sig
     assert fetch(port, READ_UNCOMMITTED).aborted_transactions is None
     assert confluent_read_committed(server.bootstrap) == committed
     assert kafka_python_read_committed(server.bootstrap) == committed
+    assert aiokafka_read_committed(server.bootstrap) == committed
     assert status_lso(server) == 9 and metrics_lso(server) == 9
 
     produce(port, end(3000, ControlType.COMMIT))  # 11
@@ -162,6 +188,7 @@ def test_read_committed_readers_see_committed_data_up_to_the_lso_and_after_a_sig
     assert [(a.producer_id, a.first_offset) for a in part.aborted_transactions] == [(1000, 1), (4000, 12)]
     assert confluent_read_committed(server.bootstrap) == committed
     assert kafka_python_read_committed(server.bootstrap) == committed
+    assert aiokafka_read_committed(server.bootstrap) == committed
     index = partition_dir(server.data_dir, TOPIC, 0) / "00000000000000000000.txnindex"
     # ABORT of 1000 at 5 while 2000's transaction was open from 3; ABORT of 4000 at 13 with none open
     assert parse_entries(index.read_bytes(), str(index)) == [AbortedTxn(1000, 1, 5, 3), AbortedTxn(4000, 12, 13, 14)]
@@ -178,3 +205,37 @@ def test_aborted_transactions_travel_with_records_sent_from_the_file(server) -> 
     assert len(part.records) > 64 * 1024 and part.last_stable_offset == 3
     assert [(a.producer_id, a.first_offset) for a in part.aborted_transactions] == [(5000, 0)]
     assert confluent_read_committed(server.bootstrap) == [b"after"]
+
+
+def test_replicas_index_the_same_aborts_and_a_new_leader_serves_read_committed(tmp_path, etcd) -> None:
+    """Followers rebuild producer state and `.txnindex` from the leader's batches: byte-identical files, and after
+    the leader's SIGKILL the new leader answers read_committed readers as the old one did."""
+    cluster = start_replicated_cluster(tmp_path, etcd, 2, topic_manifest(TOPIC, 1, replicas=2))
+    try:
+        leader = cluster.wait_for_isr(TOPIC, 0).leader
+        port = cluster.servers[leader].port
+        for batch in (data(b"p0"), data(b"a1", 1000), data(b"b1", 2000), end(1000, ControlType.ABORT),
+                      data(b"b2", 2000), end(2000, ControlType.COMMIT), data(b"c1", 3000)):
+            produce(port, batch)  # acks=all: answered once the follower has it
+        # offsets: p0 0, a1 1, b1 2, ABORT 3, b2 4, COMMIT 5, c1 6 (open)
+        part = fetch(port, READ_COMMITTED)
+        assert (part.high_watermark, part.last_stable_offset) == (7, 6)
+        assert [(a.producer_id, a.first_offset) for a in part.aborted_transactions] == [(1000, 1)]
+        assert confluent_read_committed(cluster.bootstrap) == [b"p0", b"b1", b"b2"]
+        cluster.wait_identical_below(TOPIC, 0, 7, (0, 1))
+        follower = 1 - leader
+        indexes = [partition_dir(cluster.data_dir(n), TOPIC, 0) / "00000000000000000000.txnindex" for n in (0, 1)]
+        assert indexes[0].read_bytes() == indexes[1].read_bytes() == AbortedTxn(1000, 1, 3, 2).encode()
+
+        cluster.kill(leader)
+        assert cluster.wait_for_leader(TOPIC, 0, excluding=(leader,)).leader == follower
+        port = cluster.servers[follower].port
+        wait_for(lambda: latest(port, READ_COMMITTED) == 6, 30, what="the new leader's LSO")
+        part = fetch(port, READ_COMMITTED)
+        assert [(a.producer_id, a.first_offset) for a in part.aborted_transactions] == [(1000, 1)]
+        assert confluent_read_committed(cluster.servers[follower].bootstrap) == [b"p0", b"b1", b"b2"]
+        produce(port, end(3000, ControlType.COMMIT))  # 7
+        assert latest(port, READ_COMMITTED) == 8
+        assert confluent_read_committed(cluster.servers[follower].bootstrap) == [b"p0", b"b1", b"b2", b"c1"]
+    finally:
+        cluster.stop()
