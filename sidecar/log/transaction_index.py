@@ -14,6 +14,7 @@ its first entry and holds no descriptor between writes (aborts are rare; descrip
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -144,7 +145,14 @@ class TransactionIndex:
             size = os.fstat(fd).st_size
             if size % ENTRY_SIZE:  # a partial entry left by a crash would shift every later entry
                 os.ftruncate(fd, size - size % ENTRY_SIZE)
-            os.write(fd, txn.encode())
+            if os.write(fd, txn.encode()) != ENTRY_SIZE:
+                os.ftruncate(fd, size - size % ENTRY_SIZE)
+                raise OSError(errno.ENOSPC, "short write of an aborted transaction entry", self.path)
+        except OSError as e:
+            if e.filename is None:  # write's error names no file
+                raise OSError(e.errno, f"{e.strerror} (writing the aborted transaction of producer "
+                                       f"{txn.producer_id} at offset {txn.last_offset})", self.path) from None
+            raise
         finally:
             os.close(fd)
         self.entries.append(txn)

@@ -236,3 +236,24 @@ def test_an_api_without_checks_is_refused_at_start():
         return {}
     with pytest.raises(ValueError, match=r"no ACL checks defined for API keys \[99\]"):
         authorize_handlers({99: handler, **{k: handler for k in UNCHECKED}}, Authorizer(), lambda _id: None)
+
+
+def test_remembered_decisions_follow_every_acl_change():
+    """The authorizer remembers decisions; adding, removing or replacing ACLs must be seen at the next check."""
+    a = Authorizer()
+    allow = AclBinding(ResourcePattern(R.TOPIC, "or", PatternType.PREFIXED),
+                       AccessControlEntry("User:alice", "*", O.WRITE, P.ALLOW))
+    deny = AclBinding(ResourcePattern(R.TOPIC, "orders", PatternType.LITERAL),
+                      AccessControlEntry("User:*", "*", O.ALL, P.DENY))
+
+    def writes() -> bool:
+        return a.authorize(ALICE, CONN.host, O.WRITE, R.TOPIC, "orders")
+    assert not writes()
+    a.add(allow)
+    assert writes()
+    a.add(deny)
+    assert not writes()
+    a.remove(deny)
+    assert writes()
+    a.reset([])
+    assert not writes()
