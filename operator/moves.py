@@ -7,12 +7,12 @@ Everything here is pure, so the rules are tested without a cluster:
 - `goal`: the replicas each partition should have, from the ones it has. Replicas on pods that are going
   (a scale-in) are dropped; a partition above the replication factor loses replicas from the pods above their
   share of the end result first (then nothing has to move to even it out), a follower before its leader, the
-  most loaded pod first; one below gains replicas on the
-  pods holding the fewest, zones it does not use first (ties to the lowest ordinal, as `assign`). Then the
-  topic's replicas are evened out over the pods (a scale-out): each pod ends with ⌊n/N⌋ or ⌈n/N⌉ of the n
-  replicas, the ⌈n/N⌉ quotas going to the pods holding the most already, which moves the fewest replicas;
-  each move takes a replica off the pod furthest above its quota — a follower rather than the leader — onto
-  the pod furthest below that the partition does not use.
+  most loaded pod first; one below gains replicas on the pods holding the fewest, zones it does not use first
+  (ties to the lowest ordinal, as `assign`). Then the topic's replicas are evened out over the pods (a
+  scale-out): each pod ends with ⌊n/N⌋ or ⌈n/N⌉ of the n replicas, the ⌈n/N⌉ quotas going to the pods
+  holding the most already, which moves the fewest replicas; each move takes a replica off the pod furthest
+  above its quota — a follower rather than the leader — onto the pod furthest below that the partition does
+  not use.
 - `step`: which of those changes to write now: one move per partition at a time (a partition whose last
   move has not finished is left alone), at most `max_moves` in flight per topic, new partitions at once
   (they have no data to move).

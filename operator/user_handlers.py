@@ -58,16 +58,23 @@ class UserContext:
     sent: dict[str, str] = field(default_factory=dict)
 
     def ssl_context(self) -> ssl.SSLContext | None:
+        """TLS to the pods' admin listener, read afresh each pass (a renewed certificate applies)."""
         s = self.settings
         if s.admin_tls_ca_file is None:
             return None
-        context = ssl.create_default_context(cafile=s.admin_tls_ca_file)
-        if s.admin_tls_cert_file:
-            context.load_cert_chain(s.admin_tls_cert_file, s.admin_tls_key_file)
+        try:
+            context = ssl.create_default_context(cafile=s.admin_tls_ca_file)
+            if s.admin_tls_cert_file:
+                context.load_cert_chain(s.admin_tls_cert_file, s.admin_tls_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise _NotApplied("AdminTLSUnreadable", f"the operator's TLS files ({s.admin_tls_ca_file}, "
+                                                    f"{s.admin_tls_cert_file}): {exc}") from None
         return context
 
 
 class _NotApplied(Exception):
+    """The User cannot be applied now; `reason` is the Ready condition's."""
+
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
@@ -167,6 +174,7 @@ async def _addresses(ctx: UserContext) -> tuple[Storage, list[str]]:
 
 async def _apply_on_pods(ctx: UserContext, body: kopf.Body, user: DesiredUser, secret: dict[str, str]) -> str:
     _, addresses = await _addresses(ctx)
+    context = ctx.ssl_context()
     uid = body["metadata"]["uid"]
     digest = hashlib.sha256(secret.get("password", "").encode()).hexdigest()
     new_password = user.authentication == "scram-sha-512" and ctx.sent.get(uid) != digest
@@ -174,7 +182,7 @@ async def _apply_on_pods(ctx: UserContext, body: kopf.Body, user: DesiredUser, s
     created = deleted = 0
     try:
         for address in addresses:
-            async with await NodeAdmin.connect(address, ctx.ssl_context(), timeout) as admin:
+            async with await NodeAdmin.connect(address, context, timeout) as admin:
                 if user.authentication == "scram-sha-512" and (new_password or not await admin.has_credential(user.name)):
                     await admin.upsert_credential(user.name, secret["password"])
                 try:
@@ -209,13 +217,14 @@ async def remove_user(ctx: UserContext, body: kopf.Body, logger: Any) -> None:
                         meta["name"], exc)
             return
         try:
+            context = ctx.ssl_context()
             for address in addresses:
-                async with await NodeAdmin.connect(address, ctx.ssl_context(), ctx.settings.http_timeout_seconds) as admin:
+                async with await NodeAdmin.connect(address, context, ctx.settings.http_timeout_seconds) as admin:
                     if principal == f"User:{meta['name']}":
                         await admin.delete_credential(meta["name"])
                     if principal is not None:
                         await admin.delete_acls(None, principal)
-        except NodeAdminError as exc:
+        except (NodeAdminError, _NotApplied) as exc:
             raise kopf.TemporaryError(f"User {meta['namespace']}/{meta['name']}: {exc}",
                                       delay=ctx.settings.status_interval_seconds) from None
     ctx.locks.pop(meta["uid"], None)

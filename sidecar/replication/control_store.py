@@ -110,6 +110,11 @@ class ControlStore(Protocol):
         """Write the record if its version is still `expected_version`; False on a miss (re-read and decide
         again). A write whose answer was lost is settled by re-reading: equal content means it landed."""
 
+    def update_partitions(self, updates: list[tuple[TopicPartition, PartitionRecord, str]]) -> bool:
+        """`update_partition` for several records, each at its expected version: True if all were written. On
+        etcd one transaction, all or none; on Kubernetes (no transactions across objects) one write each, in
+        order, stopping at the first miss. After False, re-read and decide again."""
+
     def delete_partition(self, tp: TopicPartition) -> None:
         """Remove a deleted topic's partition record (DeleteTopics / manifest removal)."""
 

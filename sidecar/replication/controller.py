@@ -32,6 +32,8 @@ from shale.sidecar.replication.records import UNKNOWN_INCARNATION, NodeRegistrat
 
 logger = logging.getLogger(__name__)
 
+ELECTIONS_PER_WRITE = 64  # within etcd's default --max-txn-ops (128): a compare and a put each
+
 
 class Wanted(NamedTuple):
     """What the node knows of a partition it should hold: the assigned replicas (None: choose them from the
@@ -327,9 +329,12 @@ class Controller:
             with self._lock:
                 if self._proposals.get(tp) is proposal:
                     del self._proposals[tp]
+        elections: list[tuple[TopicPartition, Versioned, PartitionRecord]] = []
         for tp, wanted in self._in_my_order(list(self._wanted().items()), view):
             if tp not in deletions:
-                wrote |= self._elect(view, tp, Wanted(*wanted))
+                wrote |= self._elect(view, tp, Wanted(*wanted), elections)
+        for start in range(0, len(elections), ELECTIONS_PER_WRITE):
+            self._write_elections(elections[start:start + ELECTIONS_PER_WRITE])
         return wrote
 
     def _in_my_order(self, items: list, view: StoreView) -> list:
@@ -389,7 +394,10 @@ class Controller:
                         based_on.record.isr, new.isr)
         return True
 
-    def _elect(self, view: StoreView, tp: TopicPartition, wanted: Wanted) -> bool:
+    def _elect(self, view: StoreView, tp: TopicPartition, wanted: Wanted,
+               elections: list[tuple[TopicPartition, Versioned, PartitionRecord]]) -> bool:
+        """Decide one partition: a new record is created at once, an election of an existing one joins
+        `elections`, written together afterwards; True if anything is (to be) written."""
         current = view.partitions.get(tp)
         if current is not None and self._me.node_id not in current.record.replicas:
             return False  # only a partition's own replicas elect its leader
@@ -406,16 +414,26 @@ class Controller:
             return self._reassign(view, tp, current, wanted.replicas)
         if new is None:
             return False
-        if current is None:
-            landed = self._store.create_partition(tp, new)
-        else:
-            landed = self._store.update_partition(tp, new, current.version)
-        before = "none" if current is None else (f"leader {current.record.leader} epoch "
-                                                 f"{current.record.leader_epoch} isr {current.record.isr}")
-        logger.info("node %d: %s: %s -> leader %d epoch %d isr %s%s%s", self._me.node_id, tp, before, new.leader,
-                    new.leader_epoch, new.isr, " (unclean, recovering)" if new.recovering and not
-                    (current and current.record.recovering) else "", "" if landed else ": another node wrote first")
+        if current is not None:
+            elections.append((tp, current, new))
+            return True
+        self._log_election(tp, None, new, self._store.create_partition(tp, new))
         return True
+
+    def _write_elections(self, elections: list[tuple[TopicPartition, Versioned, PartitionRecord]]) -> None:
+        """Elections written together (`ControlStore.update_partitions`: one etcd transaction). A node that led
+        many partitions dies: its survivors elect them all at once, and the first batch to land wins every one
+        (the others' miss, re-read, and find nothing left to decide), rather than one round trip each."""
+        landed = self._store.update_partitions([(tp, new, current.version) for tp, current, new in elections])
+        for tp, current, new in elections:
+            self._log_election(tp, current.record, new, landed)
+
+    def _log_election(self, tp: TopicPartition, before: PartitionRecord | None, new: PartitionRecord,
+                      landed: bool) -> None:
+        was = "none" if before is None else f"leader {before.leader} epoch {before.leader_epoch} isr {before.isr}"
+        logger.info("node %d: %s: %s -> leader %d epoch %d isr %s%s%s", self._me.node_id, tp, was, new.leader,
+                    new.leader_epoch, new.isr, " (unclean, recovering)" if new.recovering and not
+                    (before and before.recovering) else "", "" if landed else ": another node wrote first")
 
     def _reassign(self, view: StoreView, tp: TopicPartition, current: Versioned, target: tuple[int, ...]) -> bool:
         """The assignment (a manifest's, a topic record's) names other replicas than the record's target: start

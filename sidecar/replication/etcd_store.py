@@ -247,10 +247,14 @@ class EtcdStore:
                          [{"request_put": {"key": _b64(key), "value": _b64(record.to_json())}}])
 
     def update_partition(self, tp: TopicPartition, record: PartitionRecord, expected_version: str) -> bool:
-        key = self._partition_key(tp)
-        return self._txn([{"key": _b64(key), "target": "MOD", "result": "EQUAL",
-                           "mod_revision": int(expected_version)}],
-                         [{"request_put": {"key": _b64(key), "value": _b64(record.to_json())}}])
+        return self.update_partitions([(tp, record, expected_version)])
+
+    def update_partitions(self, updates: list[tuple[TopicPartition, PartitionRecord, str]]) -> bool:
+        keys = [_b64(self._partition_key(tp)) for tp, _, _ in updates]
+        return self._txn([{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": int(version)}
+                          for key, (_, _, version) in zip(keys, updates)],
+                         [{"request_put": {"key": key, "value": _b64(record.to_json())}}
+                          for key, (_, record, _) in zip(keys, updates)])
 
     def delete_partition(self, tp: TopicPartition) -> None:
         self._post("/kv/deleterange", {"key": _b64(self._partition_key(tp))})

@@ -331,6 +331,9 @@ class KubeStore:
             raise self._refused("replace Lease", name, exc) from None
         return True
 
+    def update_partitions(self, updates: list[tuple[TopicPartition, PartitionRecord, str]]) -> bool:
+        return all(self.update_partition(tp, record, version) for tp, record, version in updates)  # stops at a miss
+
     def delete_partition(self, tp: TopicPartition) -> None:
         name = self.record_name(tp)
         try:

@@ -53,7 +53,6 @@ logger = logging.getLogger(__name__)
 
 STATUS_VERSION = 1
 HANDSHAKE_TIMEOUT_SECONDS = 10.0  # a client that connects and says nothing holds one thread, not the port
-READ_METHODS = frozenset({"GET", "HEAD"})
 
 
 @dataclass(frozen=True)

@@ -218,7 +218,11 @@ class LogDirMoves:
         copy.throttle = lambda n: self._moved(move, n)  # appends wait meanwhile: the rest (one chunk) goes unthrottled
         manager = self.maintenance.manager
         first_dirty = manager.read_checkpoint().get(move.tp)
-        self.log_dirs.swap(move.tp, move.id, copy)
+        new = self.log_dirs.swap(move.tp, move.id, copy)
+        replication = self.maintenance.registry.replication
+        replica = replication.partitions.get(move.tp) if replication is not None else None
+        if replica is not None:
+            replica.log = new  # the replica manager leads or follows with the moved log from now on
         if first_dirty is not None:  # now in the target dir's file, and gone from the source's (KAFKA-8362)
             manager.update_checkpoint(move.tp, first_dirty)
         self.maintenance.topic_changed(move.tp.topic)  # wakes the cleaner

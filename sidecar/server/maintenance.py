@@ -44,6 +44,7 @@ from shale.sidecar.log.cleaner_manager import CleanerManager, CleaningState, Cle
 from shale.sidecar.log.log import Log, now_ms
 from shale.sidecar.log.log_cleaner import LogCleaner
 from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.log.log_dirs import LogDirs
 from shale.sidecar.log.pause_owners import ABORT, DELETION, RETENTION, PauseOwner
 from shale.sidecar.log.retention import delete_old_segments
 from shale.sidecar.plural import plural
@@ -148,9 +149,9 @@ class Scheduler:
 
 
 class Maintenance:
-    """Scheduled log tasks and the cleaner threads of one node's log directory."""
+    """Scheduled log tasks and the cleaner threads of one node's log directories."""
 
-    def __init__(self, log_dir: LogDir, registry: TopicRegistry, config: ServerConfig, *,
+    def __init__(self, log_dir: LogDir | LogDirs, registry: TopicRegistry, config: ServerConfig, *,
                  clock: Callable[[], int] = now_ms,
                  file_delete_check_interval_ms: int = FILE_DELETE_CHECK_INTERVAL_MS) -> None:
         self.log_dir = log_dir

@@ -16,7 +16,6 @@ from shale.sidecar.log.transaction_index import (
     ENTRY_SIZE,
     AbortedTxn,
     TransactionIndex,
-    collect_aborted,
     consistency_problems,
     encode_entries,
     parse_entries,

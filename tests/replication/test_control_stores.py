@@ -159,6 +159,22 @@ def test_partition_record_create_read_update(engine):
     assert store.view().partitions[TP].record == shrunk
 
 
+def test_several_records_are_written_together_only_at_their_versions(engine):
+    store = engine.store()
+    other = TopicPartition(TP.topic, TP.partition + 1)
+    assert store.create_partition(TP, RECORD) and store.create_partition(other, RECORD)
+    before = store.view().partitions
+    shrunk = RECORD.changed(isr=(1, 2))
+    assert store.update_partitions([(TP, shrunk, before[TP].version), (other, shrunk, before[other].version)])
+    after = store.view().partitions
+    assert after[TP].record == shrunk and after[other].record == shrunk
+    # One version has moved on (TP's): the batch misses. On etcd it is one transaction and nothing of it lands;
+    # on Kubernetes the writes stop at the miss, which comes first here.
+    assert not store.update_partitions([(TP, shrunk.changed(isr=(1,)), before[TP].version),
+                                        (other, shrunk.changed(isr=(1,)), after[other].version)])
+    assert store.view().partitions[TP].record == shrunk and store.view().partitions[other].record == shrunk
+
+
 def test_concurrent_creators_exactly_one_wins(engine):
     writers = [engine.store() for _ in range(6)]
     records = [RECORD.changed(leader=(i % 3) + 1, leader_incarnation=str(i)) for i in range(len(writers))]

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import subprocess
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin import NewTopic as AioNewTopic
@@ -23,6 +26,7 @@ from kafka.admin import NewTopic as KpNewTopic
 from kafka.errors import KafkaError
 
 from tls_util import RawClient, client_context, kcat_env, make_pki, seed_user, tls_overrides
+from clients_util import read_frame
 from node_util import ServeProcess, free_port, wait_for, write_manifests, topic_manifest
 
 PASSWORD = "alice-Secret-4711"
@@ -272,7 +276,38 @@ def test_each_listener_names_this_node_by_its_own_address(node):
     assert (coordinator.error_code, coordinator.host, coordinator.port) == (0, "127.0.0.1", node.plain_port)
     (found,) = conn.request(10, 4, {"key_type": 0, "coordinator_keys": ["plain-group"]}).coordinators
     assert (found.error_code, found.port) == (0, node.plain_port)
+    producer = KafkaProducer(bootstrap_servers=f"127.0.0.1:{node.plain_port}")
+    producer.send("orders", b"plain", partition=1).get(30)
+    producer.close()
     consumer = KafkaConsumer("orders", bootstrap_servers=f"127.0.0.1:{node.plain_port}", group_id="plain-group",
                              auto_offset_reset="earliest", consumer_timeout_ms=20000)
     assert next(iter(consumer)).topic == "orders"
     consumer.close()
+
+
+_frames = st.lists(st.one_of(
+    st.tuples(st.sampled_from([17, 36, 18, 3, 0, 99]), st.integers(-1, 5), st.binary(max_size=64)),
+    st.tuples(st.just(36), st.just(2), st.binary(min_size=1, max_size=3000))), min_size=1, max_size=4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_frames)
+def test_fuzzed_frames_before_authentication_get_only_clean_refusals(node, frames):
+    """Request headers with any API key and version and arbitrary bodies, in any order, before authenticating:
+    answered (a handshake's own answer) or the connection closed; never served, never a dead node."""
+    conn = RawClient(node.port, client_context(node.pki), timeout=30)
+    try:
+        for correlation_id, (api_key, version, body) in enumerate(frames):
+            header = api_key.to_bytes(2, "big", signed=True) + version.to_bytes(2, "big", signed=True)
+            frame = header + correlation_id.to_bytes(4, "big") + (4).to_bytes(2, "big") + b"fuzz" + body
+            try:
+                conn.sock.sendall(len(frame).to_bytes(4, "big") + frame)
+                answer = read_frame(conn.sock)
+            except (ConnectionResetError, BrokenPipeError, ssl.SSLError):
+                break
+            if answer is None:
+                break
+            assert api_key in (17, 18, 36), f"API {api_key} answered before authentication"
+    finally:
+        conn.close()
+    _still_serves(node)
