@@ -141,6 +141,7 @@ class ServerProcess:
     port: int
     log_path: str
     version: str = ""
+    client_config: dict = field(default_factory=dict)  # the clients' settings to reach it (TLS, SASL: bench/tls.py)
 
     @property
     def bootstrap(self) -> str:
@@ -188,20 +189,22 @@ def topic_manifests(topics: list[str], partitions: int) -> str:
          "spec": {"partitions": partitions, "config": {}}} for t in topics])
 
 
-def start_shale(work: str, topics: list[str], partitions: int) -> ServerProcess:
+def start_shale(work: str, topics: list[str], partitions: int, port: int | None = None,
+                extra_args: tuple[str, ...] = ()) -> ServerProcess:
     """`shale serve` on a fresh data directory, its topics declared in a manifest file.
 
-    The manifest gets a directory of its own, as a Kubernetes ConfigMap mount does.
+    The manifest gets a directory of its own, as a Kubernetes ConfigMap mount does. `extra_args` (bench/tls.py's
+    listeners) follow the others; `port` is the PLAINTEXT port, free if not given.
     """
     os.makedirs(os.path.join(work, "topics"), exist_ok=True)
     manifest = os.path.join(work, "topics", "shale-topics.yaml")
     with open(manifest, "w") as f:
         f.write(topic_manifests(topics, partitions))
-    port = free_port()
+    port = port or free_port()
     log_path = os.path.join(work, "shale.log")
     args = [sys.executable, "-m", "shale.sidecar.cli", "--log-level", "WARNING", "serve",
             "--data-dir", os.path.join(work, "shale-data"), "--topics", manifest,
-            "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{free_port()}"]
+            "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{free_port()}", *extra_args]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=log, cwd=ROOT)
     server = ServerProcess(SHALE, proc, port, log_path, version=_shale_version())
@@ -304,7 +307,7 @@ def produce(server: ServerProcess, topic: str, count: int, values: list[bytes], 
             failures.append(f"{msg.topic()}-{msg.partition()}: {err}")
 
     producer = Producer({"bootstrap.servers": server.bootstrap, "on_delivery": on_delivery, **PRODUCER_CONFIG,
-                         "acks": acks})
+                         "acks": acks, **server.client_config})
     producer.list_topics(topic, timeout=10)  # connection and metadata before timing
     send, poll, n = producer.produce, producer.poll, len(values)
     cpu0 = server.cpu_seconds()
@@ -330,7 +333,7 @@ def produce(server: ServerProcess, topic: str, count: int, values: list[bytes], 
 def consume(server: ServerProcess, topic: str, count: int, values: list[bytes], timeout: float = 120.0) -> Phase:
     """Read partition 0 from the beginning until `count` records came; check each offset and value."""
     consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": f"bench-{topic}",
-                         **CONSUMER_CONFIG})
+                         **CONSUMER_CONFIG, **server.client_config})
     try:
         consumer.list_topics(topic, timeout=10)
         n = len(values)

@@ -83,8 +83,11 @@ class SharedSecurity:
     def _follow(self) -> None:
         try:
             self._follow_until_stopped()
-        except (_Stopped, RuntimeError):  # stopped, or the loop closed under a call
+        except _Stopped:
             pass
+        except RuntimeError:  # the loop closed under a call: the node is gone
+            if not self._stopped.is_set():
+                logger.exception("stopped following %s", self.where)
         finally:
             self._watcher.close()
 

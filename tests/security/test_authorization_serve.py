@@ -175,7 +175,7 @@ def test_confluent_admin_creates_describes_and_deletes_acls(node):
     assert {(b.restype, b.name) for b in described} == {(CkResource.TOPIC, "pay"), (CkResource.GROUP, "g1"),
                                                         (CkResource.BROKER, CLUSTER_NAME)}
     # an invalid creation is refused by itself with Kafka's message, the others still made
-    bad = CkAclBinding(CkResource.CLUSTER if hasattr(CkResource, "CLUSTER") else CkResource.BROKER, "not-the-cluster",
+    bad = CkAclBinding(CkResource.BROKER, "not-the-cluster",  # librdkafka calls the cluster resource BROKER
                        ResourcePatternType.LITERAL, ANON, "*", CkOp.ALTER, CkPerm.ALLOW)
     with pytest.raises(KafkaException, match="The only valid name for the CLUSTER resource is kafka-cluster"):
         admin.create_acls([bad])[bad].result(10)

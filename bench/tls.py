@@ -1,0 +1,209 @@
+"""TLS benchmark: produce and consume throughput of one `shale serve` over PLAINTEXT, SASL_SSL and SSL.
+
+    .venv/bin/python bench/tls.py              # full run, updates docs/performance.md ("TLS")
+    .venv/bin/python bench/tls.py --quick      # small run, prints only (add --markdown to write the doc)
+    .venv/bin/python bench/tls.py --profile    # also py-spy `shale serve` during a SASL_SSL consume
+
+One `shale serve` (fresh data directory under bench/out/, deleted at the end) with three listeners on
+127.0.0.1: PLAINTEXT; SASL_SSL with SCRAM-SHA-512 (a user seeded with `shale scram-credential`); SSL with
+`ssl.client.auth=required` (mutual TLS). Certificates come from the TLS tests' `make_pki` (openssl CLI,
+RSA 2048). The clients are confluent-kafka with bench/broker.py's workload and settings (1 KiB
+incompressible records, one partition, `acks=all`; the consumer reads from the beginning and checks
+every offset and value). Per round, each listener produces to and consumes a fresh topic, the listeners'
+order rotating from round to round so no protocol always runs first. Each phase records the server's CPU
+time, so the cost of TLS per MB (server CPU ms/MB over TLS minus over PLAINTEXT) is reported whatever
+share of the 2 cores the client took. The issue's goal: ≤ 25 % lower throughput than PLAINTEXT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "security"))
+from broker import (OUT_DIR, ROOT, Phase, ServerProcess, consume, free_port, make_values,  # noqa: E402
+                    produce, start_shale, wait_for_topics)
+from perf_doc import machine_facts, update_section  # noqa: E402
+from tls_util import make_pki, seed_user, tls_overrides  # noqa: E402
+
+DOC = os.path.join(ROOT, "docs", "performance.md")
+SECTION = "## TLS (issue 17)"
+PROTOCOLS = ("PLAINTEXT", "SASL_SSL", "SSL")
+USER, PASSWORD = "bench", "bench-tls-password"
+FULL_RECORDS, QUICK_RECORDS, FULL_ROUNDS = 200_000, 20_000, 3
+GOAL = 0.75  # TLS throughput at least 75 % of PLAINTEXT's (issue 17: "≤ 25 % lower")
+
+
+@dataclass
+class Results:
+    records: int
+    rounds: int
+    produce: dict[str, list[Phase]] = field(default_factory=lambda: {p: [] for p in PROTOCOLS})
+    consume: dict[str, list[Phase]] = field(default_factory=lambda: {p: [] for p in PROTOCOLS})
+    wall_s: float = 0.0
+    load: tuple[float, float] = (0.0, 0.0)
+    profile: str = ""  # py-spy summary of a SASL_SSL consume
+
+    def median(self, kind: str, protocol: str, attr: str = "mb_per_s") -> float:
+        return statistics.median(getattr(p, attr) for p in getattr(self, kind)[protocol])
+
+    def ratio(self, kind: str, protocol: str) -> float:
+        """Throughput over `protocol` / over PLAINTEXT, medians of the same run."""
+        return self.median(kind, protocol) / self.median(kind, "PLAINTEXT")
+
+    def tls_ms_per_mb(self, kind: str, protocol: str) -> float:
+        """Server CPU ms per MB that `protocol` costs beyond PLAINTEXT."""
+        return (self.median(kind, protocol, "server_ms_per_mb")
+                - self.median(kind, "PLAINTEXT", "server_ms_per_mb"))
+
+
+def start_node(work: str, topics: list[str]) -> dict[str, ServerProcess]:
+    """One `shale serve` with the three listeners; a `ServerProcess` view (port, client settings) per listener."""
+    pki = make_pki(Path(work) / "pki")
+    data = Path(work) / "shale-data"
+    seed_user(data, USER, PASSWORD)
+    ports = {p: free_port() for p in PROTOCOLS}
+    args = ("--override", "listeners=" + ",".join(f"{p}://127.0.0.1:{ports[p]}" for p in PROTOCOLS),
+            "--override", "inter.broker.listener.name=PLAINTEXT",
+            *tls_overrides(pki, "SASL_SSL"), *tls_overrides(pki, "SSL", client_auth="required"))
+    plain = start_shale(work, topics, 1, port=ports["PLAINTEXT"], extra_args=args)
+    tls = {"ssl.ca.location": pki.ca}
+    return {
+        "PLAINTEXT": plain,
+        "SASL_SSL": dataclasses.replace(plain, port=ports["SASL_SSL"], client_config={
+            **tls, "security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": USER,
+            "sasl.password": PASSWORD}),
+        "SSL": dataclasses.replace(plain, port=ports["SSL"], client_config={
+            **tls, "security.protocol": "SSL", "ssl.certificate.location": pki.path("alice.pem"),
+            "ssl.key.location": pki.path("alice.key")}),
+    }
+
+
+def run(records: int, rounds: int, out_dir: str = OUT_DIR, profile: bool = False,
+        say: Callable[..., None] = print) -> Results:
+    """The whole benchmark; the smoke test calls it with tiny sizes."""
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    work = os.path.join(out_dir, f"tls-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    values = make_values()
+    topics = [f"bench-{p.lower()}-{r}" for r in range(rounds) for p in PROTOCOLS] + (["profiled"] if profile else [])
+    res = Results(records, rounds)
+    node: dict[str, ServerProcess] = {}
+    try:
+        node = start_node(work, topics)
+        wait_for_topics(node["PLAINTEXT"], topics, 1)
+        for r in range(rounds):
+            for protocol in PROTOCOLS[r % 3:] + PROTOCOLS[:r % 3]:
+                server, topic = node[protocol], f"bench-{protocol.lower()}-{r}"
+                p = produce(server, topic, records, values)
+                c = consume(server, topic, records, values)
+                res.produce[protocol].append(p)
+                res.consume[protocol].append(c)
+                say(f"  round {r + 1} {protocol}: produce {p.mb_per_s:.0f} MB/s (server {p.server_ms_per_mb:.2f} "
+                    f"ms/MB), consume {c.mb_per_s:.0f} MB/s (server {c.server_ms_per_mb:.2f} ms/MB)")
+        if profile:
+            from broker import profile_phase
+            server = node["SASL_SSL"]
+            produce(server, "profiled", records, values)
+            res.profile = profile_phase(server, lambda: "the phase ran at {:.0f} MB/s".format(
+                consume(server, "profiled", records, values).mb_per_s), work)
+        errors = [ln for ln in node["PLAINTEXT"].log().splitlines() if " ERROR " in ln or "Traceback" in ln]
+        if errors:
+            raise AssertionError(f"shale serve logged errors during the benchmark: {errors[:5]}")
+        if PASSWORD in node["PLAINTEXT"].log():
+            raise AssertionError("shale serve logged the benchmark user's password")
+    finally:
+        if node:
+            node["PLAINTEXT"].stop()
+        shutil.rmtree(work, ignore_errors=True)
+    res.wall_s = time.perf_counter() - started
+    res.load = (load_before, os.getloadavg()[0])
+    return res
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def table(res: Results) -> str:
+    lines = ["| Phase | Listener | MB/s median (range) | / PLAINTEXT | goal ≥ 75 % | server CPU ms/MB "
+             "| TLS cost, server ms/MB |",
+             "|---|---|---:|---:|:---:|---:|---:|"]
+    for kind in ("produce", "consume"):
+        for protocol in PROTOCOLS:
+            rates = sorted(p.mb_per_s for p in getattr(res, kind)[protocol])
+            spread = f"{rates[0]:.0f}–{rates[-1]:.0f}" if len(rates) > 1 else f"{rates[0]:.0f}"
+            ratio = res.ratio(kind, protocol)
+            plain = protocol == "PLAINTEXT"
+            lines.append(
+                f"| {kind} {res.records:,} × 1 KiB | {protocol} | {res.median(kind, protocol):.0f} ({spread}) "
+                f"| {'—' if plain else f'{ratio:.0%}'} | {'—' if plain else ('met' if ratio >= GOAL else 'missed')} "
+                f"| {res.median(kind, protocol, 'server_ms_per_mb'):.2f} "
+                f"| {'—' if plain else f'{res.tls_ms_per_mb(kind, protocol):+.2f}'} |")
+    return "\n".join(lines)
+
+
+def summary(res: Results) -> str:
+    return "; ".join(f"{kind} {protocol}/PLAINTEXT {res.ratio(kind, protocol):.2f}"
+                     for kind in ("produce", "consume") for protocol in PROTOCOLS[1:])
+
+
+def markdown(res: Results, facts: str, command: str, notes: str = "") -> str:
+    lines = [SECTION, "",
+             f"`{command}` on {facts}; load average {res.load[0]:.1f} before and {res.load[1]:.1f} after the run "
+             f"({res.wall_s:.0f} s): other work shared the cores, so compare ratios and server CPU per MB, which are "
+             "taken in the same run, rather than absolute MB/s.", "",
+             __doc__.split("\n\n", 2)[2].strip(), "",
+             table(res), "",
+             f"Ratios (medians): {summary(res)}."]
+    if res.profile:
+        lines += ["", f"py-spy of `shale serve` during a SASL_SSL consume: {res.profile}"]
+    if notes:
+        lines += ["", notes]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK_RECORDS:,} records, 1 round, prints only")
+    ap.add_argument("--records", type=int, help="records per produce/consume phase")
+    ap.add_argument("--rounds", type=int, help="rounds per listener")
+    ap.add_argument("--profile", action="store_true", help="py-spy shale serve during one more SASL_SSL consume")
+    ap.add_argument("--markdown", action="store_true", help="write docs/performance.md (the default of a full run)")
+    ap.add_argument("--no-markdown", action="store_true", help="do not write docs/performance.md")
+    ap.add_argument("--notes", default="", help="a paragraph for the doc section (what was measured by hand)")
+    args = ap.parse_args(argv)
+    records = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
+    rounds = args.rounds or (1 if args.quick else FULL_ROUNDS)
+    command = ".venv/bin/python bench/tls.py" + " ".join(
+        [""] + (["--quick"] if args.quick else []) + ([f"--records {args.records}"] if args.records else [])
+        + ([f"--rounds {args.rounds}"] if args.rounds else []) + (["--profile"] if args.profile else []))
+    facts = machine_facts()
+    print(facts)
+    res = run(records, rounds, profile=args.profile)
+    print()
+    print(table(res))
+    print()
+    print(summary(res))
+    if res.profile:
+        print(f"\nprofile of shale serve, SASL_SSL consume: {res.profile}")
+    print(f"\nwall time {res.wall_s:.0f} s, load average {res.load[0]:.2f} before, {res.load[1]:.2f} after")
+    if (args.markdown or not args.quick) and not args.no_markdown:
+        update_section(SECTION, markdown(res, facts, command, args.notes), DOC)
+        print(f"wrote {os.path.relpath(DOC, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
