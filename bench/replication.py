@@ -61,6 +61,7 @@ from etcd_util import EtcdServer  # noqa: E402
 from fault_util import check_acknowledged  # noqa: E402
 from node_util import ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for, write_manifests  # noqa: E402
 from perf_doc import machine_facts, update_section  # noqa: E402
+from shale.sidecar.replication.controller import ELECTIONS_PER_WRITE  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 LAST = os.path.join(OUT_DIR, "replication-last.pickle")  # the last full run's Results, for --rewrite-doc
@@ -715,6 +716,15 @@ def interpretation(res: Results) -> str:
             "refresh, and moves from its internal broker to the new leader as soon as one is named (told the dead "
             "leader instead, it would learn of the move and of the dead node's removal in one answer, and park the "
             "partition for another second: confluentinc/librdkafka#3712).")
+    if len(res.failovers) > 1:
+        out.append(
+            "- **The columns differ in more than the session**: a SIGKILLed leader's session is ended by its "
+            "followers, so the session timeout hardly matters here; the default one is measured on the cluster of "
+            "the other phases, where each node leads dozens of its more than a hundred partitions, the others on a "
+            "fresh cluster with the failover partition and `__consumer_offsets` only. A kill on the first makes "
+            "the survivors elect every partition the dead node led (written together, one etcd transaction per "
+            f"{ELECTIONS_PER_WRITE}, and each new leader's `make leader`), all before the failover partition's "
+            "client is served, on a machine whose CPUs are already queued (load average above).")
     for f in res.failovers:
         offline = [k for k in f.kills if k.offline]
         if offline:

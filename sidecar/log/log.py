@@ -174,15 +174,16 @@ class Log:
         self._ts_prefix: list[int] | None = None  # running max of inactive segments' largest timestamps
         self.producer_state = ProducerStateManager(directory, self.name,
                                                    producer_id_expiration_ms=producer_id_expiration_ms)
+        self.producer_state.load(self.segments, log_start_offset=self.log_start_offset,
+                                 log_end_offset=self.log_end_offset, now_ms=clock(),
+                                 had_clean_shutdown=had_clean_shutdown)
         rebuild_from = self._first_untrusted_txn_index(result.recovered_from)
         if rebuild_from is not None:  # the recovered segments' `.txnindex` is rebuilt from their markers
             for seg in self.segments[self._floor_segment(rebuild_from):]:
                 seg.txn_index.reset()
-        self.producer_state.load(self.segments, log_start_offset=self.log_start_offset,
-                                 log_end_offset=self.log_end_offset, now_ms=clock(),
-                                 had_clean_shutdown=had_clean_shutdown, replay_from=rebuild_from,
-                                 on_completed=None if rebuild_from is None else
-                                 lambda txn: self._index_recovered_abort(txn, rebuild_from))
+            self.producer_state.replay_transactions(
+                self.segments, log_start_offset=self.log_start_offset, log_end_offset=self.log_end_offset,
+                now_ms=clock(), replay_from=rebuild_from, on_completed=self._index_recovered_abort)
         self.leader_epoch_cache = self._load_leader_epochs(result.recovered_from, batch_epochs.entries)
         self._replicated = False
         # Kept while not replicated too: a checkpointed high watermark waits here for the log to become replicated.
@@ -229,8 +230,8 @@ class Log:
                 return seg.base_offset
         return recovered_from
 
-    def _index_recovered_abort(self, txn: CompletedTxn, recovered_from: int) -> None:
-        if txn.is_abort and txn.last_offset >= recovered_from:
+    def _index_recovered_abort(self, txn: CompletedTxn) -> None:
+        if txn.is_abort:
             self.segments[self._floor_segment(txn.last_offset)].txn_index.append(txn.aborted_txn())
 
     # -- segments --------------------------------------------------------------------------------

@@ -32,6 +32,9 @@ class MessageReader:
         self.pos += n
         return out
 
+    def int8(self) -> int:
+        return int.from_bytes(self._take(1), "big", signed=True)
+
     def int16(self) -> int:
         return _I16.unpack(self._take(2))[0]
 
@@ -78,8 +81,12 @@ class MessageReader:
     def bytes_(self, flexible: bool, field: str) -> bytes:
         return bytes(self._take(self._length(flexible, True, field)))
 
-    def array_length(self, flexible: bool, field: str) -> int:
-        return self._length(flexible, True, field)
+    def raw(self, n: int) -> bytes:
+        """`n` bytes as they are (a tagged field's body, read with a reader of its own)."""
+        return bytes(self._take(n))
+
+    def array_length(self, flexible: bool, field: str, nullable: bool = False) -> int:
+        return self._length(flexible, True, field, nullable)
 
     def skip_tagged_fields(self) -> None:
         """Tagged fields none of the schemas read here declares: skipped, as Kafka keeps unknown ones aside."""

@@ -336,17 +336,13 @@ class ProducerStateManager:
     # -- loading ---------------------------------------------------------------------------------
 
     def load(self, segments: Sequence[LogSegment], *, log_start_offset: int, log_end_offset: int, now_ms: int,
-             had_clean_shutdown: bool, replay_from: int | None = None,
-             on_completed: Callable[[CompletedTxn], None] | None = None) -> None:
+             had_clean_shutdown: bool) -> None:
         """Build the state at log open (Kafka's removeStraySnapshots + rebuildProducerState).
 
         Snapshots that match no segment are deleted (except the largest one past the last segment base,
         written at close), then the latest valid one at or below the log end is loaded and the batches after
         it replayed. A clean shutdown without any snapshot means there was no producer state to save (one is
         written whenever there is), so the replay is skipped, as Kafka does on upgrade.
-
-        `replay_from`: the replay must cover the batches from there (the recovered segments, whose
-        `.txnindex` is rebuilt from the transactions `on_completed` sees completing).
         """
         for name in os.listdir(self.dir):
             if name.endswith(_TMP_SUFFIX):
@@ -356,8 +352,20 @@ class ProducerStateManager:
         if not self._snapshots and had_clean_shutdown:
             self._reset(log_end_offset)
             return
-        self.reload(segments, log_start_offset=log_start_offset, log_end_offset=log_end_offset, now_ms=now_ms,
-                    replay_from=replay_from, on_completed=on_completed)
+        self.reload(segments, log_start_offset=log_start_offset, log_end_offset=log_end_offset, now_ms=now_ms)
+
+    def replay_transactions(self, segments: Sequence[LogSegment], *, log_start_offset: int, log_end_offset: int,
+                            now_ms: int, replay_from: int, on_completed: Callable[[CompletedTxn], None]) -> None:
+        """Report every transaction completing in [replay_from, log end), from a scratch state rebuilt from the
+        latest snapshot at or below `replay_from` (Kafka recovers a segment with a producer state of its own, built
+        to the segment's base): the `.txnindex` of recovered segments is rebuilt from these. This manager's
+        state is untouched; a snapshot found corrupt on the way is gone for both."""
+        scratch = ProducerStateManager(self.dir, self.where, producer_id_expiration_ms=self.producer_id_expiration_ms)
+        scratch._snapshots = list(self._snapshots)
+        scratch.reload(segments, log_start_offset=log_start_offset, log_end_offset=log_end_offset, now_ms=now_ms,
+                       replay_from=None,
+                       on_completed=lambda txn: on_completed(txn) if txn.last_offset >= replay_from else None)
+        self._snapshots = scratch._snapshots
 
     def reload(self, segments: Sequence[LogSegment], *, log_start_offset: int, log_end_offset: int,
                now_ms: int, replay_from: int | None = None,

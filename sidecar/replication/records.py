@@ -21,6 +21,23 @@ class RecordError(ValueError):
     """A store value that is not a valid record; the message names the key it came from."""
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class ListenerAddress:
+    """One advertised listener of a node: its name (`CLIENT`, `REPLICATION`...) and where it is reached."""
+
+    name: str
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, name: Any, address: Any) -> "ListenerAddress":
+        """`host:port` (an IPv6 host keeps its colons: the port is after the last one)."""
+        host, sep, port = _str(address).rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"listener {name!r}: {address!r} is not host:port")
+        return cls(_str(name), host, int(port))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRegistration:
     """A live node: its id, which process of it this is (`incarnation`), and where clients reach it.
@@ -29,6 +46,11 @@ class NodeRegistration:
     started — data written before replication (a single-node cluster that gained a store, or replicas). The
     creator of a missing partition record reads it to make the holder the leader instead of an empty replica
     (docs/replication.md, "Failures"); once a record exists the list no longer matters.
+
+    `listeners` holds every advertised listener (Kafka's broker registration endpoints), so that a request is
+    answered with the other nodes' addresses on the listener it came through; `host`/`port` stay the
+    inter-broker listener's, which followers connect to. Empty: a node with one listener, or one registered
+    before the field existed — its `host`/`port` serve every listener.
     """
 
     node_id: int
@@ -37,12 +59,23 @@ class NodeRegistration:
     port: int
     rack: str | None = None
     unreplicated: tuple[TopicPartition, ...] = ()
+    listeners: tuple[ListenerAddress, ...] = ()  # sorted by name
+
+    def endpoint(self, listener: str) -> tuple[str, int] | None:
+        """This node's host and port on `listener`; None if it does not have that listener."""
+        for address in self.listeners:
+            if address.name == listener:
+                return address.host, address.port
+        return None
 
     def to_json(self) -> str:
         raw = asdict(self)
         raw["unreplicated"] = [[tp.topic, tp.partition] for tp in self.unreplicated]
         if not self.unreplicated:
             del raw["unreplicated"]  # the common case: a registration as short as before
+        raw["listeners"] = {a.name: f"{a.host}:{a.port}" for a in self.listeners}
+        if not self.listeners:
+            del raw["listeners"]
         return json.dumps(raw, sort_keys=True)
 
     @classmethod
@@ -52,8 +85,12 @@ class NodeRegistration:
             rack = raw.get("rack")
             unreplicated = tuple(TopicPartition(_str(topic), _int(partition))
                                  for topic, partition in raw.get("unreplicated", ()))
+            listeners = raw.get("listeners", {})
+            if not isinstance(listeners, dict):
+                raise ValueError(f"listeners {listeners!r} is not an object")
             return cls(_int(raw["node_id"]), str(raw["incarnation"]), str(raw["host"]), _int(raw["port"]),
-                       None if rack is None else str(rack), unreplicated)
+                       None if rack is None else str(rack), unreplicated,
+                       tuple(sorted(ListenerAddress.parse(name, address) for name, address in listeners.items())))
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"{where}: not a node registration ({exc!r}): {text!r}") from None
 

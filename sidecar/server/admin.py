@@ -198,6 +198,8 @@ class AdminApis:
         # A topic whose manifest is gone but whose removal the manifests hold (`ManifestSource.held`, e.g. an
         # unmounted volume): no manifest declares it any more, so DeleteTopics is the explicit act that deletes it.
         self.removal_held = removal_held
+        # The broker's `address_on`: a node's address on the listener a request came through (None: it has none).
+        self.address_on: Callable[[int, str], dict | None] = lambda _node_id, _listener: {}
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -561,12 +563,13 @@ class AdminApis:
             return {"error_code": INVALID_REQUEST if version == 0 else MISMATCHED_ENDPOINT_TYPE,
                     "error_message": "The request was sent to an endpoint of type BROKER, but we wanted an endpoint "
                                      "of type CONTROLLER", "cluster_id": self.cluster_id}
-        nodes = self.registry.nodes()
+        nodes = sorted(self.registry.nodes().values(), key=lambda n: n.node_id)
+        shown = {n.node_id: self.address_on(n.node_id, conn.listener) for n in nodes}  # None: not on this listener
         return {
             "throttle_time_ms": 0, "error_code": NONE, "error_message": None, "endpoint_type": ENDPOINT_BROKERS,
             "cluster_id": self.cluster_id, "controller_id": controller_id(self.registry),
             "brokers": [{"broker_id": n.node_id, "host": n.host, "port": n.port, "rack": None, "is_fenced": False}
-                        for n in sorted(nodes.values(), key=lambda n: n.node_id)],
+                        | shown[n.node_id] for n in nodes if shown[n.node_id] is not None],
             "authorized_operations": CLUSTER_OPERATIONS if body.include_cluster_authorized_operations else None,
         }
 

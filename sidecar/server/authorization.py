@@ -48,15 +48,22 @@ _CONFIG_TOPIC, _CONFIG_BROKER, _CONFIG_BROKER_LOGGER = 2, 4, 8
 # Requests no ACL guards: the handshake a client makes before it is anybody.
 UNCHECKED = frozenset({17, 18, 36})  # SaslHandshake, ApiVersions, SaslAuthenticate
 
+Refused = Callable[[str, str], None]  # (api name, resource type name): one check that refused something
+
+
+def _not_counted(_api: str, _resource_type: str) -> None:
+    """No count kept: handlers wrapped outside a node (tests)."""
+
 
 class Access:
     """One request's principal before the authorizer: every check of the request goes through here (a plain
     slotted class: one is made per request, and a frozen dataclass costs several times as much)."""
 
-    __slots__ = ("authorizer", "conn", "api")
+    __slots__ = ("authorizer", "conn", "api", "on_refused")
 
-    def __init__(self, authorizer: Authorizer, conn: ConnectionInfo, api: str) -> None:
-        self.authorizer, self.conn, self.api = authorizer, conn, api
+    def __init__(self, authorizer: Authorizer, conn: ConnectionInfo, api: str,
+                 on_refused: Refused = _not_counted) -> None:
+        self.authorizer, self.conn, self.api, self.on_refused = authorizer, conn, api, on_refused
 
     def allows(self, operation: AclOperation, resource_type: ResourceType, name: str = CLUSTER_NAME) -> bool:
         return self.authorizer.authorize(self.conn.principal, self.conn.host, operation, resource_type, name)
@@ -70,6 +77,7 @@ class Access:
         names = sorted(set(names))
         if not names:
             return
+        self.on_refused(self.api, resource_type.name)  # counted every time, logged once a minute
         key = (self.api, self.conn.principal, self.conn.host, operation, resource_type, tuple(names))
         now = time.monotonic()
         if now - _LOGGED.get(key, -LOG_EVERY_S) < LOG_EVERY_S:
@@ -90,8 +98,10 @@ Guard = Callable[[Access, codec.Request, Handler], Any]  # async (access, reques
 
 
 def authorize_handlers(handlers: Mapping[int, Handler], authorizer: Authorizer,
-                       topic_name: Callable[[uuid.UUID], str | None]) -> dict[int, Handler]:
-    """`handlers` with every API checked; `topic_name` resolves a topic id (DeleteTopics v6) to its name.
+                       topic_name: Callable[[uuid.UUID], str | None],
+                       on_refused: Refused = _not_counted) -> dict[int, Handler]:
+    """`handlers` with every API checked; `topic_name` resolves a topic id (DeleteTopics v6) to its name;
+    `on_refused(api, resource type)` counts each check that refused something (/metrics).
 
     An API without a guard is refused here, at start, so a handler added later cannot go unchecked."""
     guards = _guards(topic_name)
@@ -101,13 +111,13 @@ def authorize_handlers(handlers: Mapping[int, Handler], authorizer: Authorizer,
     wrapped = dict(handlers)
     for key, handler in handlers.items():
         if key in guards:
-            wrapped[key] = _wrap(guards[key], handler, authorizer)
+            wrapped[key] = _wrap(guards[key], handler, authorizer, on_refused)
     return wrapped
 
 
-def _wrap(guard: Guard, handler: Handler, authorizer: Authorizer) -> Handler:
+def _wrap(guard: Guard, handler: Handler, authorizer: Authorizer, on_refused: Refused) -> Handler:
     async def checked(request: codec.Request, conn: ConnectionInfo) -> Any:
-        return await guard(Access(authorizer, conn, request.api_name), request, handler)
+        return await guard(Access(authorizer, conn, request.api_name, on_refused), request, handler)
     return checked
 
 

@@ -50,7 +50,7 @@ from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from shale.sidecar.server import eager
-from shale.sidecar.server.channel import Channel
+from shale.sidecar.server.channel import Channel, FailedAuthentication
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
 from shale.sidecar.server.listener_security import ListenerSecurity
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
@@ -58,7 +58,7 @@ from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_SERVER_ERROR, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION,
     NOT_LEADER_OR_FOLLOWER, MESSAGE_TOO_LARGE, INVALID_REQUIRED_ACKS, INVALID_TIMESTAMP, UNSUPPORTED_VERSION,
     KAFKA_STORAGE_ERROR, INVALID_RECORD, UNKNOWN_TOPIC_ID, LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS,
-    REQUEST_TIMED_OUT, OFFSET_NOT_AVAILABLE, UNKNOWN_LEADER_EPOCH, FENCED_LEADER_EPOCH,
+    REQUEST_TIMED_OUT, OFFSET_NOT_AVAILABLE, UNKNOWN_LEADER_EPOCH, FENCED_LEADER_EPOCH, LISTENER_NOT_FOUND,
 )
 from shale.sidecar.replication.partition import NO_EPOCH
 from shale.sidecar.replication.records import NO_LEADER
@@ -70,6 +70,11 @@ logger = logging.getLogger(__name__)
 # Fetched record sets at least this big go out with sendfile; smaller ones are read and sent inline,
 # where the few loop iterations of a sendfile would cost more than the copy they save.
 SENDFILE_MIN_BYTES = 64 * 1024
+
+# A fetched record set goes through TLS in pieces this big, each encrypted and handed to the socket before the
+# next is read: the client decrypts one piece while the next is encrypted, where one 1 MiB write made the two
+# sides take turns (docs/performance.md, "TLS").
+TLS_PIECE_BYTES = int(os.environ.get("PIECE", 128 * 1024))  # TEMP-AB
 
 # accept() failing for lack of descriptors or memory: wait before the next try, doubling up to a second
 # (the connections wait in the listen backlog meanwhile), and log it at most once a minute.
@@ -247,6 +252,7 @@ class Broker:
         self.advertised_at: dict[str, tuple[str, int]] = {}  # listener -> this node's address on it (Metadata)
         self.cluster_id = cluster_id
         self._observe = observe  # (api name, seconds) of every answered request, for the metrics
+        self.on_failed_authentication: FailedAuthentication = lambda _listener, _mechanism, _reason: None  # metrics
         self.max_request_bytes = max_request_bytes  # socket.request.max.bytes
         # queued.max.request.bytes; -1 (or 0) bounds the requests in flight by one largest request instead
         self.memory = RequestMemory(queued_max_request_bytes if queued_max_request_bytes > 0 else max_request_bytes)
@@ -357,10 +363,12 @@ class Broker:
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         try:  # on a TLS listener the handshake is done before the connection is made
             _, conn = await loop.connect_accepted_socket(
-                lambda: Connection(self.memory, self.max_request_bytes, Channel(security, where)), sock,
+                lambda: Connection(self.memory, self.max_request_bytes,
+                                   Channel(security, where, self.on_failed_authentication)), sock,
                 ssl=security.ssl_context)
         except ssl.SSLError as exc:  # a refused certificate, plaintext on a TLS port: the client's problem
             logger.warning("listener %s: TLS handshake with %s failed: %s", listening.where, where, exc)
+            self.on_failed_authentication(security.name, "none", "tls")
             sock.close()
             return
         except OSError as exc:
@@ -548,7 +556,16 @@ class Broker:
         try:
             sent = 0
             sock = conn.sendfile_socket()
-            if sock is not None and conn.transport.get_write_buffer_size() == 0 and not conn.transport.is_closing():
+            if sock is None:  # TLS: the bytes must pass the TLS layer, in pieces (TLS_PIECE_BYTES)
+                if conn.transport.is_closing():
+                    raise ConnectionResetError("connection closing")
+                while sent < part.size:
+                    data = os.pread(part.fd, min(TLS_PIECE_BYTES, part.size - sent), part.position + sent)
+                    if not data:
+                        break
+                    conn.write(data)
+                    sent += len(data)
+            elif conn.transport.get_write_buffer_size() == 0 and not conn.transport.is_closing():
                 # Nothing of ours is queued, so the socket can take the bytes directly; a loopback or LAN
                 # socket usually takes a whole fetch in one call, without loop.sendfile's round trips.
                 try:
@@ -558,7 +575,7 @@ class Broker:
                 except OSError:
                     sent = 0  # not sendfile-able here: loop.sendfile below decides (and falls back to a copy)
             try:
-                if sent < part.size:
+                if sent < part.size and sock is not None:
                     sent += await asyncio.get_running_loop().sendfile(
                         conn.transport, part, part.position + sent, part.size - sent, fallback=False)
             except (asyncio.SendfileNotAvailableError, RuntimeError) as exc:
@@ -686,24 +703,38 @@ class Broker:
                            "is_internal": spec.internal, "partitions": partitions,
                            "authorized_operations": TOPIC_OPERATIONS if topic_operations else None})
         racks = {} if self.replicas is None else {n: reg.rack for n, reg in self.replicas.view.nodes.items()}
+        addresses = {n.node_id: (n, self.address_on(n.node_id, conn.listener)) for n in registry.nodes().values()}
+        for topic in topics:  # a leader without this listener: Kafka's KRaftMetadataCache answers no leader
+            for part in topic.get("partitions", ()):
+                leader = addresses.get(part["leader_id"])
+                if leader is not None and leader[1] is None:
+                    part["error_code"] = LISTENER_NOT_FOUND if version >= 6 else LEADER_NOT_AVAILABLE
+                    part["leader_id"] = NO_LEADER
         return {
             "throttle_time_ms": 0,
-            "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": racks.get(n.node_id)}
-                        | self.address_on(n.node_id, conn.listener)
-                        for n in sorted(registry.nodes().values(), key=lambda n: n.node_id)],
+            "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": racks.get(n.node_id)} | shown
+                        for n, shown in sorted(addresses.values(), key=lambda a: a[0].node_id) if shown is not None],
             "cluster_id": self.cluster_id,
             "controller_id": controller_id(registry),
             "topics": topics,
             "authorized_operations": CLUSTER_OPERATIONS if cluster_operations else None,
         }
 
-    def address_on(self, node_id: int, listener: str) -> dict:
-        """This node's address on the listener a request came through (Kafka answers each listener's own);
-        other nodes are named by their registered (inter-broker) address."""
-        if node_id != self.node_id or listener not in self.advertised_at:
+    def address_on(self, node_id: int, listener: str) -> dict | None:
+        """A node's address on the listener a request came through, as Kafka answers each listener with its own
+        endpoints: {} keeps the registered (inter-broker) address — a listener not advertised here, a node
+        registered without listeners (one listener, or an older node), or a node known only from manifests;
+        None: the node registered its listeners and this one is not among them (Kafka leaves it out)."""
+        if listener not in self.advertised_at:
             return {}
-        host, port = self.advertised_at[listener]
-        return {"host": host, "port": port}
+        if node_id == self.node_id:
+            shown: tuple[str, int] | None = self.advertised_at[listener]
+        else:
+            registration = self.replicas.view.nodes.get(node_id) if self.replicas is not None else None
+            if registration is None or not registration.listeners:
+                return {}
+            shown = registration.endpoint(listener)
+        return None if shown is None else {"host": shown[0], "port": shown[1]}
 
     def _replicated_metadata(self, tp: TopicPartition, assigned: tuple[int, ...] | None) -> dict:
         """A partition as its store record has it: leader (-1 while being elected: LEADER_NOT_AVAILABLE, as
@@ -742,6 +773,8 @@ class Broker:
             return {"responses": responses, "throttle_time_ms": 0}
         endpoints = self._point_to_leaders(
             (TopicPartition(t["name"], part["index"]), part) for t in responses for part in t["partition_responses"])
+        shown = {e["node_id"]: self.address_on(e["node_id"], conn.listener) for e in endpoints}  # on its listener
+        endpoints = [e | shown[e["node_id"]] for e in endpoints if shown[e["node_id"]] is not None]
         return {"responses": responses, "throttle_time_ms": 0, "node_endpoints": endpoints}
 
     def _point_to_leaders(self, parts) -> list[dict]:

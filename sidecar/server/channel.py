@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from shale.sidecar.protocol import codec, error_codes
 from shale.sidecar.security.principal import ANONYMOUS, KafkaPrincipal, ssl_principal
@@ -22,6 +22,12 @@ from shale.sidecar.security.sasl import MAX_RECEIVE_SIZE, SASL_AUTHENTICATE, SAS
 from shale.sidecar.server.listener_security import ListenerSecurity
 
 logger = logging.getLogger(__name__)
+
+FailedAuthentication = Callable[[str, str, str], None]  # (listener, mechanism or "none", reason)
+
+
+def _ignore(_listener: str, _mechanism: str, _reason: str) -> None:
+    """No count kept: a channel made outside a node (tests)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +43,10 @@ class Verdict:
 class Channel:
     """The security side of one accepted connection (module docstring)."""
 
-    def __init__(self, listener: ListenerSecurity, peer: str) -> None:
+    def __init__(self, listener: ListenerSecurity, peer: str, on_failed: FailedAuthentication = _ignore) -> None:
         self.listener = listener
         self.peer = peer
+        self.on_failed = on_failed  # each refused login, for /metrics
         self.principal: KafkaPrincipal = ANONYMOUS
         self.session = SaslSession(listener.sasl) if listener.sasl is not None else None
 
@@ -66,7 +73,7 @@ class Channel:
     def refuse_size(self, size: int) -> Verdict:
         logger.warning("listener %s: closing connection of %s: a %d-byte frame before authentication (at most %d, "
                        "sasl.server.max.receive.size)", self.listener_name, self.peer, size, MAX_RECEIVE_SIZE)
-        return self._closing(None)
+        return self._closing(None, "protocol")
 
     def admit(self, request: codec.Request, size: int) -> Verdict | None:
         """None: the request goes on to the broker, with this channel's principal. Otherwise what was done."""
@@ -78,14 +85,14 @@ class Channel:
         if refusal is not None:
             logger.warning("listener %s: closing connection of client %r at %s: %s (%s)", self.listener_name,
                            request.client_id, self.peer, refusal.message, error_codes.name_of(refusal.error_code))
-            return self._closing(None)
+            return self._closing(None, "protocol")
         if request.api_key == SASL_HANDSHAKE:
             reply = session.handshake(request.api_version, request.body.mechanism)
             if reply.close:
                 logger.warning("listener %s: closing connection of client %r at %s: %s", self.listener_name,
                                request.client_id, self.peer, session.failure)
             answer = self._encode(request, {"error_code": reply.error_code, "mechanisms": list(reply.mechanisms)})
-            return self._closing(answer) if reply.close else Verdict(answer)
+            return self._closing(answer, "mechanism") if reply.close else Verdict(answer)
         if request.api_key == SASL_AUTHENTICATE:
             reply = session.authenticate(request.api_version, request.body.auth_bytes, now_ms)
             answer = self._encode(request, {"error_code": reply.error_code, "error_message": reply.error_message,
@@ -94,7 +101,8 @@ class Channel:
             if reply.close:
                 logger.warning("listener %s: authentication of client %r at %s with %s failed: %s", self.listener_name,
                                request.client_id, self.peer, session.mechanism, session.failure)
-                return self._closing(answer)
+                return self._closing(answer, "credentials" if reply.error_code == error_codes.SASL_AUTHENTICATION_FAILED
+                                     else "protocol")
             if session.authenticated:
                 self.principal = session.principal
                 logger.info("listener %s: client %r at %s authenticated as %s with %s", self.listener_name,
@@ -102,7 +110,10 @@ class Channel:
             return Verdict(answer)
         return None
 
-    def _closing(self, answer: bytes | None) -> Verdict:
+    def _closing(self, answer: bytes | None, reason: str) -> Verdict:
+        """A refused connection: counted by `reason` (docs/metrics.md, shale_failed_authentications)."""
+        mechanism = self.session.mechanism if self.session is not None else None
+        self.on_failed(self.listener_name, mechanism or "none", reason)
         self.principal = ANONYMOUS
         return Verdict(answer, close=True, delay_ms=self.listener.failed_authentication_delay_ms)
 

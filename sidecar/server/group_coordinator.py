@@ -310,8 +310,8 @@ class GroupCoordinator:
         self.new_member_join_timeout_ms = new_member_join_timeout_ms
         self.clock: Clock = clock or LoopClock()
         self.on_append = on_append or (lambda _tp: None)  # the broker's poke: wake fetches of __consumer_offsets
-        # The broker's `address_on`: this node's host and port on the listener a request came through.
-        self.address_on: Callable[[int, str], dict] = lambda _node_id, _listener: {}
+        # The broker's `address_on`: a node's host and port on the listener a request came through (None: none).
+        self.address_on: Callable[[int, str], dict | None] = lambda _node_id, _listener: {}
         # How a record batch is appended to a led partition: with a control store, in the leader epoch, and the
         # high watermark raised (`StorageNode._append_as_leader`).
         self.append: Callable[[TopicPartition, Log, bytes], Any] = lambda _tp, log, batch: log.append(batch)
@@ -1279,13 +1279,20 @@ class GroupCoordinator:
         v, b = request.api_version, request.body
         key_type = b.key_type if v >= 1 else 0
         if v < 4:
-            found = self.find_coordinator(b.key, key_type)
-            return {"throttle_time_ms": 0, **found, **self.address_on(found["node_id"], conn.listener)}
-        coordinators = []
-        for key in b.coordinator_keys:
-            found = self.find_coordinator(key, key_type)
-            coordinators.append({"key": key, **found, **self.address_on(found["node_id"], conn.listener)})
-        return {"throttle_time_ms": 0, "coordinators": coordinators}
+            return {"throttle_time_ms": 0, **self._coordinator_on(b.key, key_type, conn.listener)}
+        return {"throttle_time_ms": 0,
+                "coordinators": [{"key": key, **self._coordinator_on(key, key_type, conn.listener)}
+                                 for key in b.coordinator_keys]}
+
+    def _coordinator_on(self, key: str | None, key_type: int, listener: str) -> dict:
+        """The coordinator's address on the request's listener; a coordinator without that listener is
+        COORDINATOR_NOT_AVAILABLE, as Kafka answers when the node has no endpoint there."""
+        found = self.find_coordinator(key, key_type)
+        shown = self.address_on(found["node_id"], listener)
+        if shown is None:
+            return {**found, "error_code": COORDINATOR_NOT_AVAILABLE, "node_id": -1, "host": "", "port": -1,
+                    "error_message": f"the coordinator (node {found['node_id']}) has no listener {listener}"}
+        return {**found, **shown}
 
     async def _handle_join_group(self, request: codec.Request, conn) -> dict:
         v, b = request.api_version, request.body

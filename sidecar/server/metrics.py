@@ -57,6 +57,30 @@ class RequestStats:
             return {api: (c, s, list(b)) for api, (c, s, b) in self._by_api.items()}
 
 
+class SecurityStats:
+    """Refused logins and refused authorization checks, counted where they happen (Kafka's
+    failed-authentication-total per listener, and its authorizer's denied requests): they are events, not
+    state anything could be read from at scrape time. Fed on the event loop, read by the scrape thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failed: Counter[tuple[str, str, str]] = Counter()  # (listener, mechanism, reason)
+        self._refused: Counter[tuple[str, str]] = Counter()  # (api, resource type)
+
+    def failed_authentication(self, listener: str, mechanism: str, reason: str) -> None:
+        """`reason`: credentials, mechanism, protocol or tls (docs/metrics.md)."""
+        with self._lock:
+            self._failed[listener, mechanism, reason] += 1
+
+    def authorization_refused(self, api: str, resource_type: str) -> None:
+        with self._lock:
+            self._refused[api, resource_type] += 1
+
+    def snapshot(self) -> tuple[dict[tuple[str, str, str], int], dict[tuple[str, str], int]]:
+        with self._lock:
+            return dict(self._failed), dict(self._refused)
+
+
 # -- figures ------------------------------------------------------------------------------------
 
 
@@ -373,9 +397,10 @@ def _partition(tp: TopicPartition, log, registry, manager, checkpoint: int | Non
 class NodeCollector(Collector):
     """A custom collector: every scrape calls `gather` and renders the figures as metric families."""
 
-    def __init__(self, node, requests: RequestStats) -> None:
+    def __init__(self, node, requests: RequestStats, security: SecurityStats) -> None:
         self.node = node
         self.requests = requests
+        self.security = security
 
     def collect(self) -> Iterator[Metric]:
         f = gather(self.node)
@@ -386,6 +411,7 @@ class NodeCollector(Collector):
         yield from _cleaner_families(f)
         yield from _task_families(f)
         yield from _request_families(self.requests)
+        yield from _security_families(self.security)
         yield from _limit_families(getattr(self.node, "broker", None))
 
 
@@ -607,6 +633,20 @@ def _request_families(requests: RequestStats) -> Iterator[Metric]:
     yield from (total, duration)
 
 
+def _security_families(security: SecurityStats) -> Iterator[Metric]:
+    failed, refused = security.snapshot()
+    logins = CounterMetricFamily("shale_failed_authentications", "Connections refused at authentication on the Kafka "
+                                 "port, by listener, SASL mechanism (none: not chosen) and reason (credentials, "
+                                 "mechanism, protocol, tls).", labels=["listener", "mechanism", "reason"])
+    for labels, count in sorted(failed.items()):
+        logins.add_metric(list(labels), count)
+    checks = CounterMetricFamily("shale_authorization_refusals", "Authorization checks that refused a request or "
+                                 "part of it, by API and resource type.", labels=["api", "resource_type"])
+    for labels, count in sorted(refused.items()):
+        checks.add_metric(list(labels), count)
+    yield from (logins, checks)
+
+
 def _le(bound: float) -> str:
     return repr(float(bound))
 
@@ -616,8 +656,9 @@ class NodeMetrics:
 
     def __init__(self, node) -> None:
         self.requests = RequestStats()
+        self.security = SecurityStats()
         self.registry = CollectorRegistry()
-        self.registry.register(NodeCollector(node, self.requests))
+        self.registry.register(NodeCollector(node, self.requests, self.security))
 
     def observe_request(self, api: str, seconds: float) -> None:
         self.requests.observe(api, seconds)

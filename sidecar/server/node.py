@@ -48,7 +48,7 @@ from shale.sidecar.server.store_topics import StoreTopics
 from shale.sidecar.replication.control_store import ControlStore, StoreView
 from shale.sidecar.replication.controller import Controller, new_incarnation
 from shale.sidecar.replication.follower import holds_unreplicated
-from shale.sidecar.replication.records import NodeRegistration
+from shale.sidecar.replication.records import ListenerAddress, NodeRegistration
 from shale.sidecar.replication.replica_fetcher import FetcherConfig, ReplicaFetchers
 from shale.sidecar.replication.replica_manager import ReplicaManager
 from shale.sidecar.replication.throttle import ReplicationQuota
@@ -219,9 +219,12 @@ class StorageNode:
                                        API_INIT_PRODUCER_ID: self._init_producer_id})
         if self.authorizing:  # every API checked as Kafka's broker checks it (authorization.py)
             self.broker.handlers = authorize_handlers(self.broker.handlers, self.authorizer,
-                                                      self.registry.topic_named_by)
+                                                      self.registry.topic_named_by,
+                                                      self.metrics.security.authorization_refused)
         self.groups.on_append = self.broker.poke  # commits wake fetches of __consumer_offsets
         self.groups.address_on = self.broker.address_on  # FindCoordinator answers the request's listener
+        self.admin.address_on = self.broker.address_on  # ... and DescribeCluster
+        self.broker.on_failed_authentication = self.metrics.security.failed_authentication
         if self.replicas is not None:
             self.groups.append = self._append_as_leader
             self.groups.replicated = self._replicated
@@ -345,8 +348,11 @@ class StorageNode:
         if unreplicated:
             logger.info("node %d holds records written before replication in %s", self.options.node_id,
                         ", ".join(map(str, unreplicated)))
+        # Every advertised listener is registered: the others answer each listener's requests with its address.
+        listeners = tuple(sorted(ListenerAddress(name, host, port)
+                                 for name, (host, port) in self.broker.advertised_at.items()))
         me = NodeRegistration(self.options.node_id, new_incarnation(), self.registry.node.host,
-                              self.registry.node.port, unreplicated=unreplicated)
+                              self.registry.node.port, unreplicated=unreplicated, listeners=listeners)
         self.controller = Controller(self.store, me, session_ms=config.broker_session_timeout_ms,
                                      heartbeat_ms=config.broker_heartbeat_interval_ms, loop=self._loop,
                                      on_view=self._on_view, on_fenced=self._on_fenced, wanted=self.replicas.wanted)

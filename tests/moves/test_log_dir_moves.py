@@ -180,6 +180,30 @@ def test_alter_back_to_current_dir_cancels(tmp_path):
         assert_cleaning_resumes_and_log_shrinks(node)
 
 
+def test_clean_stop_mid_copy_keeps_the_move_for_the_next_start(tmp_path):
+    """SIGTERM while a move sleeps in its throttle: the stop does not wait for the throttle, is clean, and keeps
+    the future replica and the persisted pause; the next start (unthrottled) finishes the move."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    node = node_with_dirs(tmp_path, [a, b], WEDGED).start()
+    try:
+        produce_held(node)
+        source = Path(node.node.log_dir.dir_of(TP))
+        target = b if source == a else a
+        alter(node, target)
+        move = wait_copying(node)["move"]
+    finally:
+        node.stop()
+    assert node.node.clean_shutdown
+    assert future_dirs(a, b) == [f"orders-0.{move['id']}-future"]
+    assert json.loads((source / PAUSES_FILE).read_text())["pauses"] == {"orders-0": [f"move:{move['id']}"]}
+
+    with node_with_dirs(tmp_path, [a, b], QUICK) as node:
+        wait_for(lambda: (partition_status(node)["move"] or {}).get("state") == "done", what="the resumed move")
+        assert partition_status(node)["move"]["id"] == move["id"] and partition_status(node)["log_dir"] == str(target)
+        assert future_dirs(a, b) == []
+        assert_cleaning_resumes_and_log_shrinks(node)
+
+
 def test_topic_deleted_mid_move_releases_the_pause(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     with node_with_dirs(tmp_path, [a, b], WEDGED) as node:

@@ -9,19 +9,13 @@ builds "data" messages). kafka-python ships no `__consumer_offsets` parser of it
 
 from __future__ import annotations
 
-import functools
-import json
 import struct
-import sys
-import tempfile
-import uuid
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.protocol.api_data import ApiData
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
+from kafka_schema_util import message_classes
 
 from shale.sidecar.server.offset_records import (
     GroupMetadataKey,
@@ -80,25 +74,9 @@ KAFKA_SCHEMAS = {
 }
 
 
-@functools.cache
-def kafka_message_classes() -> dict[str, type]:
-    """kafka-python message classes generated from Kafka's definitions (written as a package to import from)."""
-    root = Path(tempfile.mkdtemp())
-    package = f"kafka_offsets_schemas_{uuid.uuid4().hex}"
-    (root / package).mkdir()
-    (root / package / "__init__.py").write_text("")
-    for name, schema in KAFKA_SCHEMAS.items():
-        (root / package / f"{name}.json").write_text(json.dumps(schema))
-    sys.path.insert(0, str(root))
-    try:
-        return {name: type(name, (ApiData,), {}, load_json=package) for name in KAFKA_SCHEMAS}
-    finally:
-        sys.path.remove(str(root))
-
-
 @pytest.fixture(scope="module")
 def kafka():
-    return kafka_message_classes()
+    return message_classes(KAFKA_SCHEMAS)
 
 
 # -- golden bytes ---------------------------------------------------------------------------------------------
