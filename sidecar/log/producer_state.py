@@ -363,7 +363,7 @@ class ProducerStateManager:
         scratch = ProducerStateManager(self.dir, self.where, producer_id_expiration_ms=self.producer_id_expiration_ms)
         scratch._snapshots = list(self._snapshots)
         scratch.reload(segments, log_start_offset=log_start_offset, log_end_offset=log_end_offset, now_ms=now_ms,
-                       replay_from=None,
+                       replay_from=replay_from,
                        on_completed=lambda txn: on_completed(txn) if txn.last_offset >= replay_from else None)
         self._snapshots = scratch._snapshots
 

@@ -100,7 +100,18 @@ from kafka.protocol.metadata.find_coordinator import (
 )
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
-from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+from kafka.protocol.admin.transactions import (
+    DescribeTransactionsRequest, DescribeTransactionsResponse,
+    ListTransactionsRequest, ListTransactionsResponse,
+)
+from kafka.protocol.producer.transaction import (
+    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse,
+    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse,
+    EndTxnRequest, EndTxnResponse,
+    InitProducerIdRequest, InitProducerIdResponse,
+    TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+)
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest, SaslAuthenticateResponse,
     SaslHandshakeRequest, SaslHandshakeResponse,
@@ -137,6 +148,11 @@ _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
     (DeleteTopicsRequest, DeleteTopicsResponse),            # 20
     (InitProducerIdRequest, InitProducerIdResponse),        # 22
     (OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse),  # 23
+    (AddPartitionsToTxnRequest, AddPartitionsToTxnResponse),  # 24
+    (AddOffsetsToTxnRequest, AddOffsetsToTxnResponse),      # 25
+    (EndTxnRequest, EndTxnResponse),                        # 26
+    (WriteTxnMarkersRequest, WriteTxnMarkersResponse),      # 27
+    (TxnOffsetCommitRequest, TxnOffsetCommitResponse),      # 28
     (DescribeAclsRequest, DescribeAclsResponse),            # 29
     (CreateAclsRequest, CreateAclsResponse),                # 30
     (DeleteAclsRequest, DeleteAclsResponse),                # 31
@@ -154,6 +170,8 @@ _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
     (DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse),  # 50
     (AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse),  # 51
     (DescribeClusterRequest, DescribeClusterResponse),      # 60
+    (DescribeTransactionsRequest, DescribeTransactionsResponse),  # 65
+    (ListTransactionsRequest, ListTransactionsResponse),    # 66
 )
 
 _REQUESTS: dict[int, type[ApiMessage]] = {req.API_KEY: req for req, _ in _PAIRS}

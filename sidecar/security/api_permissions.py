@@ -73,6 +73,9 @@ API_PERMISSIONS: dict[int, tuple[Check, ...]] = {
                 otherwise=_whole(_O.WRITE, _R.TOPIC, any_resource=True,
                                  error=error_codes.CLUSTER_AUTHORIZATION_FAILED))),
     23: (_per(_O.CLUSTER_ACTION, _R.CLUSTER, otherwise=_per(_O.DESCRIBE, _R.TOPIC)),),  # OffsetForLeaderEpoch
+    24: (_whole(_O.WRITE, _R.TRANSACTIONAL_ID), _whole(_O.WRITE, _R.TOPIC)),  # AddPartitionsToTxn (v0-3)
+    25: (_whole(_O.WRITE, _R.TRANSACTIONAL_ID), _whole(_O.READ, _R.GROUP)),  # AddOffsetsToTxn
+    26: (_whole(_O.WRITE, _R.TRANSACTIONAL_ID),),  # EndTxn
     29: (_whole(_O.DESCRIBE, _R.CLUSTER),),  # DescribeAcls
     30: (_whole(_O.ALTER, _R.CLUSTER),),  # CreateAcls
     31: (_whole(_O.ALTER, _R.CLUSTER),),  # DeleteAcls
@@ -95,4 +98,6 @@ API_PERMISSIONS: dict[int, tuple[Check, ...]] = {
     51: (_whole(_O.ALTER, _R.CLUSTER),),  # AlterUserScramCredentials
     56: (_CLUSTER_ACTION,),  # AlterPartition
     60: (_whole(_O.DESCRIBE, _R.CLUSTER, when="cluster authorized operations asked", filters=True),),  # DescribeCluster
+    65: (_per(_O.DESCRIBE, _R.TRANSACTIONAL_ID),),  # DescribeTransactions
+    66: (_per(_O.DESCRIBE, _R.TRANSACTIONAL_ID, filters=True),),  # ListTransactions
 }

@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.error_codes import (
-    CLUSTER_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, NONE, TOPIC_AUTHORIZATION_FAILED,
-    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID,
+    CLUSTER_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, NONE, OPERATION_NOT_ATTEMPTED,
+    TOPIC_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID,
 )
 from shale.sidecar.security.acl import AUTHORIZATION_ERRORS, CLUSTER_NAME, AclOperation, ResourceType
 from shale.sidecar.security.authorizer import Authorizer
@@ -590,6 +590,49 @@ async def _init_producer_id(access: Access, request: codec.Request, handler: Han
     return {**refused, "error_code": CLUSTER_AUTHORIZATION_FAILED}
 
 
+def _txn_id(field: str) -> Callable[[Any], str]:
+    return lambda body: getattr(body, field)
+
+
+async def _add_partitions_to_txn(access: Access, request: codec.Request, handler: Handler) -> Any:
+    """WRITE on the transactional id, then WRITE on every topic; any refusal fails the whole request, the
+    refused partitions with their error and the others OPERATION_NOT_ATTEMPTED (Kafka's KafkaApis)."""
+    body = request.body
+    txn, topics = body.v3_and_below_transactional_id, body.v3_and_below_topics
+    if not access.allows(_O.WRITE, _R.TRANSACTIONAL_ID, txn):
+        access.refused(_O.WRITE, _R.TRANSACTIONAL_ID, [txn])
+        errors = {t.name: TRANSACTIONAL_ID_AUTHORIZATION_FAILED for t in topics}
+    else:
+        denied = {t.name for t in topics if not access.allows(_O.WRITE, _R.TOPIC, t.name)}
+        if not denied:
+            return await handler(request, access.conn)
+        access.refused(_O.WRITE, _R.TOPIC, denied)
+        errors = {t.name: TOPIC_AUTHORIZATION_FAILED if t.name in denied else OPERATION_NOT_ATTEMPTED for t in topics}
+    return {"results_by_topic_v3_and_below": [
+        {"name": t.name, "results_by_partition": [{"partition_index": p, "partition_error_code": errors[t.name]}
+                                                  for p in t.partitions]} for t in topics]}
+
+
+async def _add_offsets_to_txn(access: Access, request: codec.Request, handler: Handler) -> Any:
+    """WRITE on the transactional id, READ on the group."""
+    body = request.body
+    if not access.allows(_O.WRITE, _R.TRANSACTIONAL_ID, body.transactional_id):
+        access.refused(_O.WRITE, _R.TRANSACTIONAL_ID, [body.transactional_id])
+        return {"error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+    if not access.allows(_O.READ, _R.GROUP, body.group_id):
+        access.refused(_O.READ, _R.GROUP, [body.group_id])
+        return {"error_code": GROUP_AUTHORIZATION_FAILED}
+    return await handler(request, access.conn)
+
+
+async def _list_transactions(access: Access, request: codec.Request, handler: Handler) -> Any:
+    """Only the transactional ids the principal may DESCRIBE are listed."""
+    response = await handler(request, access.conn)
+    response["transaction_states"] = [t for t in response["transaction_states"]
+                                      if access.allows(_O.DESCRIBE, _R.TRANSACTIONAL_ID, t["transactional_id"])]
+    return response
+
+
 def _every_log_dir_partition(request: codec.Request, error: int) -> dict:
     """AlterReplicaLogDirs refused: every partition it names answers the error (Kafka's answer)."""
     topics: dict[str, list[int]] = {}
@@ -645,6 +688,9 @@ def _guards(topic_name: Callable[[uuid.UUID], str | None]) -> dict[int, Guard]:
         20: _delete_topics(topic_name),
         22: _init_producer_id,
         23: _offset_for_leader_epoch,
+        24: _add_partitions_to_txn,
+        25: _add_offsets_to_txn,
+        26: _whole(_O.WRITE, _R.TRANSACTIONAL_ID, _txn_id("transactional_id"), _top_error),  # EndTxn
         29: _whole(_O.DESCRIBE, _R.CLUSTER, _cluster, _acl_refusal(29)),
         30: _whole(_O.ALTER, _R.CLUSTER, _cluster, _acl_refusal(30)),
         31: _whole(_O.ALTER, _R.CLUSTER, _cluster, _acl_refusal(31)),
@@ -662,4 +708,9 @@ def _guards(topic_name: Callable[[uuid.UUID], str | None]) -> dict[int, Guard]:
         50: _whole(_O.DESCRIBE, _R.CLUSTER, _cluster, _acl_refusal(50)),
         51: _whole(_O.ALTER, _R.CLUSTER, _cluster, _acl_refusal(51)),
         60: _describe_cluster,
+        65: _names(_O.DESCRIBE, _R.TRANSACTIONAL_ID, "transactional_ids", "transaction_states", "transactional_id",
+                   lambda t, e: {"transactional_id": t, "error_code": e, "transaction_state": "",
+                                 "transaction_timeout_ms": 0, "transaction_start_time_ms": -1, "producer_id": -1,
+                                 "producer_epoch": -1, "topics": []}),
+        66: _list_transactions,
     }

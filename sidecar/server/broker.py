@@ -74,7 +74,7 @@ SENDFILE_MIN_BYTES = 64 * 1024
 # A fetched record set goes through TLS in pieces this big, each encrypted and handed to the socket before the
 # next is read: the client decrypts one piece while the next is encrypted, where one 1 MiB write made the two
 # sides take turns (docs/performance.md, "TLS").
-TLS_PIECE_BYTES = int(os.environ.get("PIECE", 128 * 1024))  # TEMP-AB
+TLS_PIECE_BYTES = 128 * 1024
 
 # accept() failing for lack of descriptors or memory: wait before the next try, doubling up to a second
 # (the connections wait in the listen backlog meanwhile), and log it at most once a minute.

@@ -312,6 +312,8 @@ class GroupCoordinator:
         self.on_append = on_append or (lambda _tp: None)  # the broker's poke: wake fetches of __consumer_offsets
         # The broker's `address_on`: a node's host and port on the listener a request came through (None: none).
         self.address_on: Callable[[int, str], dict | None] = lambda _node_id, _listener: {}
+        # The transaction coordinator's FindCoordinator for key type 1 (None: transactions are not served).
+        self.find_transaction_coordinator: Callable[[str | None], dict] | None = None
         # How a record batch is appended to a led partition: with a control store, in the leader epoch, and the
         # high watermark raised (`StorageNode._append_as_leader`).
         self.append: Callable[[TopicPartition, Log, bytes], Any] = lambda _tp, log, batch: log.append(batch)
@@ -1257,6 +1259,8 @@ class GroupCoordinator:
 
     def find_coordinator(self, key: str | None, key_type: int) -> dict:
         out = {"error_code": NONE, "error_message": None, "node_id": -1, "host": "", "port": -1}
+        if key_type == 1 and self.find_transaction_coordinator is not None:
+            return self.find_transaction_coordinator(key)
         if key_type == 1:
             return {**out, "error_code": COORDINATOR_NOT_AVAILABLE,
                     "error_message": "transactions are not supported by this server"}

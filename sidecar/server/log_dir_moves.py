@@ -13,6 +13,7 @@ loop), so no produce is under way while the source log closes.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -20,12 +21,13 @@ from typing import Callable, TypeVar
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.cleaner_manager import CleaningStateError
-from shale.sidecar.log.future_replica import CHUNK_BYTES, FutureCopy, MoveCancelled
+from shale.sidecar.log.future_replica import CHUNK_BYTES, FutureCopy, MoveCancelled, future_dir_name
 from shale.sidecar.log.log import now_ms
 from shale.sidecar.log.log_dirs import LogDirs
 from shale.sidecar.log.pause_owners import MOVE, PauseOwner
 from shale.sidecar.log.throttler import Throttler
-from shale.sidecar.protocol.error_codes import LOG_DIR_NOT_FOUND, NONE, REPLICA_NOT_AVAILABLE
+from shale.sidecar.protocol.error_codes import (INVALID_TOPIC_EXCEPTION, KAFKA_STORAGE_ERROR, LOG_DIR_NOT_FOUND,
+                                                NONE, REPLICA_NOT_AVAILABLE)
 
 logger = logging.getLogger(__name__)
 
@@ -114,10 +116,23 @@ class LogDirMoves:
     # -- AlterReplicaLogDirs ---------------------------------------------------------------------
 
     def alter(self, tp: TopicPartition, path: str) -> int:
-        """Kafka's alterReplicaLogDirs for one partition; returns the error code (the copy runs on its own)."""
-        target = self.log_dirs.by_path(path)
+        """Kafka's alterReplicaLogDirs for one partition; returns the error code (the copy runs on its own).
+
+        Kafka's checks in its order: a topic whose future directory name would not fit a file name
+        (INVALID_TOPIC_EXCEPTION), a path that is not one of the log dirs as listed, absolute
+        (LOG_DIR_NOT_FOUND), a dir that is not a writable directory any more, Kafka's offline dir
+        (KAFKA_STORAGE_ERROR), a partition this node does not host (REPLICA_NOT_AVAILABLE)."""
+        try:
+            future_dir_name(tp, "0" * 32)  # a move id is 32 hex digits, as Kafka's
+        except ValueError as exc:
+            logger.warning("%s: cannot move to %s: %s", tp, path, exc)
+            return INVALID_TOPIC_EXCEPTION
+        target = self.log_dirs.by_path(path) if os.path.isabs(path) else None
         if target is None:
             return LOG_DIR_NOT_FOUND
+        if not (os.path.isdir(target.path) and os.access(target.path, os.W_OK | os.X_OK)):
+            logger.warning("%s: cannot move to %s: the log dir is not a writable directory", tp, target.path)
+            return KAFKA_STORAGE_ERROR
         source = self.log_dirs.dir_of(tp)
         if source is None:
             return REPLICA_NOT_AVAILABLE

@@ -27,11 +27,10 @@ from shale.sidecar.security.principal import parse_super_users
 from shale.sidecar.security.store import SecurityStore
 from shale.sidecar.server.acl_admin import AclAdmin
 from shale.sidecar.server.admin import AdminApis
-from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.error_codes import NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
 from shale.sidecar.server.authorization import authorize_handlers
 from shale.sidecar.server.security_sync import SharedSecurity
-from shale.sidecar.server.broker import Broker, ConnectionInfo
+from shale.sidecar.server.broker import Broker
 from shale.sidecar.server.channel import SASL_HANDLERS
 from shale.sidecar.server.inter_broker import InterBrokerClient
 from shale.sidecar.server.listener_security import listener_securities, split_settings
@@ -41,7 +40,8 @@ from shale.sidecar.server.log_dir_moves import LogDirMoves
 from shale.sidecar.server.maintenance import Maintenance
 from shale.sidecar.server.manifests import ORIGIN_PREFIX, ManifestSource, require_path, watch
 from shale.sidecar.server.metrics import NodeMetrics
-from shale.sidecar.server.producer_ids import ProducerIdAllocator, init_producer_id
+from shale.sidecar.server.producer_ids import ProducerIdAllocator
+from shale.sidecar.server.transaction_coordinator import TransactionCoordinator
 from shale.sidecar.server.reassignments import Reassignments
 from shale.sidecar.server.server_config import ServerConfig
 from shale.sidecar.server.store_topics import StoreTopics
@@ -57,7 +57,6 @@ from shale.sidecar.topic_config import TopicConfig
 
 logger = logging.getLogger(__name__)
 
-API_INIT_PRODUCER_ID = 22
 OFFSETS_COMMIT_TIMEOUT_MS = 5000  # Kafka's offsets.commit.timeout.ms: how long a commit waits for the ISR
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -207,6 +206,14 @@ class StorageNode:
         if options.store is not None and options.store.startswith("etcd://"):
             self.shared_security = SharedSecurity.on_etcd(options.store, options.cluster_id, self.security)
         self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
+        # Transactions are coordinated on a single node without a store for now (transaction_coordinator.py).
+        self.transactions = TransactionCoordinator(
+            self.registry, self.producer_ids, offsets_partitions=self.server_config.offsets_topic_num_partitions,
+            partitions=self.server_config.transaction_state_log_num_partitions,
+            max_timeout_ms=self.server_config.transaction_max_timeout_ms,
+            abort_interval_ms=self.server_config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            id_expiration_ms=self.server_config.transactional_id_expiration_ms,
+            serving=lambda: self.replicas is None and len(self.registry.nodes()) == 1)
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
                              observe=self.metrics.observe_request,
                              max_request_bytes=self.server_config.socket_request_max_bytes,
@@ -216,13 +223,15 @@ class StorageNode:
                                        **Reassignments(self.registry, store_topics, self._store_view).handlers(),
                                        **AclAdmin(self.security, authorizer_enabled=self.authorizing,
                                                   shared=self.shared_security).handlers(),
-                                       API_INIT_PRODUCER_ID: self._init_producer_id})
+                                       **self.transactions.handlers()})
         if self.authorizing:  # every API checked as Kafka's broker checks it (authorization.py)
             self.broker.handlers = authorize_handlers(self.broker.handlers, self.authorizer,
                                                       self.registry.topic_named_by,
                                                       self.metrics.security.authorization_refused)
         self.groups.on_append = self.broker.poke  # commits wake fetches of __consumer_offsets
         self.groups.address_on = self.broker.address_on  # FindCoordinator answers the request's listener
+        self.groups.find_transaction_coordinator = self.transactions.find_coordinator  # ... key type 1 too
+        self.transactions.on_append = self.broker.poke  # markers wake read_committed fetches
         self.admin.address_on = self.broker.address_on  # ... and DescribeCluster
         self.broker.on_failed_authentication = self.metrics.security.failed_authentication
         if self.replicas is not None:
@@ -232,9 +241,6 @@ class StorageNode:
         self.clean_shutdown = False  # set by run() once the logs are closed; `shale serve` exits 1 without it
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def _init_producer_id(self, request: codec.Request, conn: ConnectionInfo) -> dict:
-        return init_producer_id(self.producer_ids, request.api_version, request.body)
 
     def reload_manifests(self) -> None:
         """Apply the manifests as they are now (on the event loop); ManifestSource decides what may be deleted."""
@@ -385,6 +391,7 @@ class StorageNode:
         self._stop = asyncio.Event()
         self.phase = "starting"
         await self.groups.start()  # declares __consumer_offsets first: manifests cannot claim the name
+        await self.transactions.start()  # and __transaction_state
         self.registry.load_api_topics()
         # Watch before the first read: a manifest written while the node starts is then never missed.
         stop_watching = watch(self.options.topics,
@@ -411,6 +418,7 @@ class StorageNode:
             self.phase = "stopping"
             stop_watching()
             self.groups.close()  # first: JoinGroup/SyncGroup still waiting get NOT_COORDINATOR, so connections end
+            self.transactions.close()
             await self._stop_replication()
             await self.broker.close()
             await asyncio.to_thread(self.moves.shutdown)  # copies stop; each resumes at the next start

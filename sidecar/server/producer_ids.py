@@ -80,10 +80,8 @@ class ProducerIdAllocator:
 def init_producer_id(allocator: ProducerIdAllocator, version: int, body) -> dict:
     """The InitProducerId response body for a decoded request (`body`: kafka-python's request object)."""
     if body.transactional_id is not None:
-        # Shale has no transaction coordinator (the transaction APIs are not advertised). Kafka answers
-        # COORDINATOR_NOT_AVAILABLE when its coordinator cannot serve, e.g. while `__transaction_state`
-        # cannot be created: the client keeps retrying until its own timeout (max.block.ms), and no
-        # transactional producer id is ever handed out, so no transactional batch can be produced.
+        # A transactional id is the transaction coordinator's (transaction_coordinator.py), which calls this
+        # only without one. Answered as Kafka answers when its coordinator cannot serve: the client retries.
         return _response(COORDINATOR_NOT_AVAILABLE)
     # v0-2 have no producer id and epoch fields (kafka-protocol.md G7).
     pid = body.producer_id if version >= 3 else NO_PRODUCER_ID

@@ -68,6 +68,14 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "empty group."),
     ConfigKey("offsets.topic.num.partitions", INT, 50, Range(1),
               "Partitions of __consumer_offsets when it is created."),
+    ConfigKey("transaction.state.log.num.partitions", INT, 50, Range(1),
+              "Partitions of __transaction_state when it is created."),
+    ConfigKey("transaction.max.timeout.ms", INT, 900000, Range(1),
+              "The longest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above)."),
+    ConfigKey("transaction.abort.timed.out.transaction.cleanup.interval.ms", INT, 10000, Range(1),
+              "How often the transaction coordinator aborts transactions past their timeout."),
+    ConfigKey("transactional.id.expiration.ms", INT, 604800000, Range(1),
+              "How long a transactional id with no transaction open is kept without use."),
     ConfigKey("delete.topic.enable", BOOLEAN, True, None,
               "Whether topics can be deleted: by removing their manifest (or their key in the operator's "
               "ConfigMap) or through DeleteTopics. When false a removed manifest's topic keeps its data "
@@ -169,6 +177,10 @@ class ServerConfig:
     producer_id_expiration_check_interval_ms: int
     group_initial_rebalance_delay_ms: int
     offsets_topic_num_partitions: int
+    transaction_state_log_num_partitions: int
+    transaction_max_timeout_ms: int
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int
+    transactional_id_expiration_ms: int
     delete_topic_enable: bool
     socket_request_max_bytes: int
     queued_max_request_bytes: int

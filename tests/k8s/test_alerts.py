@@ -139,6 +139,15 @@ def test_every_metric_in_the_rules_is_documented():
         assert f"`{name}" in (ROOT / "docs" / "kubernetes.md").read_text()
 
 
+def test_the_example_alerts_of_the_metrics_doc_are_valid_rules(tmp_path):
+    """docs/metrics.md's example alerts are meant to be copied: promtool must accept every expression."""
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    example = doc.split("## Example alerts")[1].split("```yaml\n")[1].split("```")[0]
+    (tmp_path / "examples.yaml").write_text(example)
+    checked = run_promtool("check", "rules", "examples.yaml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert len(yaml.safe_load(example)["groups"][0]["rules"]) >= 50
+
 def test_the_operator_exports_the_metric_the_topic_alert_reads():
     metrics = OperatorMetrics()
     metrics.set_ready("team-a", "prices", False)

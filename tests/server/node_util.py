@@ -342,9 +342,16 @@ class ReplicatedCluster:
         assert p.error_code == 0, f"ListOffsets of {topic}-{partition} at node {state.leader}: error {p.error_code}"
         return p.offset
 
+    def log_dir_of(self, node_id: int, topic: str, partition: int) -> Path:
+        """The `--data-dir` (of the node's one or more) that holds the partition's current log."""
+        args = self.servers[node_id].args
+        dirs = [Path(args[i + 1]) for i, arg in enumerate(args[:-1]) if arg == "--data-dir"]
+        return next((d for d in dirs if (d / f"{topic}-{partition}").is_dir()), dirs[0])
+
     def batches(self, node_id: int, topic: str, partition: int) -> list[tuple[BatchHeader, bytes]]:
-        """The whole batches in a replica's segment files, as stored."""
-        return [(BatchHeader.parse(raw), raw) for raw, _ in raw_batches(self.data_dir(node_id), topic, partition)]
+        """The whole batches in a replica's segment files, as stored (in whichever log dir holds them)."""
+        return [(BatchHeader.parse(raw), raw)
+                for raw, _ in raw_batches(self.log_dir_of(node_id, topic, partition), topic, partition)]
 
     def wait_identical_below(self, topic: str, partition: int, offset: int, nodes: tuple[int, ...],
                              timeout: float = 60.0) -> bytes:

@@ -1,0 +1,190 @@
+"""Transactions end to end: confluent-kafka's transactional producer against a real `shale serve`, read back by
+read_committed consumers; zombies, killed clients and a SIGKILLed coordinator node (docs/transactions.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import confluent_kafka
+import pytest
+from kafka.protocol.admin.transactions import (
+    DescribeTransactionsRequest, DescribeTransactionsResponse, ListTransactionsRequest, ListTransactionsResponse,
+)
+from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+
+from clients_util import build, call, stored_batches
+from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+
+TOPIC = "txn-out"
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+
+
+@pytest.fixture
+def node(tmp_path):
+    topics = write_manifests(tmp_path / "topics", topic_manifest(TOPIC, partitions=2))
+    with ServeProcess(tmp_path / "data", topics, "--override",
+                      "transaction.abort.timed.out.transaction.cleanup.interval.ms=200").start() as proc:
+        yield proc
+
+
+def producer(bootstrap: str, transactional_id: str, **extra) -> confluent_kafka.Producer:
+    p = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id, **extra})
+    p.init_transactions(30)
+    return p
+
+
+def transaction(p: confluent_kafka.Producer, values: list[bytes], commit: bool) -> None:
+    p.begin_transaction()
+    for i, v in enumerate(values):
+        p.produce(TOPIC, v, partition=i % 2)
+    if commit:
+        p.commit_transaction(30)
+    else:
+        p.flush(30)  # written before the abort (librdkafka drops what it has not sent)
+        p.abort_transaction(30)
+
+
+def read(bootstrap: str, isolation: str = "read_committed") -> list[bytes]:
+    """Every value of both partitions up to their ends (the LSO for read_committed), in offset order per partition."""
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "txn-reader",
+                                         "isolation.level": isolation, "enable.partition.eof": True,
+                                         "enable.auto.commit": False})
+    values: dict[int, list[bytes]] = {0: [], 1: []}
+    at_end: set[int] = set()
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(TOPIC, p, confluent_kafka.OFFSET_BEGINNING) for p in (0, 1)])
+        deadline = time.monotonic() + 30
+        while len(at_end) < 2:
+            assert time.monotonic() < deadline, f"no end of partitions within 30 s; read {values}"
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                assert msg.error().code() == confluent_kafka.KafkaError._PARTITION_EOF, msg.error()
+                at_end.add(msg.partition())
+                continue
+            values[msg.partition()].append(msg.value())
+        return values[0] + values[1]
+    finally:
+        consumer.close()
+
+
+def latest(port: int, isolation: int, partition: int = 0) -> int:
+    req = build(ListOffsetsRequest, {"replica_id": -1, "isolation_level": isolation, "topics": [
+        {"name": TOPIC, "partitions": [{"partition_index": partition, "timestamp": -1}]}]}, 5)
+    [part] = call(port, req, ListOffsetsResponse).topics[0].partitions
+    assert part.error_code == 0
+    return part.offset
+
+
+def init_raw(port: int, transactional_id: str) -> tuple[int, int, int]:
+    resp = call(port, build(InitProducerIdRequest, {"transactional_id": transactional_id,
+                                                    "transaction_timeout_ms": 60000, "producer_id": -1,
+                                                    "producer_epoch": -1}, 4), InitProducerIdResponse)
+    return resp.error_code, resp.producer_id, resp.producer_epoch
+
+
+def describe(port: int, transactional_id: str):
+    resp = call(port, build(DescribeTransactionsRequest, {"transactional_ids": [transactional_id]}, 0),
+                DescribeTransactionsResponse)
+    return resp.transaction_states[0]
+
+
+def test_committed_transactions_are_visible_and_aborted_ones_are_not(node):
+    p = producer(node.bootstrap, "app-1")
+    transaction(p, [b"a", b"b"], commit=True)
+    transaction(p, [b"x", b"y"], commit=False)
+    transaction(p, [b"c"], commit=True)
+    assert sorted(read(node.bootstrap)) == [b"a", b"b", b"c"]
+    assert sorted(read(node.bootstrap, "read_uncommitted")) == [b"a", b"b", b"c", b"x", b"y"]
+    # Each transaction ended with a marker in both of its partitions, written by the coordinator.
+    markers = [b for b in stored_batches(node.data_dir, TOPIC, 0) if b.is_control]
+    assert len(markers) == 3
+    state = describe(node.port, "app-1")
+    assert (state.error_code, state.transaction_state, state.producer_epoch) == (0, "CompleteCommit", 0)
+    p.flush()
+
+
+def test_zombie_producer_is_fenced(node):
+    old = producer(node.bootstrap, "app-2")
+    old.begin_transaction()
+    old.produce(TOPIC, b"zombie", partition=0)
+    old.flush(10)
+    new = producer(node.bootstrap, "app-2")  # fences the old instance and aborts its transaction
+    with pytest.raises(confluent_kafka.KafkaException) as raised:
+        old.commit_transaction(30)
+    assert raised.value.args[0].code() in (confluent_kafka.KafkaError._FENCED, confluent_kafka.KafkaError.PRODUCER_FENCED,
+                                           confluent_kafka.KafkaError.INVALID_PRODUCER_EPOCH), raised.value
+    transaction(new, [b"fresh"], commit=True)
+    assert read(node.bootstrap) == [b"fresh"]
+    assert describe(node.port, "app-2").producer_epoch == 2  # 0, fenced at 1 (the abort), then 2
+
+
+CLIENT = textwrap.dedent("""
+    import sys, time, confluent_kafka
+    p = confluent_kafka.Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[2],
+                                  "transaction.timeout.ms": int(sys.argv[3])})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(%r, b"lost", partition=0)
+    p.flush(10)
+    print("sent", flush=True)
+    time.sleep(600)
+""" % TOPIC)
+
+
+def killed_client(bootstrap: str, transactional_id: str, timeout_ms: int = 60000) -> None:
+    """A client process that opens a transaction, writes to it, and is SIGKILLed."""
+    proc = subprocess.Popen([sys.executable, "-c", CLIENT, bootstrap, transactional_id, str(timeout_ms)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "sent"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_restarted_client_aborts_its_predecessors_transaction(node):
+    killed_client(node.bootstrap, "app-3")
+    assert latest(node.port, READ_COMMITTED) < latest(node.port, READ_UNCOMMITTED)  # the open transaction holds the LSO
+    p = producer(node.bootstrap, "app-3")
+    transaction(p, [b"after"], commit=True)
+    assert read(node.bootstrap) == [b"after"]
+    assert latest(node.port, READ_COMMITTED) == latest(node.port, READ_UNCOMMITTED)
+
+
+def test_client_killed_mid_transaction_is_aborted_on_timeout(node):
+    killed_client(node.bootstrap, "app-4", timeout_ms=1000)
+    wait_for(lambda: latest(node.port, READ_COMMITTED) == latest(node.port, READ_UNCOMMITTED), 30,
+             what="the coordinator to abort the timed-out transaction")
+    assert read(node.bootstrap) == []
+    state = describe(node.port, "app-4")
+    assert (state.transaction_state, state.producer_epoch) == ("CompleteAbort", 1)  # fenced by the abort
+
+
+def test_coordinator_state_survives_sigkill(tmp_path):
+    topics = write_manifests(tmp_path / "topics", topic_manifest(TOPIC, partitions=2))
+    proc = ServeProcess(tmp_path / "data", topics).start()
+    try:
+        p = producer(proc.bootstrap, "app-5")
+        transaction(p, [b"one"], commit=True)
+        killed_client(proc.bootstrap, "app-6")  # leaves an Ongoing transaction in __transaction_state
+        err, pid, epoch = init_raw(proc.port, "app-5")
+        assert err == 0
+        proc.kill()
+        proc = ServeProcess(tmp_path / "data", topics, port=proc.port).start()
+        assert init_raw(proc.port, "app-5") == (0, pid, epoch + 1)  # the same id and the next epoch: loaded
+        # The Ongoing transaction of app-6 is still open after the restart, and the next instance aborts it.
+        assert describe(proc.port, "app-6").transaction_state == "Ongoing"
+        transaction(producer(proc.bootstrap, "app-6"), [b"two"], commit=True)
+        assert sorted(read(proc.bootstrap)) == [b"one", b"two"]
+        listed = call(proc.port, build(ListTransactionsRequest, {"state_filters": [], "producer_id_filters": []}, 0),
+                      ListTransactionsResponse)
+        assert sorted((t.transactional_id, t.transaction_state) for t in listed.transaction_states) == [
+            ("app-5", "Empty"), ("app-6", "CompleteCommit")]
+    finally:
+        proc.kill()
