@@ -171,27 +171,29 @@ def table(res: Results) -> str:
         for protocol in PROTOCOLS:
             rates = sorted(p.mb_per_s for p in getattr(res, kind)[protocol])
             spread = f"{rates[0]:.0f}–{rates[-1]:.0f}" if len(rates) > 1 else f"{rates[0]:.0f}"
-            ratio = res.ratio(kind, protocol)
-            plain = protocol == "PLAINTEXT"
+            ratio, plain = res.ratio(kind, protocol), protocol == "PLAINTEXT"
+            vs_plain = ("—", "—", "—", "—") if plain else (
+                f"{ratio:.0%}", "met" if ratio >= GOAL else "missed", f"{res.tls_ms_per_mb(kind, protocol):+.2f}",
+                f"{res.cpu_ratio(kind, protocol):.2f}")
             lines.append(
-                f"| {kind} {res.records:,} × 1 KiB | {protocol} | {res.median(kind, protocol):.0f} ({spread}) "
-                f"| {'—' if plain else f'{ratio:.0%}'} | {'—' if plain else ('met' if ratio >= GOAL else 'missed')} "
-                f"| {res.median(kind, protocol, 'server_ms_per_mb'):.2f} "
-                f"| {'—' if plain else f'{res.tls_ms_per_mb(kind, protocol):+.2f}'} "
-                f"| {res.client_ms(kind, protocol):.2f} | {'—' if plain else f'{res.cpu_ratio(kind, protocol):.2f}'} |")
+                f"| {kind} {res.records:,} × {RECORD_SIZE // 1024} KiB | {protocol} "
+                f"| {res.median(kind, protocol):.0f} ({spread}) | {vs_plain[0]} | {vs_plain[1]} "
+                f"| {res.median(kind, protocol, 'server_ms_per_mb'):.2f} | {vs_plain[2]} "
+                f"| {res.client_ms(kind, protocol):.2f} | {vs_plain[3]} |")
     return "\n".join(lines)
 
 
 def summary(res: Results) -> str:
     return "; ".join(f"{kind} {protocol}/PLAINTEXT {res.ratio(kind, protocol):.2f} (CPU per MB "
-                     f"{res.cpu_ratio(kind, protocol):.2f})" for kind in ("produce", "consume") for protocol in PROTOCOLS[1:])
+                     f"{res.cpu_ratio(kind, protocol):.2f})"
+                     for kind in ("produce", "consume") for protocol in PROTOCOLS[1:])
 
 
 def markdown(res: Results, facts: str, command: str, notes: str = "") -> str:
     lines = [SECTION, "",
              f"`{command}` on {facts}; load average {res.load[0]:.1f} before and {res.load[1]:.1f} after the run "
-             f"({res.wall_s:.0f} s): other work shared the cores, so compare ratios and server CPU per MB, which are "
-             "taken in the same run, rather than absolute MB/s.", "",
+             f"({res.wall_s:.0f} s): other work shared the cores, so compare ratios and CPU per MB, which are taken "
+             "in the same run, rather than absolute MB/s.", "",
              __doc__.split("\n\n", 2)[2].strip(), "",
              table(res), "",
              f"Ratios (medians): {summary(res)}."]

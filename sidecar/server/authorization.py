@@ -282,6 +282,15 @@ def _group_first(operation: AclOperation) -> Callable[[Access, codec.Request], i
     return first
 
 
+def _txn_offset_commit_first(access: Access, request: codec.Request) -> int:
+    """TxnOffsetCommit: WRITE on the transactional id, then READ on the group, before READ per topic."""
+    txn = request.body.transactional_id
+    if not access.allows(_O.WRITE, _R.TRANSACTIONAL_ID, txn):
+        access.refused(_O.WRITE, _R.TRANSACTIONAL_ID, [txn])
+        return TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    return _group_first(_O.READ)(access, request)
+
+
 async def _offset_delete(access: Access, request: codec.Request, handler: Handler) -> Any:
     """DELETE on the group for the whole request (its top-level error), then READ per topic."""
     if _group_first(_O.DELETE)(access, request) != NONE:
@@ -691,6 +700,7 @@ def _guards(topic_name: Callable[[uuid.UUID], str | None]) -> dict[int, Guard]:
         24: _add_partitions_to_txn,
         25: _add_offsets_to_txn,
         26: _whole(_O.WRITE, _R.TRANSACTIONAL_ID, _txn_id("transactional_id"), _top_error),  # EndTxn
+        28: _per_topic(COMMIT, _O.READ, _txn_offset_commit_first),  # TxnOffsetCommit
         29: _whole(_O.DESCRIBE, _R.CLUSTER, _cluster, _acl_refusal(29)),
         30: _whole(_O.ALTER, _R.CLUSTER, _cluster, _acl_refusal(30)),
         31: _whole(_O.ALTER, _R.CLUSTER, _cluster, _acl_refusal(31)),

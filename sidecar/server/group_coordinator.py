@@ -30,7 +30,9 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import LogError, RecordTooLargeError
 from shale.sidecar.log.log import Log
-from shale.sidecar.log.records import BATCH_OVERHEAD, BatchHeader, Record, decode_batch, encode_batch
+from shale.sidecar.log.records import (
+    BATCH_OVERHEAD, BatchHeader, ControlType, Record, decode_batch, encode_batch, parse_control_key,
+)
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.authorized_operations import GROUP_OPERATIONS
@@ -68,6 +70,7 @@ logger = logging.getLogger(__name__)
 API_OFFSET_COMMIT, API_OFFSET_FETCH, API_FIND_COORDINATOR = 8, 9, 10
 API_JOIN_GROUP, API_HEARTBEAT, API_LEAVE_GROUP, API_SYNC_GROUP = 11, 12, 13, 14
 API_DESCRIBE_GROUPS, API_LIST_GROUPS, API_DELETE_GROUPS, API_OFFSET_DELETE = 15, 16, 42, 47
+API_TXN_OFFSET_COMMIT = 28
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
 CLASSIC_GROUP_TYPE = "classic"  # ListGroups v5 group type: every group here uses the classic protocol
@@ -322,6 +325,9 @@ class GroupCoordinator:
         self.replicated: Callable[[TopicPartition, int], Awaitable[int]] | None = None
         self.last_append: tuple[TopicPartition, int] | None = None  # partition and last offset of the last append
         self.groups: dict[str, Group] = {}
+        # TxnOffsetCommit: producer id -> group -> offsets, visible once that producer's COMMIT marker reaches the
+        # group's partition, dropped on ABORT (Kafka's pendingTransactionalOffsetCommits).
+        self.pending_txn_offsets: dict[int, dict[str, dict[tuple[str, int], OffsetCommitValue]]] = {}
         self.loaded: dict[int, int] = {}  # partition -> leader epoch it was loaded in (with a control store)
         self.active = False
         self._expiry_timer: Timer | None = None
@@ -339,6 +345,7 @@ class GroupCoordinator:
             API_LIST_GROUPS: self._handle_list_groups,
             API_DELETE_GROUPS: self._handle_delete_groups,
             API_OFFSET_DELETE: self._handle_offset_delete,
+            API_TXN_OFFSET_COMMIT: self._handle_txn_offset_commit,
         }
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -438,14 +445,19 @@ class GroupCoordinator:
                     break
                 where = f"{log.name} offset {header.base_offset}"
                 if header.next_offset > offset:
-                    if header.is_control or header.is_transactional:
-                        # Transactional offset commits (TxnOffsetCommit) are not served; nothing writes them.
-                        logger.warning("skipping %s batch in %s", "control" if header.is_control else
-                                       "transactional", where)
+                    batch = decode_batch(data[pos : pos + header.size], where)
+                    if header.is_control:  # a transaction's end: its pending offsets are committed or dropped
+                        for record in batch.records:
+                            control = parse_control_key(record.key)
+                            if control in (ControlType.COMMIT, ControlType.ABORT):
+                                self.complete_txn_offsets(log.topic_partition.partition, header.producer_id,
+                                                          control is ControlType.COMMIT)
                     else:
-                        for record in decode_batch(data[pos : pos + header.size], where).records:
+                        pending = header.producer_id if header.is_transactional else None
+                        for record in batch.records:
                             if record.offset >= offset:
-                                self._replay(record.key, record.value, f"{log.name} offset {record.offset}")
+                                self._replay(record.key, record.value, f"{log.name} offset {record.offset}",
+                                             pending)
                                 count += 1
                     offset = header.next_offset
                     progressed = True
@@ -454,12 +466,18 @@ class GroupCoordinator:
                 raise RuntimeError(f"cannot read {log.name} at offset {offset}: no whole batch returned")
         return count
 
-    def _replay(self, key_bytes: bytes | None, value: bytes | None, where: str) -> None:
+    def _replay(self, key_bytes: bytes | None, value: bytes | None, where: str, producer_id: int | None = None
+                ) -> None:
         if key_bytes is None:
             logger.warning("ignoring a record without key at %s", where)
             return
         try:
-            self._apply_record(decode_key(key_bytes), value)
+            key = decode_key(key_bytes)
+            if producer_id is not None and isinstance(key, OffsetCommitKey) and value is not None:
+                self.pending_txn_offsets.setdefault(producer_id, {}).setdefault(key.group, {})[
+                    (key.topic, key.partition)] = decode_offset_commit_value(value)
+                return
+            self._apply_record(key, value)
         except OffsetRecordError as exc:
             raise OffsetRecordError(f"cannot load {where}: {exc}") from None
 
@@ -515,14 +533,17 @@ class GroupCoordinator:
         return partition_for(group_id, self.offsets_partitions)
 
     def _append(self, group_id: str, entries: list[tuple[bytes, bytes | None]],
-                now: int | None = None) -> Exception | None:
-        """Append keyed records (timestamp `now`) to the group's partition; the exception if the log refused them."""
+                now: int | None = None, producer: tuple[int, int] | None = None) -> Exception | None:
+        """Append keyed records (timestamp `now`) to the group's partition; the exception if the log refused them.
+        With `producer` (id, epoch) the batch is that producer's transactional batch (TxnOffsetCommit)."""
         p = self.partition_for(group_id)
         log = self.registry.local_log(OFFSETS_TOPIC, p)
         if log is None:
             return LogError(f"{OFFSETS_TOPIC}-{p} is not hosted here")
         now = self.clock.now_ms() if now is None else now
-        batch = encode_batch([Record(i, now, k, v) for i, (k, v) in enumerate(entries)])
+        txn = {} if producer is None else {"producer_id": producer[0], "producer_epoch": producer[1],
+                                           "is_transactional": True}
+        batch = encode_batch([Record(i, now, k, v) for i, (k, v) in enumerate(entries)], **txn)
         try:
             info = self.append(TopicPartition(OFFSETS_TOPIC, p), log, batch)
             self.last_append = (TopicPartition(OFFSETS_TOPIC, p), info.last_offset)
@@ -1024,8 +1045,9 @@ class GroupCoordinator:
 
     def commit_offsets(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None,
                        partitions: Iterable[CommitPartition], *, retention_ms: int = -1,
-                       api_version: int = 9) -> dict[tuple[str, int], int]:
-        """Validate and persist a commit; the error code of each (topic, partition)."""
+                       api_version: int = 9, producer: tuple[int, int] | None = None) -> dict[tuple[str, int], int]:
+        """Validate and persist a commit; the error code of each (topic, partition). A transactional commit
+        (`producer`: id, epoch) stays pending until its transaction ends (`complete_txn_offsets`)."""
         partitions = list(partitions)
         code = self._group_error(group_id, allow_empty=True)
         group = self.groups.get(group_id)
@@ -1058,14 +1080,28 @@ class GroupCoordinator:
             results[tp] = NONE
         if values:
             exc = self._append(group_id, [(encode_key(OffsetCommitKey(group_id, t, p)), encode_offset_commit_value(v))
-                                          for (t, p), v in values.items()], now)
+                                          for (t, p), v in values.items()], now, producer)
             if exc is not None:
-                code = self._store_error(exc, commit=True)
+                code = getattr(exc, "error_code", None) if producer is not None else None  # a fenced epoch: 47
+                code = code if code is not None else self._store_error(exc, commit=True)
                 for tp in values:
                     results[tp] = code
+            elif producer is not None:
+                self.pending_txn_offsets.setdefault(producer[0], {}).setdefault(group_id, {}).update(values)
             else:
                 self.groups.setdefault(group_id, group).offsets.update(values)
         return results
+
+    def complete_txn_offsets(self, partition: int, producer_id: int, commit: bool) -> None:
+        """A COMMIT/ABORT marker of `producer_id` reached `__consumer_offsets` partition `partition`: its pending
+        offsets of the groups there become committed, or are dropped (Kafka's completePendingTxnOffsetCommit)."""
+        by_group = self.pending_txn_offsets.get(producer_id, {})
+        for group_id in [g for g in by_group if self.partition_for(g) == partition]:
+            offsets = by_group.pop(group_id)
+            if commit:
+                self.groups.setdefault(group_id, Group(group_id)).offsets.update(offsets)
+        if not by_group:
+            self.pending_txn_offsets.pop(producer_id, None)
 
     def fetch_offsets(self, group_id: str, topics: list[tuple[str, list[int]]] | None
                       ) -> tuple[int, list[tuple[str, list[tuple[int, OffsetCommitValue | None]]]]]:
@@ -1363,6 +1399,21 @@ class GroupCoordinator:
                                                    "error_code": results[(t.name, p.partition_index)]}
                                                   for p in t.partitions]} for t in b.topics]
         return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _handle_txn_offset_commit(self, request: codec.Request, conn) -> dict:
+        """TxnOffsetCommit: the offsets as the producer's transactional batch, pending until its marker."""
+        v, b = request.api_version, request.body
+        partitions = [CommitPartition(t.name, p.partition_index, p.committed_offset,
+                                      p.committed_leader_epoch if v >= 2 else -1, p.committed_metadata)
+                      for t in b.topics for p in t.partitions]
+        results = self.commit_offsets(b.group_id, b.generation_id if v >= 3 else -1,
+                                      (b.member_id or "") if v >= 3 else "",
+                                      b.group_instance_id if v >= 3 else None, partitions,
+                                      producer=(b.producer_id, b.producer_epoch))
+        return {"throttle_time_ms": 0, "topics": [
+            {"name": t.name, "partitions": [{"partition_index": p.partition_index,
+                                             "error_code": results[(t.name, p.partition_index)]}
+                                            for p in t.partitions]} for t in b.topics]}
 
     def _fetch_topics(self, group_id: str, topics, v: int, per_partition_error: bool) -> tuple[int, list[dict]]:
         wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]

@@ -232,6 +232,7 @@ class StorageNode:
         self.groups.address_on = self.broker.address_on  # FindCoordinator answers the request's listener
         self.groups.find_transaction_coordinator = self.transactions.find_coordinator  # ... key type 1 too
         self.transactions.on_append = self.broker.poke  # markers wake read_committed fetches
+        self.transactions.on_offsets_marker = self.groups.complete_txn_offsets  # TxnOffsetCommit made visible
         self.admin.address_on = self.broker.address_on  # ... and DescribeCluster
         self.broker.on_failed_authentication = self.metrics.security.failed_authentication
         if self.replicas is not None:

@@ -137,6 +137,9 @@ class TransactionCoordinator:
         self.clock: Clock = clock or LoopClock()
         self.serving = serving  # False where this scope cannot coordinate (several nodes, a control store)
         self.on_append: Callable[[TopicPartition], None] = lambda _tp: None  # the broker's poke
+        # A marker reached `__consumer_offsets` partition p: (p, producer id, commit) for the group coordinator,
+        # which then commits or drops that producer's pending TxnOffsetCommit offsets.
+        self.on_offsets_marker: Callable[[int, int, bool], None] = lambda _p, _pid, _commit: None
         self.txns: dict[str, TxnMetadata] = {}
         self.active = False
         self._timer: Timer | None = None
@@ -262,6 +265,8 @@ class TransactionCoordinator:
                 failed.append(f"{topic}-{partition}: {exc}")
                 continue
             self.on_append(TopicPartition(topic, partition))
+            if topic == OFFSETS_TOPIC:
+                self.on_offsets_marker(partition, meta.producer_id, control is ControlType.COMMIT)
         if failed:
             logger.error("transactional id %r: %s marker of producer %d epoch %d not written to %s; retrying",
                          meta.transactional_id, control.name, meta.producer_id, meta.producer_epoch,

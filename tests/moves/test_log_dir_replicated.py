@@ -1,7 +1,8 @@
 """Log-dir moves of replicated partitions (docs/moves.md, section 3) on real `shale serve` processes with two log
 dirs each, sharing a real etcd, with a real producer writing `acks=all` throughout: AlterReplicaLogDirs on the
-leader (it keeps serving, the high watermark keeps moving) and on a follower SIGKILLed mid-copy and restarted
-(its move resumes, and after the swap it fetches into the moved log). Then every acknowledged record is at its
+leader (it keeps serving, the high watermark keeps moving), on a follower SIGKILLed mid-copy and restarted (its
+move resumes, and after the swap it fetches into the moved log), on the leader again SIGKILLed mid-copy
+(another node leads; restarted, it completes the move as a follower). Then every acknowledged record is at its
 offset, the replicas are byte-identical below the high watermark, and no partition is paused on any node.
 Also AlterReplicaLogDirs' per-partition errors, as Kafka's ReplicaManager.alterReplicaLogDirs answers them."""
 
@@ -66,11 +67,14 @@ def moved(server: ServeProcess, target: Path, timeout: float = 90.0) -> dict:
 
 def preload(bootstrap: str, records: int = 1500) -> None:
     """~1.5 MB acknowledged by every replica: enough for a throttled copy to be caught in the middle."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "log_level": 3})
+    errors: list = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 16384,
+                         "log_level": 3})  # batches well below the topic's segment.bytes
     for _ in range(records):
-        producer.produce(TOPIC, value=os.urandom(1000), partition=0)
+        producer.produce(TOPIC, value=os.urandom(1000), partition=0,
+                         on_delivery=lambda err, msg: err is not None and errors.append(err))
         producer.poll(0)
-    assert producer.flush(60) == 0
+    assert producer.flush(60) == 0 and errors == [], errors[:3]
 
 
 def no_pause_anywhere(cluster: ReplicatedCluster) -> None:
@@ -109,13 +113,27 @@ def test_replicated_partition_moves_between_log_dirs_under_load(tmp_path, etcd):
         assert [n for n in os.listdir(target) if n.endswith("-future")], "the kill came after the copy"
         cluster.restart(follower)
         moved(cluster.servers[follower], target)
+        load.wait_for_acks(len(load.acked) + 200)
+        cluster.wait_for_isr(TOPIC, 0)
+
+        # The leader again, back to its first dir, SIGKILLed mid-copy: another node leads meanwhile; restarted,
+        # it finishes its move as a follower and catches up into the moved log.
+        epoch = cluster.wait_for_leader(TOPIC, 0).leader_epoch
+        back = move_to_other_dir(cluster, leader)
+        wait_for(lambda: (m := jbod_0(cluster.servers[leader])["move"])["state"] == "copying"
+                 and m["bytes_copied"] > 0, what="the leader's second copy")
+        cluster.kill(leader)
+        cluster.wait_for_leader(TOPIC, 0, excluding=(leader,), newer_than=epoch)
+        cluster.restart(leader)
+        moved(cluster.servers[leader], back)
         acked = len(load.acked)
         load.wait_for_acks(acked + 200)
         cluster.wait_for_isr(TOPIC, 0)
 
         acks, hw = load.finish(cluster)  # every ack at its offset, replicas identical below the HW
         assert len(acks) > acked
-        assert cluster.log_dir_of(follower, TOPIC, 0) == target  # the bytes load.finish compared came from there
+        # The bytes load.finish compared came from the moved logs.
+        assert (cluster.log_dir_of(follower, TOPIC, 0), cluster.log_dir_of(leader, TOPIC, 0)) == (target, back)
         for n in (leader, follower):  # one copy per node, where /status says: no future or swapped-out dir left
             homes = [d for d in (cluster.data_dir(n), Path(second_dir(cluster.servers[n])[1]))
                      if any(name.startswith(f"{TOPIC}-0") for name in os.listdir(d))]

@@ -102,7 +102,7 @@ def test_committed_transactions_are_visible_and_aborted_ones_are_not(node):
     assert sorted(read(node.bootstrap)) == [b"a", b"b", b"c"]
     assert sorted(read(node.bootstrap, "read_uncommitted")) == [b"a", b"b", b"c", b"x", b"y"]
     # Each transaction ended with a marker in both of its partitions, written by the coordinator.
-    markers = [b for b in stored_batches(node.data_dir, TOPIC, 0) if b.is_control]
+    markers = [b for b in stored_batches(node.data_dir, TOPIC, 0) if b.header.is_control]
     assert len(markers) == 3
     state = describe(node.port, "app-1")
     assert (state.error_code, state.transaction_state, state.producer_epoch) == (0, "CompleteCommit", 0)
@@ -188,3 +188,45 @@ def test_coordinator_state_survives_sigkill(tmp_path):
             ("app-5", "Empty"), ("app-6", "CompleteCommit")]
     finally:
         proc.kill()
+
+
+def test_consume_transform_produce_commits_offsets_with_the_output(tmp_path):
+    topics = write_manifests(tmp_path / "topics", topic_manifest(TOPIC, partitions=2), topic_manifest("txn-in"))
+    with ServeProcess(tmp_path / "data", topics).start() as proc:
+        plain = confluent_kafka.Producer({"bootstrap.servers": proc.bootstrap})
+        for i in range(10):
+            plain.produce("txn-in", str(i).encode(), partition=0)
+        plain.flush(30)
+        consumer = confluent_kafka.Consumer({"bootstrap.servers": proc.bootstrap, "group.id": "eos",
+                                             "isolation.level": "read_committed", "enable.auto.commit": False,
+                                             "auto.offset.reset": "earliest"})
+        consumer.subscribe(["txn-in"])
+        p = producer(proc.bootstrap, "eos-1")
+
+        def step(count: int, commit: bool) -> None:
+            msgs: list = []
+            deadline = time.monotonic() + 30
+            while len(msgs) < count:
+                assert time.monotonic() < deadline, f"read {len(msgs)} of {count} inputs"
+                msgs += [m for m in consumer.consume(count - len(msgs), 0.5) if not m.error()]
+            p.begin_transaction()
+            for m in msgs:
+                p.produce(TOPIC, b"out-" + m.value(), partition=0)
+            p.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                          consumer.consumer_group_metadata(), 30)
+            if commit:
+                p.commit_transaction(30)
+            else:
+                p.flush(30)
+                p.abort_transaction(30)
+
+        def committed() -> int:
+            [tp] = consumer.committed([confluent_kafka.TopicPartition("txn-in", 0)], 30)
+            return tp.offset
+
+        step(6, commit=True)
+        assert committed() == 6
+        step(4, commit=False)  # the offsets of an aborted transaction never become visible
+        assert committed() == 6
+        consumer.close()
+        assert read(proc.bootstrap) == [b"out-%d" % i for i in range(6)]
