@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-replication chaos clean
+.PHONY: demo test bench bench-replication bench-tls chaos clean
 
 # Each setup step prints one line saying what it does and why; its output goes to $(LOGS)/NAME.log,
 # whose tail is printed only if the step fails. A long step may print progress lines to fd 9 (the terminal).
@@ -70,6 +70,10 @@ ifeq ($(ETCD),)
 	$(call step,installing Debian's etcd-server with apt-get (the control store of the replicated nodes),$(call APT_INSTALL,etcd-server),etcd)
 endif
 	$(BIN)/python bench/replication.py
+
+# Issue 17's TLS benchmark: one `shale serve` with PLAINTEXT, SASL_SSL and SSL listeners (docs/performance.md, "TLS").
+bench-tls: $(BIN)/.installed
+	$(BIN)/python bench/tls.py
 
 clean:
 	rm -rf $(VENV) demo-data .pytest_cache .hypothesis build sidecar/log/_cleaner_kernel.*.so

@@ -112,6 +112,7 @@ class ClusterClient:
 
     cluster: ReplicatedCluster
     name: str = "Shale cluster"
+    client_config: dict = field(default_factory=dict)  # plaintext listeners: nothing to add (bench/broker.py)
 
     @property
     def bootstrap(self) -> str:

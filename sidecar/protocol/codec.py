@@ -110,7 +110,6 @@ from kafka.protocol.producer.transaction import (
     EndTxnRequest, EndTxnResponse,
     InitProducerIdRequest, InitProducerIdResponse,
     TxnOffsetCommitRequest, TxnOffsetCommitResponse,
-    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 )
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest, SaslAuthenticateResponse,
@@ -151,7 +150,6 @@ _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
     (AddPartitionsToTxnRequest, AddPartitionsToTxnResponse),  # 24
     (AddOffsetsToTxnRequest, AddOffsetsToTxnResponse),      # 25
     (EndTxnRequest, EndTxnResponse),                        # 26
-    (WriteTxnMarkersRequest, WriteTxnMarkersResponse),      # 27
     (TxnOffsetCommitRequest, TxnOffsetCommitResponse),      # 28
     (DescribeAclsRequest, DescribeAclsResponse),            # 29
     (CreateAclsRequest, CreateAclsResponse),                # 30

@@ -89,7 +89,9 @@ DEBUGGING_REPLICA_ID = -2  # Kafka's: a request that may read any replica, not o
 # Caps below the codec's ranges where a version identifies topics by ID, which is
 # not routed yet (kafka-protocol.md G6): Fetch >= 13, Produce 13, OffsetCommit and
 # OffsetFetch >= 10.
-VERSION_CAPS = {API_FETCH: 12, API_PRODUCE: 12, 8: 9, 9: 9}
+# AddPartitionsToTxn v4+, EndTxn v5 and TxnOffsetCommit v5 are KIP-890's transaction version 2 (server-side
+# partition verification, an epoch bump per transaction), which the coordinator does not implement.
+VERSION_CAPS = {API_FETCH: 12, API_PRODUCE: 12, 8: 9, 9: 9, 24: 3, 26: 4, 28: 4}
 
 
 @dataclass(frozen=True, slots=True)

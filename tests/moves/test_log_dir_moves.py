@@ -25,7 +25,8 @@ from shale.sidecar.log.pause_owners import PAUSES_FILE
 
 TP = TopicPartition("orders", 0)
 COMPACTED = {"cleanup.policy": "compact", "segment.bytes": 65536, "min.cleanable.dirty.ratio": 0.01}
-QUICK = {"log.cleaner.backoff.ms": "100", "offsets.topic.num.partitions": "2"}
+QUICK = {"log.cleaner.backoff.ms": "100", "offsets.topic.num.partitions": "2",
+         "transaction.state.log.num.partitions": "2"}
 WEDGED = {**QUICK, "replica.alter.log.dirs.io.max.bytes.per.second": "1"}
 
 
@@ -103,8 +104,9 @@ def test_new_partitions_go_to_the_dir_with_the_fewest(tmp_path):
     dirs = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
     with node_with_dirs(tmp_path, dirs, QUICK) as node:
         counts = {d["path"]: d["partitions"] for d in status(node)["log_dirs"]}
-        # orders-0, other-0 and __consumer_offsets' 2: 4 partitions over 3 dirs, never 2 apart (Kafka's rule)
-        assert sorted(counts) == sorted(str(d) for d in dirs) and sum(counts.values()) == 4
+        # orders-0, other-0, __consumer_offsets' 2 and __transaction_state's 2: 6 partitions over 3 dirs, never 2
+        # apart (Kafka's rule)
+        assert sorted(counts) == sorted(str(d) for d in dirs) and sum(counts.values()) == 6
         assert max(counts.values()) - min(counts.values()) <= 1
         admin = KafkaAdminClient(bootstrap_servers=node.bootstrap)
         described = admin.describe_log_dirs()

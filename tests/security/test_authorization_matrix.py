@@ -49,7 +49,12 @@ from kafka.protocol.consumer.offsets import (
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
-from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+from kafka.protocol.admin.transactions import DescribeTransactionsRequest, DescribeTransactionsResponse
+from kafka.protocol.producer.transaction import (
+    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest, AddPartitionsToTxnResponse,
+    EndTxnRequest, EndTxnResponse, InitProducerIdRequest, InitProducerIdResponse, TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from clients_util import build, call  # noqa: E402
@@ -150,6 +155,23 @@ def cases() -> dict[str, Case]:
         "InitProducerId txn": Case(build(InitProducerIdRequest, {"transactional_id": "txn",
                                                                  "transaction_timeout_ms": 1000}, version=4),
                                    InitProducerIdResponse, top, {TXN_AUTH}),
+        "AddPartitionsToTxn": Case(build(AddPartitionsToTxnRequest, {
+            "v3_and_below_transactional_id": "txn", "v3_and_below_producer_id": 1, "v3_and_below_producer_epoch": 0,
+            "v3_and_below_topics": [{"name": "orders", "partitions": [0]}]}, version=3), AddPartitionsToTxnResponse,
+            lambda r: {p.partition_error_code for t in r.results_by_topic_v3_and_below for p in t.results_by_partition},
+            {TXN_AUTH}),
+        "AddOffsetsToTxn": Case(build(AddOffsetsToTxnRequest, {"transactional_id": "txn", "producer_id": 1,
+                                                               "producer_epoch": 0, "group_id": GROUP}, version=3),
+                                AddOffsetsToTxnResponse, top, {TXN_AUTH}),
+        "EndTxn": Case(build(EndTxnRequest, {"transactional_id": "txn", "producer_id": 1, "producer_epoch": 0,
+                                             "committed": True}, version=3), EndTxnResponse, top, {TXN_AUTH}),
+        "TxnOffsetCommit": Case(build(TxnOffsetCommitRequest, {
+            "transactional_id": "txn", "group_id": GROUP, "producer_id": 1, "producer_epoch": 0, "generation_id": -1,
+            "member_id": "", "topics": [{"name": "orders", "partitions": [
+                {"partition_index": 0, "committed_offset": 1}]}]}, version=3), TxnOffsetCommitResponse,
+            parts("topics", "partitions"), {TXN_AUTH}),
+        "DescribeTransactions": Case(build(DescribeTransactionsRequest, {"transactional_ids": ["txn"]}, version=0),
+                                     DescribeTransactionsResponse, each("transaction_states"), {TXN_AUTH}),
         "OffsetForLeaderEpoch": Case(build(OffsetForLeaderEpochRequest, {"replica_id": -1, "topics": [
             {"topic": "orders", "partitions": [{"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}]}]},
             version=3), OffsetForLeaderEpochResponse, parts("topics", "partitions"), {TOPIC_AUTH}),
@@ -209,7 +231,8 @@ CASES = cases()
 def test_every_served_api_is_in_the_matrix():
     served = {codec.API_NAMES[k] for k in codec.SUPPORTED_VERSIONS} - {"ApiVersions", "SaslHandshake",
                                                                        "SaslAuthenticate"}
-    covered = {name.split(" ")[0] for name in CASES} | {"ListGroups", "DescribeCluster"}  # (filters: below)
+    covered = {name.split(" ")[0] for name in CASES} | {"ListGroups", "DescribeCluster",  # (filters: below)
+                                                        "ListTransactions"}  # (filters: tests/transactions)
     assert served <= covered, f"APIs without a matrix row: {sorted(served - covered)}"
 
 

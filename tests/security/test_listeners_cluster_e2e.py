@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -23,9 +24,14 @@ from node_util import ServeProcess, free_port, start_replicated_cluster, topic_m
 from test_http_api import sample, scrape  # noqa: E402
 from tls_util import RawClient, client_context, make_pki, seed_user, tls_overrides  # noqa: E402
 
+from shale.sidecar.log.records import Record, encode_batch  # noqa: E402
+from shale.sidecar.protocol.error_codes import (  # noqa: E402
+    COORDINATOR_NOT_AVAILABLE, LEADER_NOT_AVAILABLE, LISTENER_NOT_FOUND, NOT_LEADER_OR_FOLLOWER,
+    SASL_AUTHENTICATION_FAILED, TOPIC_AUTHORIZATION_FAILED,
+)
+
 PASSWORDS = {"alice": "alice-Secret-4711", "mallory": "mallory-Secret-0815"}
-METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 3, 10, 60
-LISTENER_NOT_FOUND = 72
+PRODUCE, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 3, 10, 60
 
 
 def listeners(pki, client: bool = True):
@@ -106,6 +112,14 @@ def test_clients_on_sasl_ssl_reach_every_node_by_its_client_listener(tmp_path, e
         assert port == client_ports[coordinator]
         (found,) = conn.request(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]}).coordinators
         assert (found.error_code, found.node_id, found.port) == (0, coordinator, client_ports[coordinator])
+        # KIP-951: a produce to node 0 for another node's partition names that leader's CLIENT address.
+        elsewhere = next(p for p, leader in leaders.items() if leader != 0)
+        batch = encode_batch([Record(0, int(time.time() * 1000), None, b"misdirected")])
+        refused = conn.request(PRODUCE, 10, {"transactional_id": None, "acks": 1, "timeout_ms": 30000, "topic_data": [
+            {"name": "orders", "partition_data": [{"index": elsewhere, "records": batch}]}]})
+        assert refused.responses[0].partition_responses[0].error_code == NOT_LEADER_OR_FOLLOWER
+        assert [(e.node_id, e.host, e.port) for e in refused.node_endpoints] == [
+            (leaders[elsewhere], "127.0.0.1", client_ports[leaders[elsewhere]])]
         conn.close()
 
         producer = Producer({**client_config(servers[0], pki), "acks": "all"})
@@ -152,7 +166,7 @@ def test_refused_logins_and_authorization_checks_are_counted(tmp_path, etcd):
     try:
         server = cluster.servers[0]
         wrong = RawClient(server.client_port, client_context(pki))
-        assert wrong.scram("alice", "not-alices-password").error_code == 58  # SASL_AUTHENTICATION_FAILED
+        assert wrong.scram("alice", "not-alices-password").error_code == SASL_AUTHENTICATION_FAILED
         assert wrong.closed()
         plain = socket.create_connection(("127.0.0.1", server.client_port), timeout=10)
         plain.sendall(bytes(64))  # not a TLS ClientHello
@@ -163,7 +177,7 @@ def test_refused_logins_and_authorization_checks_are_counted(tmp_path, etcd):
         answer = mallory.request(METADATA, 12, {"topics": [{"name": "orders", "topic_id": None}],
                                                 "allow_auto_topic_creation": False,
                                                 "include_topic_authorized_operations": False})
-        assert answer.topics[0].error_code == 29  # TOPIC_AUTHORIZATION_FAILED
+        assert answer.topics[0].error_code == TOPIC_AUTHORIZATION_FAILED
         mallory.close()
 
         def counted() -> bool:
@@ -196,7 +210,7 @@ def test_a_node_without_the_requests_listener_is_left_out(tmp_path, etcd):
         leaders = {p: state.leader for p, state in cluster.metadata("orders").items()}
         assert set(leaders.values()) == {0, 1}, leaders
         conn = alice(pki, cluster.servers[0].client_port)
-        for version, lacking in ((12, LISTENER_NOT_FOUND), (5, 5)):
+        for version, lacking in ((12, LISTENER_NOT_FOUND), (5, LEADER_NOT_AVAILABLE)):
             answer = conn.request(METADATA, version, {"topics": [{"name": "orders", "topic_id": None}],
                                                       "allow_auto_topic_creation": False,
                                                       "include_topic_authorized_operations": False})
@@ -209,7 +223,7 @@ def test_a_node_without_the_requests_listener_is_left_out(tmp_path, etcd):
         def refused_group():
             for i in range(100):
                 found = conn.request(FIND_COORDINATOR, 3, {"key": f"group-{i}", "key_type": 0})
-                if found.error_code == 15 and "has no listener CLIENT" in (found.error_message or ""):
+                if found.error_code == COORDINATOR_NOT_AVAILABLE and "has no listener CLIENT" in (found.error_message or ""):
                     return found  # COORDINATOR_NOT_AVAILABLE: node 1 coordinates it
             return None
         found = wait_for(refused_group, 60, what="a group coordinated by node 1")

@@ -18,6 +18,11 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 
 from clients_util import build, call, stored_batches
 from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from shale.sidecar.security.acl import (
+    AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern, ResourceType,
+)
+from shale.sidecar.security.authorizer import Authorizer
+from shale.sidecar.security.store import SecurityStore
 
 TOPIC = "txn-out"
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -27,7 +32,7 @@ READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 def node(tmp_path):
     topics = write_manifests(tmp_path / "topics", topic_manifest(TOPIC, partitions=2))
     with ServeProcess(tmp_path / "data", topics, "--override",
-                      "transaction.abort.timed.out.transaction.cleanup.interval.ms=200").start() as proc:
+                      "transaction.abort.timed.out.transaction.cleanup.interval.ms=200") as proc:
         yield proc
 
 
@@ -192,7 +197,7 @@ def test_coordinator_state_survives_sigkill(tmp_path):
 
 def test_consume_transform_produce_commits_offsets_with_the_output(tmp_path):
     topics = write_manifests(tmp_path / "topics", topic_manifest(TOPIC, partitions=2), topic_manifest("txn-in"))
-    with ServeProcess(tmp_path / "data", topics).start() as proc:
+    with ServeProcess(tmp_path / "data", topics) as proc:
         plain = confluent_kafka.Producer({"bootstrap.servers": proc.bootstrap})
         for i in range(10):
             plain.produce("txn-in", str(i).encode(), partition=0)
@@ -230,3 +235,23 @@ def test_consume_transform_produce_commits_offsets_with_the_output(tmp_path):
         assert committed() == 6
         consumer.close()
         assert read(proc.bootstrap) == [b"out-%d" % i for i in range(6)]
+
+
+def test_list_and_describe_transactions_follow_the_acls(tmp_path):
+    topics = write_manifests(tmp_path / "topics", topic_manifest(TOPIC, partitions=2))
+    with ServeProcess(tmp_path / "data", topics) as proc:
+        for tid in ("visible", "hidden"):
+            assert init_raw(proc.port, tid)[0] == 0
+        assert proc.terminate() == 0
+    store = SecurityStore.open(str(tmp_path / "data"), Authorizer())
+    store.create_acls([AclBinding(ResourcePattern(ResourceType.TRANSACTIONAL_ID, "visible", PatternType.LITERAL),
+                                  AccessControlEntry("User:ANONYMOUS", "*", AclOperation.DESCRIBE,
+                                                     AclPermissionType.ALLOW))])
+    with ServeProcess(tmp_path / "data", topics, "--override", "authorizer.class.name=shale") as proc:
+        listed = call(proc.port, build(ListTransactionsRequest, {"state_filters": ["Empty", "Nonsense"],
+                                                                 "producer_id_filters": []}, 1),
+                      ListTransactionsResponse)
+        assert [(t.transactional_id, t.transaction_state) for t in listed.transaction_states] == [("visible", "Empty")]
+        assert listed.unknown_state_filters == ["Nonsense"]
+        assert describe(proc.port, "hidden").error_code == 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert describe(proc.port, "visible").error_code == 0
