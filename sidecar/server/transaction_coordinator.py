@@ -37,6 +37,7 @@ from shale.sidecar.protocol.error_codes import (
     INVALID_PRODUCER_EPOCH,
     INVALID_PRODUCER_ID_MAPPING,
     INVALID_REQUEST,
+    INVALID_TRANSACTION_TIMEOUT,
     NONE,
     NOT_COORDINATOR,
     OPERATION_NOT_ATTEMPTED,
@@ -56,6 +57,7 @@ from shale.sidecar.server.transaction_records import (
     encode_value,
 )
 from shale.sidecar.server.transaction_state import (
+    IllegalTransition,
     Refused,
     TxnMetadata,
     TxnState,
@@ -69,6 +71,7 @@ from shale.sidecar.server.transaction_state import (
     new_metadata,
     remove,
     timed_out,
+    valid_timeout,
 )
 from shale.sidecar.topic_config import TopicConfig
 
@@ -197,23 +200,30 @@ class TransactionCoordinator:
         self._timer = self.clock.call_later(self.abort_interval_ms, self._tick)
 
     def _tick(self) -> None:
-        """Abort transactions past their timeout, retry unfinished markers, remove long-idle ids."""
+        """Every `abort_interval_ms`: each id's timeout, markers and expiry (`_tick_one`), then the next tick."""
         if not self.active:
             return
         now = self.clock.now_ms()
         for meta in list(self.txns.values()):
-            if timed_out(meta, now):
-                logger.info("transactional id %r: transaction of producer %d epoch %d timed out after %d ms; "
-                            "aborting", meta.transactional_id, meta.producer_id, meta.producer_epoch,
-                            meta.timeout_ms)
-                aborted = fence(meta, now)
-                if self._store(aborted) == NONE:
-                    self._write_markers(aborted)
-            elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-                self._write_markers(meta)
-            elif expired(meta, now, self.id_expiration_ms):
-                self._store(remove(meta, now))
+            try:
+                self._tick_one(meta, now)
+            except IllegalTransition as exc:  # a bug for this id must not stop the others' timeouts
+                logger.error("transaction coordinator tick: %s", exc)
         self._schedule()
+
+    def _tick_one(self, meta: TxnMetadata, now: int) -> None:
+        """Abort a transaction past its timeout, retry unfinished markers, remove a long-idle id."""
+        if timed_out(meta, now):
+            logger.info("transactional id %r: transaction of producer %d epoch %d timed out after %d ms; "
+                        "aborting", meta.transactional_id, meta.producer_id, meta.producer_epoch,
+                        meta.timeout_ms)
+            aborted = fence(meta, now)
+            if self._store(aborted) == NONE:
+                self._write_markers(aborted)
+        elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            self._write_markers(meta)
+        elif expired(meta, now, self.id_expiration_ms):
+            self._store(remove(meta, now))
 
     # -- storage ------------------------------------------------------------------------------------------------
 
@@ -302,6 +312,8 @@ class TransactionCoordinator:
         error = self._coordinating(transactional_id)
         if error != NONE:
             return error, -1, -1
+        if not valid_timeout(timeout_ms, self.max_timeout_ms):
+            return INVALID_TRANSACTION_TIMEOUT, -1, -1  # before an id is spent on a new transactional id
         now = self.clock.now_ms()
         meta = self.txns.get(transactional_id)
         if meta is None:
@@ -344,12 +356,6 @@ class TransactionCoordinator:
         if error == NONE:
             self._write_markers(out)
         return error
-
-    def is_open_in(self, producer_id: int, epoch: int, topic: str, partition: int) -> bool:
-        """Whether a transactional batch of (producer id, epoch) may go to the partition: it was added to that
-        producer's Ongoing transaction (Produce refuses it INVALID_TXN_STATE otherwise)."""
-        return any(m.producer_id == producer_id and m.producer_epoch == epoch and m.state == TxnState.ONGOING
-                   and (topic, partition) in m.partitions for m in self.txns.values())
 
     # -- wire handlers ------------------------------------------------------------------------------------------
 

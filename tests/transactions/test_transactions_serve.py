@@ -86,9 +86,9 @@ def latest(port: int, isolation: int, partition: int = 0) -> int:
     return part.offset
 
 
-def init_raw(port: int, transactional_id: str) -> tuple[int, int, int]:
+def init_raw(port: int, transactional_id: str, timeout_ms: int = 60000) -> tuple[int, int, int]:
     resp = call(port, build(InitProducerIdRequest, {"transactional_id": transactional_id,
-                                                    "transaction_timeout_ms": 60000, "producer_id": -1,
+                                                    "transaction_timeout_ms": timeout_ms, "producer_id": -1,
                                                     "producer_epoch": -1}, 4), InitProducerIdResponse)
     return resp.error_code, resp.producer_id, resp.producer_epoch
 
@@ -111,7 +111,8 @@ def test_committed_transactions_are_visible_and_aborted_ones_are_not(node):
     assert len(markers) == 3
     state = describe(node.port, "app-1")
     assert (state.error_code, state.transaction_state, state.producer_epoch) == (0, "CompleteCommit", 0)
-    p.flush()
+    assert init_raw(node.port, "app-x", timeout_ms=900_001) == (50, -1, -1)  # INVALID_TRANSACTION_TIMEOUT
+    assert describe(node.port, "app-x").error_code == 105  # TRANSACTIONAL_ID_NOT_FOUND: nothing was created
 
 
 def test_zombie_producer_is_fenced(node):
