@@ -7,6 +7,7 @@ OffsetForLeaderEpoch, Metadata, and a fenced leader that stops acknowledging (do
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -47,13 +48,18 @@ class Follower:
 
     def __init__(self, etcd, node_id: int) -> None:
         self.node_id = node_id
+        # Its Kafka port takes connections and never answers: a live node that is slow, not a dead one (a refused
+        # port would let the node under test end this session at once, docs/replication.md "early end").
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+        self.port = self.listener.getsockname()[1]
         self.store = EtcdStore([etcd.endpoint], CLUSTER, timeout_s=10.0)  # the test's calls may wait on a busy etcd
-        self.store.open_session(NodeRegistration(node_id, f"test-{node_id}-{time.monotonic_ns()}", "127.0.0.1", 9),
-                                ttl_ms=60_000)
+        self.store.open_session(NodeRegistration(node_id, f"test-{node_id}-{time.monotonic_ns()}", "127.0.0.1",
+                                                 self.port), ttl_ms=60_000)
 
     def leave(self) -> None:
         self.store.close_session()
         self.store.close()
+        self.listener.close()
 
     def fetch(self, port: int, offset: int, *, last_fetched_epoch: int = -1, current_leader_epoch: int = -1,
               max_wait_ms: int = 0):
@@ -363,7 +369,7 @@ def test_a_follower_answers_not_leader_and_names_the_leader(tmp_path, etcd):
         part = answer.responses[0].partition_responses[0]
         assert part.error_code == NOT_LEADER_OR_FOLLOWER
         assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (1, record.leader_epoch)
-        assert [(e.node_id, e.host, e.port) for e in answer.node_endpoints] == [(1, "127.0.0.1", 9)]
+        assert [(e.node_id, e.host, e.port) for e in answer.node_endpoints] == [(1, "127.0.0.1", leader.port)]
         refused = fetch(port, 0, current_leader_epoch=record.leader_epoch)
         assert refused.error_code == NOT_LEADER_OR_FOLLOWER and refused.current_leader.leader_id == 1
         assert latest(port).error_code == NOT_LEADER_OR_FOLLOWER
