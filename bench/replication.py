@@ -840,8 +840,27 @@ Interpretation:
 {profile}"""
 
 
+HAND_WRITTEN = "Earlier figures"  # the section's one paragraph a run keeps: figures this bench does not measure
+
+
 def update_doc(section: str, path: str = DOC) -> None:
+    """Replace the section, keeping its hand-written paragraph (earlier runs, `make chaos`) before "What is
+    measured": a full run would otherwise erase the only record of figures it does not produce itself."""
+    kept = hand_written(path)
+    if kept:
+        section = section.replace("\nWhat is measured", f"\n{kept}\n\nWhat is measured", 1)
     update_section(SECTION, section, path)
+
+
+def hand_written(path: str) -> str | None:
+    """The paragraph of the section in `path` that starts with `HAND_WRITTEN`, if any."""
+    text = Path(path).read_text() if os.path.exists(path) else ""
+    start = text.find(SECTION)
+    if start < 0:
+        return None
+    end = text.find("\n## ", start + len(SECTION))
+    body = text[start:end] if end >= 0 else text[start:]
+    return next((p.strip("\n") for p in body.split("\n\n") if p.startswith(HAND_WRITTEN)), None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,3 +78,16 @@ def test_report_and_doc_section(bench, result, tmp_path):
     assert text.count(bench.SECTION) == 1
     assert "## Kafka server (issue: Kafka server)\n\nkept" in text and "## Later section\n\nalso kept" in text
     assert "Interpretation" in text and "min.insync.replicas=2" in text
+
+
+def test_a_full_run_keeps_the_sections_hand_written_paragraph(bench, tmp_path):
+    doc = tmp_path / "performance.md"
+    earlier = "Earlier figures, by hand:\n`make chaos` 100 faults, 0 lost."
+    doc.write_text(f"# Performance\n\n{bench.SECTION}\n\nMeasured before.\n\n{earlier}\n\nWhat is measured: old.\n\n"
+                   "## Later section\n\nalso kept\n")
+    for _ in range(2):  # kept once, not doubled
+        bench.update_doc(f"{bench.SECTION}\n\nMeasured now.\n\nWhat is measured: new.\n", str(doc))
+    text = doc.read_text()
+    assert f"Measured now.\n\n{earlier}\n\nWhat is measured: new." in text and text.count("Earlier figures") == 1
+    assert "Measured before" not in text and "## Later section\n\nalso kept" in text
+

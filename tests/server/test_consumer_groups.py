@@ -24,7 +24,8 @@ from kafka.protocol.consumer.group import JoinGroupRequest, JoinGroupResponse
 
 from clients_util import build, call, read_frame, request_frame, stored_batches, stored_records
 from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from test_offset_records import kafka_message_classes
+from kafka_schema_util import message_classes
+from test_offset_records import KAFKA_SCHEMAS
 from shale.sidecar.server.group_coordinator import GroupState
 from shale.sidecar.server.offset_records import (
     OFFSETS_TOPIC,
@@ -361,7 +362,7 @@ def test_the_offsets_log_holds_kafkas_records(node, dirs):
         else:
             records.append((key, decode_group_metadata_value(r.value) if r.value is not None else None, r.timestamp))
     # The same bytes through Kafka's own message definitions (see test_offset_records): the same values.
-    oracle = kafka_message_classes()
+    oracle = message_classes(KAFKA_SCHEMAS)
     for r in stored_records(dirs[0], OFFSETS_TOPIC, partition):
         key = decode_key(r.key)
         if isinstance(key, OffsetCommitKey) and key.group == group and r.value is not None:
