@@ -236,6 +236,15 @@ def test_consume_transform_produce_commits_offsets_with_the_output(tmp_path):
         assert committed() == 6
         consumer.close()
         assert read(proc.bootstrap) == [b"out-%d" % i for i in range(6)]
+        # After a SIGKILL the group coordinator replays the transactional offset batches with their markers.
+        proc.kill()
+        proc.start()
+        fresh = confluent_kafka.Consumer({"bootstrap.servers": proc.bootstrap, "group.id": "eos"})
+        try:
+            [tp] = fresh.committed([confluent_kafka.TopicPartition("txn-in", 0)], 30)
+            assert tp.offset == 6
+        finally:
+            fresh.close()
 
 
 def test_list_and_describe_transactions_follow_the_acls(tmp_path):
