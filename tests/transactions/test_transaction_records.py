@@ -146,17 +146,19 @@ def metadata(draw) -> TxnMetadata:
                        client_transaction_version=draw(st.just(0) | int16))
 
 
+@settings(deadline=None)  # the machine is shared: no wall-clock limit per example
 @given(transactional_id=st.text(max_size=40))
 def test_key_round_trip(transactional_id):
     assert decode_key(encode_key(transactional_id)) == transactional_id
 
 
+@settings(deadline=None)
 @given(value=metadata())
 def test_value_round_trip(value):
     assert decode_value(value.transactional_id, encode_value(value)) == value
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None)
 @given(value=metadata())
 def test_values_match_kafkas_definitions(kafka, value):
     cls = kafka["TransactionLogValue"]
@@ -177,7 +179,7 @@ def test_values_match_kafkas_definitions(kafka, value):
     assert ours == bytes(theirs.encode(version=version))
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(transactional_id=st.text(max_size=40))
 def test_keys_match_kafkas_definitions(kafka, transactional_id):
     body = kafka["TransactionLogKey"](version=0, transactional_id=transactional_id).encode(header=False)

@@ -3,6 +3,7 @@ read_committed consumers; zombies, killed clients and a SIGKILLed coordinator no
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,7 @@ import time
 
 import confluent_kafka
 import pytest
+from aiokafka import AIOKafkaProducer
 from kafka.protocol.admin.transactions import (
     DescribeTransactionsRequest, DescribeTransactionsResponse, ListTransactionsRequest, ListTransactionsResponse,
 )
@@ -265,3 +267,21 @@ def test_list_and_describe_transactions_follow_the_acls(tmp_path):
         assert listed.unknown_state_filters == ["Nonsense"]
         assert describe(proc.port, "hidden").error_code == 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
         assert describe(proc.port, "visible").error_code == 0
+
+
+def test_aiokafka_transactions(node):
+    async def run() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=node.bootstrap, transactional_id="aio-1")
+        await p.start()
+        try:
+            async with p.transaction():
+                await p.send_and_wait(TOPIC, b"aio-kept", partition=1)
+            await p.begin_transaction()
+            await p.send_and_wait(TOPIC, b"aio-dropped", partition=1)
+            await p.abort_transaction()
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+    assert read(node.bootstrap) == [b"aio-kept"]
+    assert sorted(read(node.bootstrap, "read_uncommitted")) == [b"aio-dropped", b"aio-kept"]
