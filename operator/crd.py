@@ -42,7 +42,6 @@ PLURAL = "topics"
 SINGULAR = "topic"
 SHORT_NAMES = ("stp",)  # "shale topic"; Strimzi's KafkaTopic has `kt`, and `st`/`sts` read like StatefulSets
 CATEGORIES = ("shale",)
-CRD_NAME = f"{PLURAL}.{GROUP}"
 
 # Strimzi's strimzi.io/pause-reconciliation and strimzi.io/managed, with the same meaning.
 PAUSE_ANNOTATION = f"{GROUP}/paused-reconciliation"
@@ -262,20 +261,14 @@ def status_schema() -> dict[str, Any]:
             "observedGeneration": _int64("metadata.generation of the spec last reconciled.", 0),
             "topicName": {"type": "string", "description": "Kafka name of the topic this Topic manages."},
             "appliedSpec": applied_spec_schema(),
-            "conditions": {
-                "type": "array",
-                "description": (
-                    "Ready: the spec is applied on every storage node (False with the reason, e.g. InvalidConfig or "
-                    "a refused change). CleaningStuck: a partition's cleaning is paused, uncleanable or not "
-                    "progressing (True with the partitions in the message). ReconciliationPaused and Unmanaged: "
-                    "the pause or managed annotation (see the Topic's description) is set. Reassigning: partitions "
-                    "are moving between pods (True while one is pending, ongoing or failed). ScaleInBlocked: the "
-                    "storage StatefulSet's scale-in would lose this topic's data and waits (the message says why)."
-                ),
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-                "items": condition_schema(),
-            },
+            "conditions": conditions_schema(
+                "Ready: the spec is applied on every storage node (False with the reason, e.g. InvalidConfig or "
+                "a refused change). CleaningStuck: a partition's cleaning is paused, uncleanable or not "
+                "progressing (True with the partitions in the message). ReconciliationPaused and Unmanaged: "
+                "the pause or managed annotation (see the Topic's description) is set. Reassigning: partitions "
+                "are moving between pods (True while one is pending, ongoing or failed). ScaleInBlocked: the "
+                "storage StatefulSet's scale-in would lose this topic's data and waits (the message says why)."
+            ),
             "partitions": {"type": "array", "items": partition_status_schema()},
             "diskUsageBytes": _int64("Bytes in all the topic's partition logs.", 0),
             "moves": {"type": "array", "items": move_status_schema(),
@@ -286,29 +279,18 @@ def status_schema() -> dict[str, Any]:
 
 def topic_schema() -> dict[str, Any]:
     """The version's openAPIV3Schema."""
-    return {
-        "type": "object",
-        "description": (
+    return resource_schema(
+        (
             "A Kafka topic stored by Shale. Annotations: `" + PAUSE_ANNOTATION + ": \"true\"` stops reconciling "
             "the Topic (condition ReconciliationPaused) until removed; `" + MANAGED_ANNOTATION + ": \"false\"` "
             "hands the topic back (condition Unmanaged: no reconciling). Deleting a paused or unmanaged Topic keeps "
             "the topic and its data."
         ),
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "spec": spec_schema(),
-            "status": status_schema(),
-        },
-        "x-kubernetes-validations": [
-            {
-                "rule": f"has(self.spec.topicName) || self.metadata.name.size() <= {TOPIC_NAME_MAX}",
-                "message": LONG_NAME_MESSAGE,
-            }
-        ],
-    }
+        spec_schema(),
+        status_schema(),
+        [{"rule": f"has(self.spec.topicName) || self.metadata.name.size() <= {TOPIC_NAME_MAX}",
+          "message": LONG_NAME_MESSAGE}],
+    )
 
 
 def printer_columns() -> list[dict[str, Any]]:
@@ -328,18 +310,54 @@ def printer_columns() -> list[dict[str, Any]]:
 
 def crd() -> dict[str, Any]:
     """The CustomResourceDefinition object."""
+    return crd_object(KIND, PLURAL, SINGULAR, SHORT_NAMES, printer_columns(), topic_schema())
+
+
+def render_yaml() -> str:
+    """The committed CRD file's text: the header, then the object with keys in a readable order."""
+    return render(crd(), GENERATED_HEADER)
+
+
+def conditions_schema(description: str) -> dict[str, Any]:
+    """`status.conditions`: a list keyed by `type`, so a server-side apply merges one condition at a time."""
+    return {"type": "array", "description": description, "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"], "items": condition_schema()}
+
+
+def resource_schema(description: str, spec: dict[str, Any], status: dict[str, Any],
+                    validations: list[dict[str, str]]) -> dict[str, Any]:
+    """A kind's openAPIV3Schema: the common fields, its spec (required) and status, and CEL rules on the whole."""
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+        "x-kubernetes-validations": validations,
+    }
+
+
+def crd_object(kind: str, plural: str, singular: str, short_names: Sequence[str],
+               printer_columns: list[dict[str, Any]], schema: dict[str, Any]) -> dict[str, Any]:
+    """A namespaced CustomResourceDefinition of group `GROUP` with one served, stored version and a status subresource
+    (the Topic and the User CRD differ only in these arguments)."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "shale"}},
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "shale"}},
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": list(CATEGORIES),
             },
             "scope": "Namespaced",
@@ -349,18 +367,17 @@ def crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": printer_columns(),
-                    "schema": {"openAPIV3Schema": topic_schema()},
+                    "additionalPrinterColumns": printer_columns,
+                    "schema": {"openAPIV3Schema": schema},
                 }
             ],
         },
     }
 
 
-def render_yaml() -> str:
-    """The committed CRD file's text: the header, then the object with keys in a readable order."""
-    body = yaml.safe_dump(crd(), sort_keys=False, width=120, allow_unicode=True, default_flow_style=False)
-    return GENERATED_HEADER + body
+def render(obj: dict[str, Any], header: str) -> str:
+    """A generated CRD file's text: `header`, then the object with keys in the order they were built."""
+    return header + yaml.safe_dump(obj, sort_keys=False, width=120, allow_unicode=True, default_flow_style=False)
 
 
 def main(outputs: Sequence[str] = (), kind: str = "topic") -> int:

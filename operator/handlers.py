@@ -54,6 +54,7 @@ from shale.operator.settings import Settings
 from shale.operator.status import (NodeReport, Observation, ReportCache, fetch_reports, observe, partitions_of,
                                    placements, refusals)
 from shale.operator.storage import Storage, StorageError, read_storage
+from shale.operator.timer_work import run_until_stopped
 from shale.operator.user_handlers import register as register_users
 
 FINALIZER = f"{GROUP}/topic-operator"
@@ -399,15 +400,7 @@ def build_registry(settings: Settings) -> kopf.OperatorRegistry:
                 initial_delay=settings.status_interval_seconds, registry=registry)
     async def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
                       topic_bodies: kopf.Index, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        # kopf never cancels a running timer; give up the refresh at once when the operator stops.
-        work = asyncio.ensure_future(reconcile(memo.ctx, body, patch, logger, wait=False, topics=topic_bodies))
-        stop = asyncio.ensure_future(stopped.wait())
-        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if not work.done():
-            work.cancel()
-            return
-        work.result()
+        await run_until_stopped(reconcile(memo.ctx, body, patch, logger, wait=False, topics=topic_bodies), stopped)
 
     @kopf.on.delete(*resource, id="remove", registry=registry)
     async def delete(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:

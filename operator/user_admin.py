@@ -153,10 +153,7 @@ class NodeAdmin:
                 for r in answer.resources for a in r.acls}
 
     async def create_acls(self, bindings: Iterable[AclBinding]) -> None:
-        creations = [{"resource_type": b.pattern.resource_type, "resource_name": b.pattern.name,
-                      "resource_pattern_type": b.pattern.pattern_type, "principal": b.entry.principal,
-                      "host": b.entry.host, "operation": b.entry.operation, "permission_type": b.entry.permission_type}
-                     for b in sorted(bindings, key=str)]
+        creations = [_fields(_CREATION_FIELDS, b) for b in sorted(bindings, key=str)]
         if not creations:
             return
         answer = await self._admin(CREATE_ACLS, {"creations": creations})
@@ -166,10 +163,7 @@ class NodeAdmin:
     async def delete_acls(self, bindings: Iterable[AclBinding] | None, principal: str) -> None:
         """Delete exactly `bindings`, or (None) every ACL of `principal`."""
         filters = [_filter(principal)] if bindings is None else [
-            {"resource_type_filter": b.pattern.resource_type, "resource_name_filter": b.pattern.name,
-             "pattern_type_filter": b.pattern.pattern_type, "principal_filter": b.entry.principal,
-             "host_filter": b.entry.host, "operation": b.entry.operation, "permission_type": b.entry.permission_type}
-            for b in sorted(bindings, key=str)]
+            _fields(_FILTER_FIELDS, b) for b in sorted(bindings, key=str)]
         if not filters:
             return
         answer = await self._admin(DELETE_ACLS, {"filters": filters})
@@ -177,6 +171,20 @@ class NodeAdmin:
             if result.error_code == error_codes.SECURITY_DISABLED and bindings is None:
                 return  # no authorizer, no ACLs to remove
             _raise_for(self.address, "DeleteAcls", result.error_code, result.error_message)
+
+
+# CreateAcls creations and DeleteAcls filters carry the same seven fields of a binding under different names.
+_CREATION_FIELDS = ("resource_type", "resource_name", "resource_pattern_type", "principal", "host", "operation",
+                    "permission_type")
+_FILTER_FIELDS = ("resource_type_filter", "resource_name_filter", "pattern_type_filter", "principal_filter",
+                  "host_filter", "operation", "permission_type")
+
+
+def _fields(names: tuple[str, ...], binding: AclBinding) -> dict[str, Any]:
+    """`binding` as one entry of a CreateAcls (`_CREATION_FIELDS`) or DeleteAcls (`_FILTER_FIELDS`) request."""
+    p, e = binding.pattern, binding.entry
+    return dict(zip(names, (p.resource_type, p.name, p.pattern_type, e.principal, e.host, e.operation,
+                            e.permission_type), strict=True))
 
 
 def _filter(principal: str) -> dict[str, Any]:

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from shale.operator.crd import CATEGORIES, GROUP, VERSION, _int64, condition_schema
+from shale.operator.crd import _int64, conditions_schema, crd_object, render, resource_schema
 
 KIND = "User"
 PLURAL = "users"
 SINGULAR = "user"
 SHORT_NAMES = ("su",)  # "shale user"; Strimzi's KafkaUser has `ku`
-CRD_NAME = f"{PLURAL}.{GROUP}"
 CONDITION_TYPES = ("Ready",)
 
 AUTHENTICATION_TYPES = ("scram-sha-512", "tls")
@@ -113,62 +110,31 @@ def status_schema() -> dict[str, Any]:
             "observedGeneration": _int64("metadata.generation of the spec last reconciled.", 0),
             "username": {"type": "string", "description": "The Kafka principal: User:<name> or User:CN=<name>."},
             "secret": {"type": "string", "description": "The Secret holding the user's credentials."},
-            "conditions": {
-                "type": "array",
-                "description": "Ready: the credential and the ACLs are on every storage node (False with the reason, "
-                               "e.g. InvalidSpec, StorageNotReady, NodeRefused, NoClientsCA, SecretConflict).",
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-                "items": condition_schema(),
-            },
+            "conditions": conditions_schema(
+                "Ready: the credential and the ACLs are on every storage node (False with the reason, "
+                "e.g. InvalidSpec, StorageNotReady, NodeRefused, NoClientsCA, SecretConflict)."),
         },
     }
 
 
 def user_schema() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "description": "A Kafka user of the Shale cluster: its credentials (in a Secret) and its ACLs.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "spec": spec_schema(),
-            "status": status_schema(),
-        },
-        "x-kubernetes-validations": [
-            {"rule": f"self.metadata.name.size() <= {USER_NAME_MAX}",
-             "message": f"metadata.name is the Kafka user name: at most {USER_NAME_MAX} characters"},
-        ],
-    }
+    return resource_schema(
+        "A Kafka user of the Shale cluster: its credentials (in a Secret) and its ACLs.", spec_schema(), status_schema(),
+        [{"rule": f"self.metadata.name.size() <= {USER_NAME_MAX}",
+          "message": f"metadata.name is the Kafka user name: at most {USER_NAME_MAX} characters"}],
+    )
 
 
 def crd() -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "shale"}},
-        "spec": {
-            "group": GROUP,
-            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": SINGULAR,
-                      "shortNames": list(SHORT_NAMES), "categories": list(CATEGORIES)},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "Authentication", "type": "string", "jsonPath": ".spec.authentication.type"},
-                    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-                    {"name": "Secret", "type": "string", "jsonPath": ".status.secret"},
-                    {"name": "Principal", "type": "string", "jsonPath": ".status.username", "priority": 1},
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                ],
-                "schema": {"openAPIV3Schema": user_schema()},
-            }],
-        },
-    }
+    columns = [
+        {"name": "Authentication", "type": "string", "jsonPath": ".spec.authentication.type"},
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Secret", "type": "string", "jsonPath": ".status.secret"},
+        {"name": "Principal", "type": "string", "jsonPath": ".status.username", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return crd_object(KIND, PLURAL, SINGULAR, SHORT_NAMES, columns, user_schema())
 
 
 def render_yaml() -> str:
-    body = yaml.safe_dump(crd(), sort_keys=False, width=120, allow_unicode=True, default_flow_style=False)
-    return GENERATED_HEADER + body
+    return render(crd(), GENERATED_HEADER)

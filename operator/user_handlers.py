@@ -38,6 +38,7 @@ from shale.operator.crd import GROUP, VERSION
 from shale.operator.manifests import SpecError
 from shale.operator.settings import Settings
 from shale.operator.storage import Storage, StorageError, read_storage
+from shale.operator.timer_work import run_until_stopped
 from shale.operator.user_admin import AclsDisabled, NodeAdmin, NodeAdminError
 from shale.operator.user_crd import PLURAL
 from shale.operator.user_secret import (ClientsCA, NoClientsCA, SecretConflict, decoded, owned_by, scram_complete,
@@ -251,16 +252,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
                 initial_delay=settings.status_interval_seconds, registry=registry)
     async def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any,
                       stopped: kopf.DaemonStopped, **_: Any) -> None:
-        # kopf waits for a stopped timer before it runs the delete handler, and polls only every
-        # `cancellation_polling` (60 s) once the timer missed its instant exit: give the refresh up at once.
-        work = asyncio.ensure_future(reconcile_user(memo.users, body, patch, logger))
-        stop = asyncio.ensure_future(stopped.wait())
-        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if not work.done():
-            work.cancel()
-            return
-        work.result()
+        await run_until_stopped(reconcile_user(memo.users, body, patch, logger), stopped)
 
     @kopf.on.delete(*RESOURCE, id="user-remove", registry=registry)
     async def delete(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:

@@ -476,6 +476,15 @@ def encode_end_txn_marker(coordinator_epoch: int, version: int = 0) -> bytes:
     return struct.pack(">hi", version, coordinator_epoch)
 
 
+def end_txn_marker_batch(producer_id: int, producer_epoch: int, control: ControlType, timestamp: int,
+                         coordinator_epoch: int = 0) -> bytes:
+    """A transactional control batch of one COMMIT/ABORT record: what a coordinator appends to close a
+    producer's transaction on a partition (Kafka's `MemoryRecords.withEndTransactionMarker`)."""
+    return encode_batch([Record(0, timestamp, encode_control_key(control), encode_end_txn_marker(coordinator_epoch))],
+                        producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True,
+                        is_control=True)
+
+
 def parse_end_txn_marker(value: bytes | None) -> int:
     """Coordinator epoch of an end-transaction marker value."""
     if value is None or len(value) < 6:

@@ -31,11 +31,12 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.errors import LogError, RecordTooLargeError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import (
-    BATCH_OVERHEAD, BatchHeader, ControlType, Record, decode_batch, encode_batch, parse_control_key,
+    ControlType, Record, encode_batch, parse_control_key,
 )
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.authorized_operations import GROUP_OPERATIONS
+from shale.sidecar.server.coordinator_log import declare_internal_topic, loaded_batches
 from shale.sidecar.server.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
@@ -54,8 +55,7 @@ from shale.sidecar.server.offset_records import (
     partition_for,
     subscribed_topics,
 )
-from shale.sidecar.server.topics import TopicRegistry, TopicSpec
-from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.server.topics import TopicRegistry
 from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_METADATA_TOO_LARGE,
     COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL,
@@ -352,16 +352,9 @@ class GroupCoordinator:
 
     async def start(self) -> None:
         """Declare `__consumer_offsets` and load every group and committed offset from its local partitions."""
-        on_disk = [tp.partition for tp in self.registry.log_dir.logs if tp.topic == OFFSETS_TOPIC]
-        if on_disk and max(on_disk) + 1 != self.offsets_partitions:
-            # As in Kafka, offsets.topic.num.partitions only applies when the topic is created: groups hash onto
-            # the partitions their records are in, so the count never changes afterwards.
-            logger.warning("%s has %s on disk; keeping them (offsets.topic.num.partitions is %d)",
-                           OFFSETS_TOPIC, plural(max(on_disk) + 1, "partition"), self.offsets_partitions)
-            self.offsets_partitions = max(on_disk) + 1
-        self.registry.put(TopicSpec(OFFSETS_TOPIC, self.offsets_partitions,
-                                    TopicConfig.from_mapping(OFFSETS_TOPIC_CONFIG), origin="internal", internal=True,
-                                    replication_factor=self.replication_factor))
+        self.offsets_partitions = declare_internal_topic(self.registry, OFFSETS_TOPIC, self.offsets_partitions,
+                                                         OFFSETS_TOPIC_CONFIG, "offsets.topic.num.partitions",
+                                                         self.replication_factor)
         started = time.monotonic()
         records = 0
         for p in range(self.offsets_partitions):
@@ -432,38 +425,20 @@ class GroupCoordinator:
 
     def _load_partition(self, log: Log) -> int:
         """Replay one partition of `__consumer_offsets`; returns the number of records read."""
-        offset, end, count = log.log_start_offset, log.log_end_offset, 0
-        while offset < end:
-            found = log.read(offset, 1 << 20, min_one_message=True)
-            if found is None:
-                break
-            data = memoryview(found.read())
-            pos, progressed = 0, False
-            while pos + BATCH_OVERHEAD <= len(data):
-                header = BatchHeader.parse(data, pos)
-                if pos + header.size > len(data):
-                    break
-                where = f"{log.name} offset {header.base_offset}"
-                if header.next_offset > offset:
-                    batch = decode_batch(data[pos : pos + header.size], where)
-                    if header.is_control:  # a transaction's end: its pending offsets are committed or dropped
-                        for record in batch.records:
-                            control = parse_control_key(record.key)
-                            if control in (ControlType.COMMIT, ControlType.ABORT):
-                                self.complete_txn_offsets(log.topic_partition.partition, header.producer_id,
-                                                          control is ControlType.COMMIT)
-                    else:
-                        pending = header.producer_id if header.is_transactional else None
-                        for record in batch.records:
-                            if record.offset >= offset:
-                                self._replay(record.key, record.value, f"{log.name} offset {record.offset}",
-                                             pending)
-                                count += 1
-                    offset = header.next_offset
-                    progressed = True
-                pos += header.size
-            if not progressed:
-                raise RuntimeError(f"cannot read {log.name} at offset {offset}: no whole batch returned")
+        count = 0
+        for batch in loaded_batches(log):
+            header = batch.header
+            if header.is_control:  # a transaction's end: its pending offsets are committed or dropped
+                for record in batch.records():
+                    control = parse_control_key(record.key)
+                    if control in (ControlType.COMMIT, ControlType.ABORT):
+                        self.complete_txn_offsets(log.topic_partition.partition, header.producer_id,
+                                                  control is ControlType.COMMIT)
+            else:
+                pending = header.producer_id if header.is_transactional else None
+                for record in batch.records():
+                    self._replay(record.key, record.value, batch.where(record), pending)
+                    count += 1
         return count
 
     def _replay(self, key_bytes: bytes | None, value: bytes | None, where: str, producer_id: int | None = None

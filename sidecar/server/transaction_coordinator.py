@@ -15,20 +15,10 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.log.log import Log
-from shale.sidecar.log.records import (
-    BATCH_OVERHEAD,
-    BatchHeader,
-    ControlType,
-    Record,
-    decode_batch,
-    encode_batch,
-    encode_control_key,
-    encode_end_txn_marker,
-)
+from shale.sidecar.log.records import ControlType, Record, encode_batch, end_txn_marker_batch
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.error_codes import (
@@ -45,10 +35,11 @@ from shale.sidecar.protocol.error_codes import (
     TRANSACTIONAL_ID_NOT_FOUND,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
+from shale.sidecar.server.coordinator_log import declare_internal_topic, loaded_batches
 from shale.sidecar.server.group_coordinator import Clock, LoopClock, Timer
 from shale.sidecar.server.offset_records import OFFSETS_TOPIC, partition_for
 from shale.sidecar.server.producer_ids import ProducerIdAllocator, init_producer_id as idempotent_producer_id
-from shale.sidecar.server.topics import TopicRegistry, TopicSpec
+from shale.sidecar.server.topics import TopicRegistry
 from shale.sidecar.server.transaction_records import (
     TRANSACTION_STATE_TOPIC,
     decode_key,
@@ -56,24 +47,8 @@ from shale.sidecar.server.transaction_records import (
     encode_key,
     encode_value,
 )
-from shale.sidecar.server.transaction_state import (
-    IllegalTransition,
-    Refused,
-    TxnMetadata,
-    TxnState,
-    add_partitions,
-    complete,
-    end_transaction,
-    expired,
-    fence,
-    init_producer_id,
-    marker_outcome,
-    new_metadata,
-    remove,
-    timed_out,
-    valid_timeout,
-)
-from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.server import transaction_state as rules  # its functions share names with our handlers
+from shale.sidecar.server.transaction_state import IllegalTransition, Refused, TxnMetadata, TxnState
 
 logger = logging.getLogger(__name__)
 
@@ -96,31 +71,6 @@ STATE_NAMES = {TxnState.EMPTY: "Empty", TxnState.ONGOING: "Ongoing", TxnState.PR
                TxnState.PREPARE_ABORT: "PrepareAbort", TxnState.COMPLETE_COMMIT: "CompleteCommit",
                TxnState.COMPLETE_ABORT: "CompleteAbort", TxnState.DEAD: "Dead",
                TxnState.PREPARE_EPOCH_FENCE: "PrepareEpochFence"}
-
-
-def keyed_records(log: Log) -> Iterator[tuple[bytes | None, bytes | None, str]]:
-    """(key, value, where) of every data record of a coordinator's partition, from its start to its end."""
-    offset, end = log.log_start_offset, log.log_end_offset
-    while offset < end:
-        found = log.read(offset, 1 << 20, min_one_message=True)
-        if found is None:
-            return
-        data = memoryview(found.read())
-        pos, progressed = 0, False
-        while pos + BATCH_OVERHEAD <= len(data):
-            header = BatchHeader.parse(data, pos)
-            if pos + header.size > len(data):
-                break
-            if header.next_offset > offset and not header.is_control:
-                where = f"{log.name} offset {header.base_offset}"
-                for record in decode_batch(data[pos : pos + header.size], where).records:
-                    if record.offset >= offset:
-                        yield record.key, record.value, f"{log.name} offset {record.offset}"
-            if header.next_offset > offset:
-                offset, progressed = header.next_offset, True
-            pos += header.size
-        if not progressed:
-            raise RuntimeError(f"cannot read {log.name} at offset {offset}: no whole batch returned")
 
 
 class TransactionCoordinator:
@@ -159,29 +109,28 @@ class TransactionCoordinator:
 
     async def start(self) -> None:
         """Declare `__transaction_state`, load it, and finish what a crash left between Prepare* and Complete*."""
-        on_disk = [tp.partition for tp in self.registry.log_dir.logs if tp.topic == TRANSACTION_STATE_TOPIC]
-        if on_disk and max(on_disk) + 1 != self.partitions:
-            logger.warning("%s has %s on disk; keeping them (transaction.state.log.num.partitions is %d)",
-                           TRANSACTION_STATE_TOPIC, plural(max(on_disk) + 1, "partition"), self.partitions)
-            self.partitions = max(on_disk) + 1
-        self.registry.put(TopicSpec(TRANSACTION_STATE_TOPIC, self.partitions, TopicConfig.from_mapping(
-            STATE_TOPIC_CONFIG), origin="internal", internal=True))
+        self.partitions = declare_internal_topic(self.registry, TRANSACTION_STATE_TOPIC, self.partitions,
+                                                 STATE_TOPIC_CONFIG, "transaction.state.log.num.partitions")
         records = 0
         for p in range(self.partitions):
             log = self.registry.local_log(TRANSACTION_STATE_TOPIC, p)
             if log is None:
                 continue
-            for key, value, where in keyed_records(log):
-                tid = decode_key(key) if key is not None else None
-                if tid is None:
-                    logger.warning("skipping a record that is not a transaction log record at %s", where)
+            for batch in loaded_batches(log):
+                if batch.header.is_control:
                     continue
-                meta = decode_value(tid, value)
-                if meta is None:
-                    self.txns.pop(tid, None)
-                else:
-                    self.txns[tid] = meta
-                records += 1
+                for record in batch.records():
+                    tid = decode_key(record.key) if record.key is not None else None
+                    if tid is None:
+                        logger.warning("skipping a record that is not a transaction log record at %s",
+                                       batch.where(record))
+                        continue
+                    meta = decode_value(tid, record.value)
+                    if meta is None:
+                        self.txns.pop(tid, None)
+                    else:
+                        self.txns[tid] = meta
+                    records += 1
         self.active = True
         logger.info("transaction coordinator loaded %s (%s) from %s", plural(len(self.txns), "transactional id"),
                     plural(records, "record"), TRANSACTION_STATE_TOPIC)
@@ -213,17 +162,17 @@ class TransactionCoordinator:
 
     def _tick_one(self, meta: TxnMetadata, now: int) -> None:
         """Abort a transaction past its timeout, retry unfinished markers, remove a long-idle id."""
-        if timed_out(meta, now):
+        if rules.timed_out(meta, now):
             logger.info("transactional id %r: transaction of producer %d epoch %d timed out after %d ms; "
                         "aborting", meta.transactional_id, meta.producer_id, meta.producer_epoch,
                         meta.timeout_ms)
-            aborted = fence(meta, now)
+            aborted = rules.fence(meta, now)
             if self._store(aborted) == NONE:
                 self._write_markers(aborted)
         elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             self._write_markers(meta)
-        elif expired(meta, now, self.id_expiration_ms):
-            self._store(remove(meta, now))
+        elif rules.expired(meta, now, self.id_expiration_ms):
+            self._store(rules.remove(meta, now))
 
     # -- storage ------------------------------------------------------------------------------------------------
 
@@ -256,11 +205,9 @@ class TransactionCoordinator:
         A partition that refuses it keeps the transaction in Prepare*; the next tick tries every marker again
         (a second marker of the same producer epoch closes nothing twice).
         """
-        control = ControlType.COMMIT if marker_outcome(meta) else ControlType.ABORT
+        control = ControlType.COMMIT if rules.marker_outcome(meta) else ControlType.ABORT
         now = self.clock.now_ms()
-        batch = encode_batch([Record(0, now, encode_control_key(control), encode_end_txn_marker(0))],
-                             producer_id=meta.producer_id, producer_epoch=meta.producer_epoch,
-                             is_transactional=True, is_control=True)
+        batch = end_txn_marker_batch(meta.producer_id, meta.producer_epoch, control, now)
         failed = []
         for topic, partition in sorted(meta.partitions):
             log = self.registry.local_log(topic, partition)
@@ -282,7 +229,7 @@ class TransactionCoordinator:
                          meta.transactional_id, control.name, meta.producer_id, meta.producer_epoch,
                          "; ".join(failed))
             return
-        self._store(complete(meta, self.clock.now_ms()))
+        self._store(rules.complete(meta, self.clock.now_ms()))
 
     # -- FindCoordinator ----------------------------------------------------------------------------------------
 
@@ -312,13 +259,13 @@ class TransactionCoordinator:
         error = self._coordinating(transactional_id)
         if error != NONE:
             return error, -1, -1
-        if not valid_timeout(timeout_ms, self.max_timeout_ms):
+        if not rules.valid_timeout(timeout_ms, self.max_timeout_ms):
             return INVALID_TRANSACTION_TIMEOUT, -1, -1  # before an id is spent on a new transactional id
         now = self.clock.now_ms()
         meta = self.txns.get(transactional_id)
         if meta is None:
-            meta = new_metadata(transactional_id, self.producer_ids.next_id(), timeout_ms, now)
-        out = init_producer_id(meta, timeout_ms, self.max_timeout_ms, now, self.producer_ids.next_id, expected)
+            meta = rules.new_metadata(transactional_id, self.producer_ids.next_id(), timeout_ms, now)
+        out = rules.init_producer_id(meta, timeout_ms, self.max_timeout_ms, now, self.producer_ids.next_id, expected)
         if isinstance(out, Refused):
             return out.error, -1, -1
         error = self._store(out)
@@ -331,28 +278,30 @@ class TransactionCoordinator:
             return CONCURRENT_TRANSACTIONS, -1, -1
         return NONE, out.producer_id, out.producer_epoch
 
+    def _apply(self, transactional_id: str, step: Callable[[TxnMetadata, int], TxnMetadata | Refused]
+               ) -> tuple[int, TxnMetadata | None]:
+        """(error, the metadata stored) of a request about an id's current producer: `step` maps its metadata
+        and now to the next metadata or a refusal; an id without metadata is INVALID_PRODUCER_ID_MAPPING."""
+        error = self._coordinating(transactional_id)
+        if error != NONE:
+            return error, None
+        meta = self.txns.get(transactional_id)
+        if meta is None:
+            return INVALID_PRODUCER_ID_MAPPING, None
+        out = step(meta, self.clock.now_ms())
+        if isinstance(out, Refused):
+            return out.error, None
+        return self._store(out), out
+
     def add_partitions(self, transactional_id: str, producer_id: int, epoch: int,
                        partitions: frozenset[tuple[str, int]]) -> int:
-        error = self._coordinating(transactional_id)
-        if error != NONE:
-            return error
-        meta = self.txns.get(transactional_id)
-        if meta is None:
-            return INVALID_PRODUCER_ID_MAPPING
-        out = add_partitions(meta, producer_id, epoch, partitions, self.clock.now_ms())
-        return out.error if isinstance(out, Refused) else self._store(out)
+        error, _ = self._apply(transactional_id,
+                               lambda meta, now: rules.add_partitions(meta, producer_id, epoch, partitions, now))
+        return error
 
     def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> int:
-        error = self._coordinating(transactional_id)
-        if error != NONE:
-            return error
-        meta = self.txns.get(transactional_id)
-        if meta is None:
-            return INVALID_PRODUCER_ID_MAPPING
-        out = end_transaction(meta, producer_id, epoch, commit, self.clock.now_ms())
-        if isinstance(out, Refused):
-            return out.error
-        error = self._store(out)
+        error, out = self._apply(transactional_id,
+                                 lambda meta, now: rules.end_transaction(meta, producer_id, epoch, commit, now))
         if error == NONE:
             self._write_markers(out)
         return error

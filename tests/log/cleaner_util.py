@@ -23,8 +23,7 @@ from shale.sidecar.log.records import (
     Record,
     decode_batch,
     encode_batch,
-    encode_control_key,
-    encode_end_txn_marker,
+    end_txn_marker_batch,
 )
 from shale.sidecar.log.txn_scan import scan
 
@@ -51,8 +50,7 @@ def unkeyed(value: int | str, ts: int) -> bytes:
 
 def end_marker(pid: int, epoch: int, ctype: ControlType, ts: int, coordinator_epoch: int = 0) -> bytes:
     """Kafka's `commitMarker`/`abortMarker`: a transactional control batch with one end-transaction record."""
-    return encode_batch([Record(0, ts, encode_control_key(ctype), encode_end_txn_marker(coordinator_epoch))],
-                        producer_id=pid, producer_epoch=epoch, is_transactional=True, is_control=True)
+    return end_txn_marker_batch(pid, epoch, ctype, ts, coordinator_epoch)
 
 
 class TxnProducer:

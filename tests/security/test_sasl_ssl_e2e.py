@@ -22,10 +22,9 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
-from kafka.admin import NewTopic as KpNewTopic
 from kafka.errors import KafkaError
 
-from tls_util import RawClient, client_context, kcat_env, make_pki, seed_user, tls_overrides
+from tls_util import RawClient, client_context, kafka_python_round_trip, kcat_env, make_pki, seed_user, tls_overrides
 from clients_util import read_frame
 from node_util import ServeProcess, free_port, wait_for, write_manifests, topic_manifest
 
@@ -98,21 +97,9 @@ def _poll_into(consumer, seen: set) -> bool:
 
 
 def test_kafka_python_produces_consumes_in_a_group_and_administers(node):
+    values = [f"k{i}".encode() for i in range(5)]
     topic = f"kp-{uuid.uuid4().hex[:6]}"
-    admin = KafkaAdminClient(**kafka_python_config(node))
-    admin.create_topics([KpNewTopic(topic, 1, 1)])
-    assert topic in admin.list_topics()
-    admin.close()
-    producer = KafkaProducer(**kafka_python_config(node))
-    for i in range(5):
-        producer.send(topic, f"k{i}".encode()).get(30)
-    producer.close()
-    consumer = KafkaConsumer(topic, **kafka_python_config(node), group_id="kp-group", auto_offset_reset="earliest",
-                             consumer_timeout_ms=20000)
-    values = [m.value for _, m in zip(range(5), consumer)]
-    consumer.commit()
-    consumer.close()
-    assert values == [f"k{i}".encode() for i in range(5)]
+    assert kafka_python_round_trip(kafka_python_config(node), topic, values, "kp-group") == values
 
 
 def test_aiokafka_produces_consumes_in_a_group_and_administers(node):

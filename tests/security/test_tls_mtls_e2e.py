@@ -17,11 +17,8 @@ from aiokafka.admin import NewTopic as AioNewTopic
 from aiokafka.helpers import create_ssl_context
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka import KafkaConsumer, KafkaProducer
-from kafka.admin import KafkaAdminClient
-from kafka.admin import NewTopic as KpNewTopic
 
-from tls_util import RawClient, client_context, kcat_env, make_pki, tls_overrides
+from tls_util import RawClient, client_context, kafka_python_round_trip, kcat_env, make_pki, tls_overrides
 from node_util import ServeProcess, wait_for, write_manifests, topic_manifest
 
 METADATA = 3
@@ -79,17 +76,7 @@ def test_confluent_kafka_with_a_client_certificate(node):
 
 def test_kafka_python_with_a_client_certificate(node):
     topic = f"kp-{uuid.uuid4().hex[:6]}"
-    admin = KafkaAdminClient(**kafka_python_config(node))
-    admin.create_topics([KpNewTopic(topic, 1, 1)])
-    assert topic in admin.list_topics()
-    admin.close()
-    producer = KafkaProducer(**kafka_python_config(node))
-    producer.send(topic, b"one").get(30)
-    producer.close()
-    consumer = KafkaConsumer(topic, **kafka_python_config(node), group_id="kp-mtls", auto_offset_reset="earliest",
-                             consumer_timeout_ms=20000)
-    assert [m.value for _, m in zip(range(1), consumer)] == [b"one"]
-    consumer.close()
+    assert kafka_python_round_trip(kafka_python_config(node), topic, [b"one"], "kp-mtls") == [b"one"]
 
 
 def test_aiokafka_with_a_client_certificate(node):

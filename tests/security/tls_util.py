@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import confluent_kafka
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.net.sasl.scram import ScramClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
@@ -178,3 +180,21 @@ def kcat_env(d: Path) -> dict[str, str]:
     if not link.exists():
         link.symlink_to(bundled)
     return {**os.environ, "LD_LIBRARY_PATH": str(d)}
+
+
+def kafka_python_round_trip(config: dict, topic: str, values: list[bytes], group: str) -> list[bytes]:
+    """With kafka-python over `config`'s secured listener: create `topic` (checked listed), produce `values`,
+    read as many back in consumer group `group` and commit; returns what was read, for the caller to compare."""
+    admin = KafkaAdminClient(**config)
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    assert topic in admin.list_topics()
+    admin.close()
+    producer = KafkaProducer(**config)
+    for value in values:
+        producer.send(topic, value).get(30)
+    producer.close()
+    consumer = KafkaConsumer(topic, **config, group_id=group, auto_offset_reset="earliest", consumer_timeout_ms=20000)
+    read = [m.value for _, m in zip(range(len(values)), consumer)]
+    consumer.commit()
+    consumer.close()
+    return read
