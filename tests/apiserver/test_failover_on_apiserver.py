@@ -21,7 +21,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import kubernetes
-import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replication"))
