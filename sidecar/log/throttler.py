@@ -33,14 +33,16 @@ class Throttler:
                 return
             self._observed += n
             elapsed = self._monotonic() - self._period_start
-            if elapsed <= self.check_interval_s:
+            if elapsed < 0:
+                # Another caller is sleeping out the last period's excess: wait for it too (Kafka's throttler
+                # sleeps under its lock, so callers queue); these bytes count in the next period.
+                sleep_s = -elapsed
+            elif elapsed <= self.check_interval_s:
                 return
-            observed_rate = self._observed / elapsed
-            sleep_s = 0.0
-            if observed_rate > self.rate:
-                sleep_s = self._observed / self.rate - elapsed
-            self._period_start = self._monotonic() + max(sleep_s, 0.0)
-            self._observed = 0.0
+            else:
+                sleep_s = max(self._observed / self.rate - elapsed, 0.0)  # over the rate: sleep off the excess
+                self._period_start = self._monotonic() + sleep_s
+                self._observed = 0.0
         if sleep_s > 0:
             self.total_sleep_s += sleep_s
             self._sleep(sleep_s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -76,8 +77,8 @@ class LogDirMoves:
         self.moves: dict[TopicPartition, Move] = {}  # the running or last move of each partition
         self.bytes_moved_total = 0
         self._lock = threading.Lock()
-        self._wake = threading.Condition()
         self._stopping = threading.Event()
+        self._copying = threading.local()  # `.cancel`: the Event of the move this copy thread runs
         # Checked at every chunk: a move must not copy a burst before the limit applies (a copy is bulk I/O).
         self.throttle = Throttler(io_max_bytes_per_second, sleep=self._sleep, check_interval_s=0)
         maintenance.registry.before_delete.append(self.topic_deleted)
@@ -109,7 +110,6 @@ class LogDirMoves:
             running = [m for m in self.moves.values() if m.thread is not None]
         for move in running:
             move.cancel.set()
-        self._interrupt()
         for move in running:
             move.thread.join(30)
 
@@ -159,7 +159,6 @@ class LogDirMoves:
     def _cancel(self, move: Move, reason: str) -> None:
         move.reason = reason
         move.cancel.set()
-        self._interrupt()
 
     # -- the copy thread ---------------------------------------------------------------------------
 
@@ -211,7 +210,7 @@ class LogDirMoves:
         copy = self.log_dirs.resume_future(tp, move.id) if resume else self.log_dirs.add_future(
             tp, move.id, self.log_dirs.by_path(move.target))
         copy.throttle = lambda n: (self._moved(move, n), self.throttle(n))
-        copy.cancelled = move.cancel
+        copy.cancelled = self._copying.cancel = move.cancel
         move.state = COPYING
         while True:
             log = self.log_dirs.logs.get(tp)
@@ -259,13 +258,14 @@ class LogDirMoves:
     # -- throttle ----------------------------------------------------------------------------------
 
     def _sleep(self, seconds: float) -> None:
-        """The throttle's sleep, cut short by a cancel or the shutdown (a move throttled to ~0 still ends)."""
-        with self._wake:
-            self._wake.wait(seconds)
-
-    def _interrupt(self) -> None:
-        with self._wake:
-            self._wake.notify_all()
+        """The throttle's sleep, cut short by the sleeping copy's cancel (or the shutdown, which cancels every
+        copy): a move throttled to ~0 still ends. An Event, not a notification: a cancel that lands before the
+        wait starts is not lost (the move replaced by a second AlterReplicaLogDirs would sleep out its debt)."""
+        cancel = getattr(self._copying, "cancel", None)
+        if cancel is None:
+            time.sleep(seconds)
+        else:
+            cancel.wait(seconds)
 
     # -- figures -----------------------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ class TransactionCoordinator:
         self.on_offsets_marker: Callable[[int, int, bool], None] = lambda _p, _pid, _commit: None
         self.txns: dict[str, TxnMetadata] = {}
         self.active = False
+        self.loaded = False  # `__transaction_state` declared and read (on first use, or at start if on disk)
         self._timer: Timer | None = None
 
     def handlers(self) -> dict[int, Any]:
@@ -108,7 +109,23 @@ class TransactionCoordinator:
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Declare `__transaction_state`, load it, and finish what a crash left between Prepare* and Complete*."""
+        """Load `__transaction_state` if this node has it, finish what a crash left between Prepare* and Complete*,
+        and start the timeout ticks. As in Kafka, the topic itself is created by the first transactional
+        producer's FindCoordinator (`_declared`), not at every start."""
+        if any(tp.topic == TRANSACTION_STATE_TOPIC for tp in self.registry.log_dir.logs):
+            self._declare_and_load()
+        self.active = True
+        self._schedule()
+
+    def _declared(self) -> bool:
+        """Declare and load `__transaction_state` on first use; False where this node cannot coordinate."""
+        if not self.active or not self.serving():
+            return False
+        if not self.loaded:
+            self._declare_and_load()
+        return True
+
+    def _declare_and_load(self) -> None:
         self.partitions = declare_internal_topic(self.registry, TRANSACTION_STATE_TOPIC, self.partitions,
                                                  STATE_TOPIC_CONFIG, "transaction.state.log.num.partitions")
         records = 0
@@ -131,13 +148,12 @@ class TransactionCoordinator:
                     else:
                         self.txns[tid] = meta
                     records += 1
-        self.active = True
+        self.loaded = True
         logger.info("transaction coordinator loaded %s (%s) from %s", plural(len(self.txns), "transactional id"),
                     plural(records, "record"), TRANSACTION_STATE_TOPIC)
         for meta in list(self.txns.values()):
             if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                 self._write_markers(meta)
-        self._schedule()
 
     def close(self) -> None:
         self.active = False
@@ -238,7 +254,7 @@ class TransactionCoordinator:
         out = {"error_code": NONE, "error_message": None, "node_id": -1, "host": "", "port": -1}
         if key is None:
             return {**out, "error_code": INVALID_REQUEST, "error_message": "the transactional id is null"}
-        if not self.active or not self.serving():
+        if not self._declared():
             return {**out, "error_code": COORDINATOR_NOT_AVAILABLE,
                     "error_message": "transactions are coordinated on a single node without a control store only"}
         node = self.registry.node
@@ -249,7 +265,7 @@ class TransactionCoordinator:
     def _coordinating(self, transactional_id: str | None) -> int:
         if transactional_id is None or transactional_id == "":
             return INVALID_REQUEST
-        if not self.active or not self.serving():
+        if not self._declared():
             return NOT_COORDINATOR
         return NONE
 

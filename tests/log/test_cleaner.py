@@ -1238,6 +1238,22 @@ def test_throttler_limits_the_cleaner_io_rate() -> None:
     assert len(slept) == 1 and unlimited.total_bytes == 2 * 10**9
 
 
+def test_a_caller_arriving_while_another_sleeps_off_the_excess_waits_too() -> None:
+    """Kafka's throttler sleeps under its lock, so callers queue: a second thread (another cleaner thread, the
+    next log-dir move) reporting bytes during the first one's sleep must not pass unthrottled."""
+    now, slept = [0.0], []
+    throttler = Throttler(1000.0, monotonic=lambda: now[0], sleep=slept.append, check_interval_s=0)
+    now[0] = 0.5
+    throttler(2000)  # 2000 bytes in 0.5 s: this caller sleeps 1.5 s, the period restarts at 2.0
+    assert slept == [pytest.approx(1.5)]
+    now[0] = 1.0  # half-way through that sleep, another caller reports
+    throttler(100)
+    assert slept == [pytest.approx(1.5), pytest.approx(1.0)]
+    now[0] = 2.1  # after it, the next period holds those 100 bytes: 200 in 0.1 s, sleep to 0.2 s
+    throttler(100)
+    assert slept[2] == pytest.approx(0.1)
+
+
 def test_segments_in_range_uses_the_floor_segment(tmp_path, clock) -> None:
     # LogSegments.values(from, to): from the segment holding `from`, up to segments with base >= `to`
     log = open_log(tmp_path, clock, **{"segment.bytes": 200})
