@@ -46,12 +46,14 @@ class Follower:
     """A follower node played by the test: a session in the store (long, so no renewals are needed) and Fetch
     v12 requests with its replica id."""
 
-    def __init__(self, etcd, node_id: int) -> None:
+    def __init__(self, etcd, node_id: int, *, leads: bool = False) -> None:
         self.node_id = node_id
-        # Its Kafka port takes connections and never answers: a live node that is slow, not a dead one (a refused
-        # port would let the node under test end this session at once, docs/replication.md "early end").
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=16)
-        self.port = self.listener.getsockname()[1]
+        # A played leader's Kafka port takes connections and never answers: a live node that is slow, not a dead
+        # one (a refused port would let the node under test, its follower, end this session at once:
+        # docs/replication.md "early end"). A played follower's port refuses, so that clients asking it for
+        # metadata fail at once instead of waiting out their request timeout.
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=16) if leads else None
+        self.port = self.listener.getsockname()[1] if self.listener is not None else 9
         self.store = EtcdStore([etcd.endpoint], CLUSTER, timeout_s=10.0)  # the test's calls may wait on a busy etcd
         self.store.open_session(NodeRegistration(node_id, f"test-{node_id}-{time.monotonic_ns()}", "127.0.0.1",
                                                  self.port), ttl_ms=60_000)
@@ -59,7 +61,8 @@ class Follower:
     def leave(self) -> None:
         self.store.close_session()
         self.store.close()
-        self.listener.close()
+        if self.listener is not None:
+            self.listener.close()
 
     def fetch(self, port: int, offset: int, *, last_fetched_epoch: int = -1, current_leader_epoch: int = -1,
               max_wait_ms: int = 0):
@@ -356,7 +359,7 @@ def test_a_leader_that_cannot_renew_its_session_stops_acknowledging(tmp_path, et
 
 
 def test_a_follower_answers_not_leader_and_names_the_leader(tmp_path, etcd):
-    leader = Follower(etcd, 1)  # live first in the replica list: the record makes it the leader
+    leader = Follower(etcd, 1, leads=True)  # live first in the replica list: the record makes it the leader
     node = start_node(tmp_path, etcd, replicas=(1, 0), min_isr=1)
     try:
         def following():

@@ -147,8 +147,9 @@ class ServeProcess:
         def listening() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"shale serve exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            try:  # both ports: the HTTP endpoints may open a moment after the Kafka listener
+                for port in (self.port, self.http_port):
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
                 return True
             except OSError:
                 return False
@@ -188,7 +189,8 @@ class ServeProcess:
         return f"127.0.0.1:{self.port}"
 
     def __enter__(self) -> "ServeProcess":
-        return self.start()
+        """`with ServeProcess(...)` starts it; `with ServeProcess(...).start()` must not start a second process."""
+        return self if self.proc is not None and self.proc.poll() is None else self.start()
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
