@@ -22,6 +22,19 @@ import kopf
 import kubernetes
 
 
+# (connect, read) seconds for each of the operator's own requests. The client's default is none at all: a
+# connection that dies without a reset (a NAT or node gone) would hold a handler, and the Topic's lock it
+# holds, forever. The read bound is above the API server's own `--request-timeout` (60 s), which answers first.
+REQUEST_TIMEOUT_S = (10.0, 65.0)
+
+
+class BoundedApiClient(kubernetes.client.ApiClient):
+    """The official client with a timeout on every request that does not name its own."""
+
+    def call_api(self, *args: object, _request_timeout: object = None, **kwargs: object):  # type: ignore[override]
+        return super().call_api(*args, _request_timeout=_request_timeout or REQUEST_TIMEOUT_S, **kwargs)
+
+
 def api_client() -> kubernetes.client.ApiClient:
     """In the cluster: the pod's service account; outside: $KUBECONFIG (first file) or ~/.kube/config."""
     configuration = kubernetes.client.Configuration()
@@ -30,7 +43,7 @@ def api_client() -> kubernetes.client.ApiClient:
     except kubernetes.config.ConfigException:
         path = (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]
         kubernetes.config.load_kube_config(config_file=os.path.expanduser(path), client_configuration=configuration)
-    return kubernetes.client.ApiClient(configuration)
+    return BoundedApiClient(configuration)
 
 
 def connection_info(configuration: kubernetes.client.Configuration) -> kopf.ConnectionInfo:

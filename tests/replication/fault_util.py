@@ -67,7 +67,11 @@ class AckedLoad:
 
     def wait_for_acks(self, more_than: int, timeout: float = 60.0) -> int:
         """Until more than `more_than` records are acknowledged in all; returns the count."""
-        return wait_for(lambda: len(self.acked) > more_than and len(self.acked), timeout,
+        def grown() -> int | bool:
+            assert self._thread is None or self._thread.is_alive() or self._stop.is_set(), \
+                f"{self.client}: the producer thread ended: {self.failed[-3:]}"
+            return len(self.acked) > more_than and len(self.acked)
+        return wait_for(grown, timeout,
                         what=f"{self.client}: more than {more_than} acknowledged records "
                              f"(failures so far: {self.failed[-3:]})")
 
@@ -87,10 +91,15 @@ class AckedLoad:
                 self.failed.append(f"{value!r}: {error}")
 
     def _run(self) -> None:
-        if self.client == "confluent":
-            self._run_confluent()
-        else:
-            self._run_kafka_python()
+        try:
+            if self.client == "confluent":
+                self._run_confluent()
+            else:
+                self._run_kafka_python()
+        except Exception as exc:  # a fatal client error (e.g. OUT_OF_ORDER_SEQUENCE_NUMBER): a failure, not a hang
+            with self._lock:
+                self.failed.append(f"the producer stopped: {exc}")
+            raise
 
     def _pace(self, wait=lambda: time.sleep(0.005)) -> bool:
         """Wait (`wait()`: the client's own poll where answers are delivered by it) while too many records are in
