@@ -3,6 +3,8 @@
     .venv/bin/python bench/replication.py              # full run, updates docs/performance.md
     .venv/bin/python bench/replication.py --quick      # small run, prints only (add --markdown to write the doc)
     .venv/bin/python bench/replication.py --kills 100  # more leader kills
+    .venv/bin/python bench/replication.py --quick --throughput-only --records 100000 --rounds 4
+                                                       # CPU per MB and the ratio alone, to compare two builds
 
 One real etcd (tests/etcd_util.py) and three real `shale serve --store etcd://…` processes on loopback, started
 by the replication tests' harness (tests/server/node_util.py's `start_replicated_cluster`, node ids 0–2, data
@@ -489,9 +491,11 @@ def session_overrides(session_ms: int) -> tuple[str, ...]:
 
 def run(records: int, rounds: int, latency_records: int, kills: int, mem_partitions: int,
         sessions: tuple[int, ...] = (DEFAULT_SESSION_MS,), out_dir: str = OUT_DIR, profile: bool = False,
-        say: Callable[..., None] = print) -> Results:
+        throughput_only: bool = False, say: Callable[..., None] = print) -> Results:
     """The whole benchmark; the smoke test calls it with tiny sizes. The failover runs once per session timeout
-    in `sessions`: the default one on the cluster of the other phases, any other on a fresh cluster."""
+    in `sessions`: the default one on the cluster of the other phases, any other on a fresh cluster.
+    `throughput_only`: the throughput phases (and the profile) alone, to compare CPU per MB before and after a
+    change without the minutes of memory, latency and failover phases."""
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     work = Path(out_dir) / f"replication-{os.getpid()}"
@@ -502,12 +506,14 @@ def run(records: int, rounds: int, latency_records: int, kills: int, mem_partiti
                   client=f"confluent-kafka (librdkafka {librdkafka_version()[0]})")
     try:
         with replicated_cluster(work / "main") as (cluster, etcd):
-            say(f"memory: {mem_partitions} partitions × {NODES} replicas ...")
-            res.memory = measure_memory(cluster, mem_partitions, values)
-            say(f"  {res.memory.mean_per_replica_kib:.0f} KiB per replica (RSS before "
-                f"{', '.join(f'{v:.0f}' for v in res.memory.before_mib.values())} MiB)")
+            if not throughput_only:
+                say(f"memory: {mem_partitions} partitions × {NODES} replicas ...")
+                res.memory = measure_memory(cluster, mem_partitions, values)
+                say(f"  {res.memory.mean_per_replica_kib:.0f} KiB per replica (RSS before "
+                    f"{', '.join(f'{v:.0f}' for v in res.memory.before_mib.values())} MiB)")
             topics = ([rf1(f"rf1-{r}") for r in range(rounds)] + [rf3(f"rf3-{r}") for r in range(rounds)]
-                      + [rf1("lat-rf1"), rf3("lat-rf3"), rf3("failover")] + ([rf3("profiled")] if profile else []))
+                      + ([] if throughput_only else [rf1("lat-rf1"), rf3("lat-rf3"), rf3("failover")])
+                      + ([rf3("profiled")] if profile else []))
             write_manifests(cluster.topics_dir / "bench.yaml", *topics)
             wait_ready(cluster, topics)
             say(f"throughput: {rounds} round(s) of {records:,} records of 1 KiB ...")
@@ -518,7 +524,7 @@ def run(records: int, rounds: int, latency_records: int, kills: int, mem_partiti
                     res.throughput.append(t)
                     say(f"  round {r + 1} {case}: {t.phase.mb_per_s:.0f} MB/s, leader node {t.leader} "
                         f"{t.ms_per_mb(t.leader):.2f} ms/MB, cluster {t.cluster_ms_per_mb:.2f} ms/MB")
-            for case, topic, acks in LATENCY_CASES:
+            for case, topic, acks in () if throughput_only else LATENCY_CASES:
                 lat = produce_latency(ClusterClient(cluster), topic, latency_records, values,
                                       warmup=LATENCY_WARMUP, acks=acks)
                 res.latency[case], res.latency_cpu_us[case] = lat.seconds, lat.cpu_us_per_record
@@ -530,11 +536,11 @@ def run(records: int, rounds: int, latency_records: int, kills: int, mem_partiti
                     res.profile.update(profile_rf3(cluster, records, values, work))
                 except AssertionError as exc:  # the figures above stand without it; say why it is missing
                     res.profile["failed"] = str(exc)
-            if DEFAULT_SESSION_MS in sessions:
+            if DEFAULT_SESSION_MS in sessions and not throughput_only:
                 res.failovers.append(measure_failover(cluster, DEFAULT_SESSION_MS, kills, say))
             res.errors_logged += errors_in_logs(cluster)
             count_stalls(cluster, etcd, res)
-        for session_ms in (s for s in sessions if s != DEFAULT_SESSION_MS):
+        for session_ms in () if throughput_only else (s for s in sessions if s != DEFAULT_SESSION_MS):
             with replicated_cluster(work / f"session-{session_ms}", rf3("failover"),
                                     extra=session_overrides(session_ms)) as (cluster, etcd):
                 res.failovers.append(measure_failover(cluster, session_ms, kills, say))
@@ -656,6 +662,20 @@ def goals(res: Results) -> str:
     return "\n".join(out)
 
 
+def throughput_summary(res: Results) -> str:
+    """The throughput phases' medians: MB/s, CPU ms/MB of the leader, each follower and the cluster, the ratio."""
+    lines = []
+    for case in (RF1, RF3):
+        leader = res.median(case, lambda t: t.ms_per_mb(t.leader))
+        cluster = res.median(case, lambda t: t.cluster_ms_per_mb)
+        follower = res.median(case, lambda t: t.follower_ms_per_mb)
+        lines.append(f"{case}: {res.median(case):.1f} MB/s, leader {leader:.2f} ms/MB, cluster {cluster:.2f} ms/MB"
+                     + (f", each follower {follower:.2f} ms/MB" if case == RF3 else ""))
+    lines.append(f"ratio RF 3 acks=all / RF 1 acks=1: {res.ratio:.0%} (per round "
+                 f"{', '.join(f'{x:.0%}' for x in res.paired())})")
+    return "\n".join(lines)
+
+
 def summary(res: Results) -> str:
     lat = {c: percentile(xs, 50) * 1e3 for c, xs in res.latency.items()}
     return "\n".join([
@@ -684,9 +704,10 @@ def interpretation(res: Results) -> str:
         f"{l1:.2f} to {l3:.2f} ms/MB: besides its append it answers each follower's Fetch (records sent with "
         f"`sendfile`, but every round trip is a Fetch request decoded and a response encoded in Python, the "
         f"followers' positions recorded, the high watermark moved and the parked `acks=all` Produce answered). "
-        f"Each follower spends {f3:.2f} ms per replicated MB: it receives the Fetch response into memory, decodes it "
-        f"and appends the batches as they came (`Log.append(assign_offsets=False)`: batch headers checked, producer "
-        f"state rebuilt, the index written). With one node per machine, as replication is deployed, each node "
+        f"Each follower spends {f3:.2f} ms per replicated MB: the socket reads each Fetch response straight into "
+        f"one reused buffer (`response_frames.py`), the decoder copies the records out of it, and the batches are "
+        f"appended as they came (`Log.append(assign_offsets=False)`: batch headers and CRCs checked, one more copy, "
+        f"the index written, `pwrite`). With one node per machine, as replication is deployed, each node "
         f"would carry only its own part, and the leader's {l3 / l1:.1f}× per-MB cost would bound the ratio instead. "
         f"The per-round ratios spread from {min(res.paired()):.0%} to {max(res.paired()):.0%}: the machine's load "
         "moved, and nodes fenced themselves during some phases (below).",
@@ -760,9 +781,9 @@ def interpretation(res: Results) -> str:
             "on the leader, sending the followers their records (`_send_file_range`: `sendfile` from the segment to "
             "the socket) and socket writes come first, then the per-fetch bookkeeping (`_fetch_once`, the "
             "leader-epoch lookups behind `DivergingEpoch`). On the follower: appending (`LogSegment.append`, "
-            "`should_roll`), socket writes, and encoding each next Fetch through the kafka-python message classes "
-            "(`ApiMessage.with_header`, the generated encoder). A replicated byte is copied into Python once, on the "
-            "follower (the Fetch response read into memory, then `pwrite`); the leader sends it with `sendfile`.")
+            "`should_roll`), socket writes, and encoding each next Fetch. A replicated byte is copied twice in Python "
+            "on the follower (out of the response buffer by the decoder, into `Log.append`'s buffer) between the "
+            "kernel's `recv_into` and `pwrite`; the leader sends it with `sendfile`.")
     out.append(
         f"- **Sessions lost under load: {res.fenced} times** over the run a running node found its last etcd "
         "renewal older than its session allows and fenced itself (`controller.py`: it stops acknowledging, opens a "
@@ -876,6 +897,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"broker.session.timeout.ms values to fail over at (default "
                          f"{','.join(map(str, FULL_SESSIONS))}; --quick {DEFAULT_SESSION_MS})")
     ap.add_argument("--profile", action="store_true", help="py-spy the leader and a follower (always in a full run)")
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="only the throughput phases (and --profile): prints CPU per MB and the ratio, writes nothing")
     ap.add_argument("--rewrite-doc", action="store_true",
                     help=f"write docs/performance.md again from the last run's figures ({os.path.relpath(LAST, ROOT)})")
     args = ap.parse_args(argv)
@@ -897,7 +920,14 @@ def main(argv: list[str] | None = None) -> int:
     if os.getloadavg()[0] > 0.5:
         print(f"warning: load average {os.getloadavg()[0]:.2f}: other processes will add noise to the figures")
     res = run(records, rounds, QUICK_LATENCY if q else FULL_LATENCY, kills,
-              QUICK_MEM_PARTITIONS if q else FULL_MEM_PARTITIONS, sessions=sessions, profile=profile)
+              QUICK_MEM_PARTITIONS if q else FULL_MEM_PARTITIONS, sessions=sessions, profile=profile,
+              throughput_only=args.throughput_only)
+    if args.throughput_only:
+        print(throughput_summary(res))
+        for k, v in res.profile.items():
+            print(f"\nprofile, {k}: {v}")
+        print(f"\nwall time {res.wall_s:.0f} s, load average {res.load[0]:.2f} before, {res.load[1]:.2f} after")
+        return 0
     print()
     print(table(res))
     print()

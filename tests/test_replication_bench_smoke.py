@@ -91,3 +91,14 @@ def test_a_full_run_keeps_the_sections_hand_written_paragraph(bench, tmp_path):
     assert f"Measured now.\n\n{earlier}\n\nWhat is measured: new." in text and text.count("Earlier figures") == 1
     assert "Measured before" not in text and "## Later section\n\nalso kept" in text
 
+
+
+def test_a_throughput_only_run_measures_the_throughput_phases_alone(bench, tmp_path):
+    """`--throughput-only`, for comparing CPU per MB before and after a change: no memory, latency or failover
+    phase runs, and the summary gives each case's CPU per MB and the ratio."""
+    res = bench.run(RECORDS, rounds=1, latency_records=LATENCY, kills=KILLS, mem_partitions=MEM_PARTITIONS,
+                    out_dir=str(tmp_path), throughput_only=True, say=lambda *a: None)
+    assert res.memory is None and res.latency == {} and res.failovers == [] and not os.listdir(tmp_path)
+    assert [t.case for t in res.throughput] == [bench.RF1, bench.RF3]
+    text = bench.throughput_summary(res)
+    assert f"{bench.RF3}: " in text and "each follower" in text and "ratio RF 3 acks=all / RF 1 acks=1: " in text

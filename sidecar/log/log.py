@@ -64,9 +64,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendInfo:
     """What an append did: the offsets it assigned and the timestamps the log saw.
+
+    Not frozen: a frozen dataclass's `__init__` sets each field through `object.__setattr__`, and every
+    produced batch makes one of these (the one-record Produce path, issue 18).
 
     `duplicate`: the append was a producer's retry of batches already in the log; nothing was
     written and the offsets (and timestamp) are those of the original append.
@@ -99,10 +102,13 @@ class StorageFailure:
     appends_stopped: bool = False  # a failed write could not be undone: no appends until a restart
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _ParsedSet:
     headers: list[tuple[int, BatchHeader]]  # (position in the set, header)
     size: int
+
+
+_BATCH_LENGTH = struct.Struct(">i")  # a batch's length field, at byte 8
 
 
 def parse_batch_set(data: bytes | bytearray | memoryview, where: str) -> _ParsedSet:
@@ -110,16 +116,17 @@ def parse_batch_set(data: bytes | bytearray | memoryview, where: str) -> _Parsed
     headers: list[tuple[int, BatchHeader]] = []
     pos = 0
     view = memoryview(data)
-    while pos < len(view):
-        if len(view) - pos < LOG_OVERHEAD:
+    end = len(view)
+    while pos < end:
+        if end - pos < LOG_OVERHEAD:
             raise CorruptRecordError(f"truncated batch header at byte {pos} of the append ({where})")
-        size = LOG_OVERHEAD + int.from_bytes(view[pos + 8 : pos + 12], "big", signed=True)
-        if size < BATCH_OVERHEAD or pos + size > len(view):
+        size = LOG_OVERHEAD + _BATCH_LENGTH.unpack_from(view, pos + 8)[0]
+        if size < BATCH_OVERHEAD or pos + size > end:
             raise CorruptRecordError(
-                f"batch at byte {pos} of the append declares {size} bytes, {len(view) - pos} present ({where})"
+                f"batch at byte {pos} of the append declares {size} bytes, {end - pos} present ({where})"
             )
-        try:
-            headers.append((pos, check_batch(view[pos : pos + size])))
+        try:  # one batch filling the append (every Produce v3+) is checked without a second view
+            headers.append((pos, check_batch(view if size == end else view[pos : pos + size])))
         except CorruptRecordError as e:  # the where is formatted only for a refused batch
             raise CorruptRecordError(f"{e} ({where}, byte {pos} of the append)") from None
         pos += size
@@ -375,7 +382,7 @@ class Log:
                     for txn in update.completed:
                         if txn.is_abort:
                             self.active_segment.txn_index.append(txn.aborted_txn())
-                self.active_segment.append(last_offset, max_ts, max_ts_offset, memoryview(buf))  # no second copy
+                self.active_segment.append(last_offset, max_ts, max_ts_offset, buf)  # written as it is: no second copy
             except (OSError, TornSegmentError, CorruptIndexError) as e:
                 if update is not None and update.completed:
                     try:
@@ -453,10 +460,12 @@ class Log:
             return
         view = memoryview(data)
         at = f"{self.name} offset {self.log_end_offset}"
+        compact = cfg.compact
         for pos, h in parsed.headers:
-            if h.size > cfg.max_message_bytes:
+            size = h.size
+            if size > cfg.max_message_bytes:
                 raise RecordTooLargeError(
-                    f"the batch of {h.size} bytes for {at} is larger than max.message.bytes ({cfg.max_message_bytes})"
+                    f"the batch of {size} bytes for {at} is larger than max.message.bytes ({cfg.max_message_bytes})"
                 )
             if h.records_count != h.last_offset_delta + 1:
                 raise InvalidRecordError(
@@ -464,11 +473,9 @@ class Log:
                 )
             if h.attributes & TIMESTAMP_TYPE_BIT:  # LogAppendTime
                 raise InvalidTimestampError(f"a producer may not send a LogAppendTime batch ({at})")
-            check_records(
-                h, view[pos + BATCH_OVERHEAD : pos + h.size], at,
-                require_key=cfg.compact and not h.is_control,
-                timestamp_range=ts_range if not h.is_control else None,
-            )
+            control = h.is_control
+            check_records(h, view[pos + BATCH_OVERHEAD : pos + size], at, require_key=compact and not control,
+                          timestamp_range=None if control else ts_range)
 
     def _maybe_roll(self, size: int, max_ts: int, first_offset: int, last_offset: int, now: int) -> None:
         seg = self.active_segment

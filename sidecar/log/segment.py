@@ -179,7 +179,6 @@ class LogSegment:
 
     # -- append ----------------------------------------------------------------------------------
 
-    @_holding_file
     def append(self, largest_offset: int, largest_timestamp: int, offset_of_max_timestamp: int,
                data: bytes | bytearray | memoryview) -> None:
         """Append one set of batches and index it by Kafka's `index.interval.bytes` rule.
@@ -189,6 +188,15 @@ class LogSegment:
         """
         if not data:
             return
+        # Held as `_holding_file` would, without its wrapper's call: every produced batch comes through here.
+        fd = SEGMENT_FILES.acquire(self._file)
+        try:
+            self._append(fd, largest_offset, largest_timestamp, offset_of_max_timestamp, data)
+        finally:
+            SEGMENT_FILES.release(self._file)
+
+    def _append(self, fd: int, largest_offset: int, largest_timestamp: int, offset_of_max_timestamp: int,
+                data: bytes | bytearray | memoryview) -> None:
         position = self.size
         if position == 0:
             self._rolling_ts = largest_timestamp
@@ -202,9 +210,11 @@ class LogSegment:
             self.time_index.reserve()
         prior = (self._max_ts, self.offset_index.entries, self.time_index.entries)
         try:
-            view = memoryview(data)
-            while view:  # a short write (the disk filled mid-way) is retried, so the real errno surfaces
-                view = view[os.pwrite(self._fd, view, position + len(data) - len(view)):]
+            written = os.pwrite(fd, data, position)
+            if written < len(data):  # a short write (the disk filled mid-way) is retried, so the real errno surfaces
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.pwrite(fd, view, position + len(data) - len(view)):]
             max_ts, _ = self.max_timestamp_and_offset
             if largest_timestamp > max_ts:
                 self._max_ts = (largest_timestamp, offset_of_max_timestamp)
@@ -276,17 +286,20 @@ class LogSegment:
 
     def should_roll(self, *, max_segment_bytes: int, max_segment_ms: int, messages_size: int,
                     max_timestamp: int, max_offset: int, now_ms: int) -> bool:
-        """Kafka's roll rule: size, time since the first record (record time), full indexes, offset overflow."""
-        rolling_ts = self._rolling_based_timestamp()
-        waited = max_timestamp - rolling_ts if rolling_ts >= 0 else now_ms - self.created_ms
-        reached_roll_ms = waited > max_segment_ms - self.roll_jitter_ms
-        return (
-            self.size > max_segment_bytes - messages_size
-            or (self.size > 0 and reached_roll_ms)
-            or self.offset_index.is_full
-            or self.time_index.is_full
-            or not self.offset_index.can_append_offset(max_offset)
-        )
+        """Kafka's roll rule: size, time since the first record (record time), full indexes, offset overflow.
+
+        Asked before every append, so the cheap tests go first and an empty segment skips the time rule.
+        """
+        size = self.size
+        if size > max_segment_bytes - messages_size:
+            return True
+        if size > 0:
+            rolling_ts = self._rolling_ts if self._rolling_ts is not None else self._rolling_based_timestamp()
+            waited = max_timestamp - rolling_ts if rolling_ts >= 0 else now_ms - self.created_ms
+            if waited > max_segment_ms - self.roll_jitter_ms:
+                return True
+        return (self.offset_index.is_full or self.time_index.is_full
+                or not self.offset_index.can_append_offset(max_offset))
 
     # -- lookups ---------------------------------------------------------------------------------
 

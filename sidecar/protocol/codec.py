@@ -110,6 +110,7 @@ from kafka.protocol.producer.transaction import (
     EndTxnRequest, EndTxnResponse,
     InitProducerIdRequest, InitProducerIdResponse,
     TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 )
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest, SaslAuthenticateResponse,
@@ -150,6 +151,7 @@ _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
     (AddPartitionsToTxnRequest, AddPartitionsToTxnResponse),  # 24
     (AddOffsetsToTxnRequest, AddOffsetsToTxnResponse),      # 25
     (EndTxnRequest, EndTxnResponse),                        # 26
+    (WriteTxnMarkersRequest, WriteTxnMarkersResponse),      # 27
     (TxnOffsetCommitRequest, TxnOffsetCommitResponse),      # 28
     (DescribeAclsRequest, DescribeAclsResponse),            # 29
     (CreateAclsRequest, CreateAclsResponse),                # 30
@@ -263,8 +265,11 @@ class UnsupportedVersionError(ProtocolError):
 # Requests
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Request:
+    """One decoded request. Not frozen (nothing changes one; `dataclasses.replace` makes another): one is made
+    per request, and a frozen dataclass's `__init__` costs a call per field."""
+
     api_key: int
     api_version: int
     correlation_id: int
@@ -430,7 +435,8 @@ def encode_response(api_key: int, api_version: int, correlation_id: int,
     """:func:`reference_encode_response`'s bytes: a dict body through the generated encoder when it takes it,
     anything else (and what it leaves) through the reference."""
     if body.__class__ is dict:
-        encoder = _generated(_ENCODERS, _RESPONSES, generated_codec.response_encoder, api_key, api_version)
+        encoder = _ENCODERS.get((api_key, api_version)) or _generated(
+            _ENCODERS, _RESPONSES, generated_codec.response_encoder, api_key, api_version)
         if encoder is not None:
             try:
                 parts = encoder(body, correlation_id)
@@ -515,7 +521,8 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
                           framed: bool = False) -> list:
     """:func:`reference_encode_response_parts`'s pieces, from the generated encoder when it takes the body."""
     if body.__class__ is dict:
-        encoder = _generated(_ENCODERS, _RESPONSES, generated_codec.response_encoder, api_key, api_version)
+        encoder = _ENCODERS.get((api_key, api_version)) or _generated(
+            _ENCODERS, _RESPONSES, generated_codec.response_encoder, api_key, api_version)
         if encoder is not None:
             try:
                 return _pieces(encoder(body, correlation_id), framed)

@@ -118,7 +118,7 @@ class _Source:
     def __init__(self) -> None:
         self.functions: list[list[str]] = []
         self.globs: dict[str, Any] = {
-            "unpack_from": struct.unpack_from, "pack": struct.pack, "_new": object.__new__, "_UV1": _UV1,
+            "pack": struct.pack, "_new": object.__new__, "_UV1": _UV1,
             "_uvarint": _uvarint, "_read_uvarint": _read_uvarint, "_bits_from": _bits_from, "_bits_to": _bits_to,
             "_uuid_from": _uuid_from, "_uuid_to": _uuid_to, "_other_bytes_size": _other_bytes_size,
             "_Unhandled": _Unhandled, "_past_empty_tags": _past_empty_tags,
@@ -132,6 +132,20 @@ class _Source:
     def glob(self, value: Any, prefix: str = "g") -> str:
         name = self.var(prefix)
         self.globs[name] = value
+        return name
+
+    def packer(self, fmt: str) -> str:
+        """The name of a precompiled `struct.Struct(fmt).pack`: no format-cache lookup per value written."""
+        return self._struct_method(fmt, "pack")
+
+    def unpacker(self, fmt: str) -> str:
+        """The name of a precompiled `struct.Struct(fmt).unpack_from`."""
+        return self._struct_method(fmt, "unpack_from")
+
+    def _struct_method(self, fmt: str, method: str) -> str:
+        name = f"_{method}_{fmt.replace('>', '').replace('?', 'B_')}"
+        if name not in self.globs:
+            self.globs[name] = getattr(struct.Struct(fmt), method)
         return name
 
     def function(self, header: str) -> list[str]:
@@ -196,7 +210,7 @@ class _Decoder:
             self.uvarint(var, ind)
             self.emit(ind, f"{var} -= 1")
         else:
-            self.emit(ind, f"{var} = unpack_from('>{legacy}', data, pos)[0]")
+            self.emit(ind, f"{var} = {self.src.unpacker('>' + legacy)}(data, pos)[0]")
             self.emit(ind, f"pos += {_SIZES[legacy]}")
 
     def struct(self, sf, var: str, ind: str, version: int, compact: bool, tagged, data_class, top: bool) -> None:
@@ -222,7 +236,7 @@ class _Decoder:
             if run:
                 fmt = "".join(_FIXED[_codec_type(f)] for f in run)
                 targets = ", ".join(f"{var}.{f.name}" for f in run)
-                self.emit(ind, f"{targets}{',' if len(run) == 1 else ''} = unpack_from('>{fmt}', data, pos)")
+                self.emit(ind, f"{targets}{',' if len(run) == 1 else ''} = {self.src.unpacker('>' + fmt)}(data, pos)")
                 self.emit(ind, f"pos += {sum(_SIZES[c] for c in fmt)}")
                 continue
             field = fields[i]
@@ -291,10 +305,10 @@ class _Decoder:
         t = _codec_type(field)
         fmt = _FIXED.get(t)
         if fmt:
-            self.emit(ind, f"{var} = unpack_from('>{fmt}', data, pos)[0]")
+            self.emit(ind, f"{var} = {self.src.unpacker('>' + fmt)}(data, pos)[0]")
             self.emit(ind, f"pos += {_SIZES[fmt]}")
         elif t is BitField:
-            self.emit(ind, f"{var} = _bits_from(unpack_from('>I', data, pos)[0])")
+            self.emit(ind, f"{var} = _bits_from({self.src.unpacker('>I')}(data, pos)[0])")
             self.emit(ind, "pos += 4")
         elif t is UUID:
             self.emit(ind, f"{var} = _uuid_from(data, pos)")
@@ -361,7 +375,7 @@ class _Encoder:
             self.emit(ind, f"{n} = {expr} + 1")
             self.emit(ind, f"w(_UV1[{n}] if {n} < 128 else _uvarint({n}))")
         else:
-            self.emit(ind, f"w(pack('>{legacy}', {expr}))")
+            self.emit(ind, f"w({self.src.packer('>' + legacy)}({expr}))")
 
     def struct(self, sf, d: str, ind: str, version: int, compact: bool, tagged, top: bool) -> None:
         if not top and sf.nullable_for_version_q(version):
@@ -384,7 +398,7 @@ class _Encoder:
                 fmt = "".join(_fixed_format(f) for f in run)
                 args = ", ".join(f"_bits_to({self.get(f, d)})" if _fixed_format(f) == "I" else self.get(f, d)
                                  for f in run)
-                self.emit(ind, f"w(pack('>{fmt}', {args}))")
+                self.emit(ind, f"w({self.src.packer('>' + fmt)}({args}))")
                 continue
             field = fields[i]
             i += 1
@@ -427,7 +441,7 @@ class _Encoder:
         sub.emit("    ", "w = parts.append")
         if _kind(field) == "simple" and _fixed_format(field):
             fmt = _fixed_format(field)
-            sub.emit("    ", f"w(pack('>{fmt}', {'_bits_to(value)' if fmt == 'I' else 'value'}))")
+            sub.emit("    ", f"w({self.src.packer('>' + fmt)}({'_bits_to(value)' if fmt == 'I' else 'value'}))")
         else:
             sub.value(field, "value", "    ", version, True, None)
         sub.emit("    ", "return b''.join(parts)")
@@ -475,9 +489,9 @@ class _Encoder:
         t = _codec_type(field)
         fmt = _fixed_format(field)
         if fmt == "I":
-            self.emit(ind, f"w(pack('>I', _bits_to({var})))")
+            self.emit(ind, f"w({self.src.packer('>I')}(_bits_to({var})))")
         elif fmt:
-            self.emit(ind, f"w(pack('>{fmt}', {var}))")
+            self.emit(ind, f"w({self.src.packer('>' + fmt)}({var}))")
         elif t is UUID:
             self.emit(ind, f"w(_uuid_to({var}))")
         elif isinstance(t, String):
@@ -513,7 +527,7 @@ def response_encoder(message_class: type, version: int) -> Callable:
     src = _Source()
     enc = _Encoder(src, src.function("def _encode(body, correlation_id):"))
     ind = "    "
-    enc.emit(ind, f"parts = [b'', pack('>i', correlation_id){' + ' + repr(header_tags) if header_tags else ''}]")
+    enc.emit(ind, f"parts = [b'', {src.packer('>i')}(correlation_id){' + ' + repr(header_tags) if header_tags else ''}]")
     enc.emit(ind, "w = parts.append")
     enc.struct(message_class._struct, "body", ind, version, flexible, flexible, top=True)
     enc.emit(ind, "return parts")

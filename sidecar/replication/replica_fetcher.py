@@ -20,7 +20,6 @@ import asyncio
 import logging
 import select
 import socket
-import struct
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Protocol
 
@@ -38,6 +37,7 @@ from shale.sidecar.replication.follower import (
     start_following,
 )
 from shale.sidecar.replication.records import NodeRegistration
+from shale.sidecar.replication.response_frames import ResponseFrames
 from shale.sidecar.server.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,6 @@ FETCH_VERSION = 12  # topic names (v13+ needs topic ids), LastFetchedEpoch and D
 LIST_OFFSETS_VERSION = 7  # CurrentLeaderEpoch (v4+)
 LATEST, EARLIEST = -1, -2
 NO_EPOCH = -1
-_SIZE = struct.Struct(">i")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,59 +81,56 @@ class LeaderUnreachable(Exception):
 
 
 class _Connection:
-    """One TCP connection to a leader, one request in flight at a time."""
+    """One TCP connection to a leader, one request in flight at a time. Answers are read by `ResponseFrames`
+    (each into one buffer of its size), requests written to the transport directly: they are small."""
 
     def __init__(self, node: NodeRegistration, client_id: str, timeout_s: float, connect: Connector) -> None:
         self.node = node
         self.connect = connect
         self.client_id = client_id
         self.timeout_s = timeout_s
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._frames: ResponseFrames | None = None
+        self._writer: asyncio.StreamWriter | None = None  # kept: a StreamWriter collected closes its transport
         self._correlation_id = 0
 
     async def request(self, api_key: int, version: int, body: dict, extra_wait_s: float = 0.0) -> Any:
         """Send one request and return the decoded response body; LeaderUnreachable on any failure."""
         where = f"node {self.node.node_id} at {self.node.host}:{self.node.port}"
         try:
-            if self._writer is None:
+            if self._frames is None:
                 async with asyncio.timeout(self.timeout_s):
-                    self._reader, self._writer = await self.connect(self.node.host, self.node.port)
+                    _reader, self._writer = await self.connect(self.node.host, self.node.port)
                 sock = self._writer.get_extra_info("socket")
                 if sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._frames = ResponseFrames.take_over(self._writer.transport, where)
+            frames = self._frames
             self._correlation_id = (self._correlation_id + 1) & 0x7FFFFFFF
             cid = self._correlation_id
-            self._writer.write(encode_request(api_key, version, cid, self.client_id, body))
+            if frames.transport.is_closing():
+                raise ConnectionResetError("connection closing")
+            frames.transport.write(encode_request(api_key, version, cid, self.client_id, body))
             async with asyncio.timeout(self.timeout_s + extra_wait_s):
-                frame = await self._read_frame()
+                frame = await frames.next_frame()
             response = decode_response(api_key, version, frame)
             if response.correlation_id != cid:
                 raise ProtocolError(api_key, version, response.correlation_id,
                                     f"answer to correlation id {response.correlation_id}, expected {cid}")
             return response.body
-        except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError) as exc:
+        except (OSError, EOFError, asyncio.TimeoutError, ProtocolError) as exc:
             self.close()
             raise LeaderUnreachable(f"{where}: {exc!r}", isinstance(exc, ConnectionRefusedError)) from exc
-
-    async def _read_frame(self) -> bytes:
-        assert self._reader is not None and self._writer is not None
-        await self._writer.drain()
-        (size,) = _SIZE.unpack(await self._reader.readexactly(4))
-        if size < 4:
-            raise EOFError(f"response frame of {size} bytes")
-        return await self._reader.readexactly(size)
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-        self._reader = self._writer = None
+        self._frames = self._writer = None
 
     def peer_closed(self) -> bool:
         """The leader's end of the connection is closed (FIN or RST reached this host), asked of the kernel
         without reading: true as soon as the leader process dies, before the fetch task is resumed with the
         end of its stream (a Metadata request that arrives in the same loop iteration must see it too)."""
-        sock = None if self._writer is None else self._writer.get_extra_info("socket")
+        sock = None if self._frames is None else self._frames.transport.get_extra_info("socket")
         if sock is None or not hasattr(select, "POLLRDHUP"):
             return False
         poller = select.poll()

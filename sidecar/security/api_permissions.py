@@ -76,6 +76,7 @@ API_PERMISSIONS: dict[int, tuple[Check, ...]] = {
     24: (_whole(_O.WRITE, _R.TRANSACTIONAL_ID), _whole(_O.WRITE, _R.TOPIC)),  # AddPartitionsToTxn (v0-3)
     25: (_whole(_O.WRITE, _R.TRANSACTIONAL_ID), _whole(_O.READ, _R.GROUP)),  # AddOffsetsToTxn
     26: (_whole(_O.WRITE, _R.TRANSACTIONAL_ID),),  # EndTxn
+    27: (_CLUSTER_ACTION,),  # WriteTxnMarkers (from another node's transaction coordinator)
     28: (_whole(_O.WRITE, _R.TRANSACTIONAL_ID), _whole(_O.READ, _R.GROUP), _per(_O.READ, _R.TOPIC)),  # TxnOffsetCommit
     29: (_whole(_O.DESCRIBE, _R.CLUSTER),),  # DescribeAcls
     30: (_whole(_O.ALTER, _R.CLUSTER),),  # CreateAcls

@@ -642,6 +642,13 @@ async def _list_transactions(access: Access, request: codec.Request, handler: Ha
     return response
 
 
+def _every_marker_partition(request: codec.Request, error: int) -> dict:
+    """WriteTxnMarkers refused: every partition of every marker answers the error (Kafka's getErrorResponse)."""
+    return {"markers": [{"producer_id": m.producer_id, "topics": [
+        {"name": t.name, "partitions": [{"partition_index": p, "error_code": error} for p in t.partition_indexes]}
+        for t in m.topics]} for m in request.body.markers]}
+
+
 def _every_log_dir_partition(request: codec.Request, error: int) -> dict:
     """AlterReplicaLogDirs refused: every partition it names answers the error (Kafka's answer)."""
     topics: dict[str, list[int]] = {}
@@ -700,6 +707,7 @@ def _guards(topic_name: Callable[[uuid.UUID], str | None]) -> dict[int, Guard]:
         24: _add_partitions_to_txn,
         25: _add_offsets_to_txn,
         26: _whole(_O.WRITE, _R.TRANSACTIONAL_ID, _txn_id("transactional_id"), _top_error),  # EndTxn
+        27: _whole(_O.CLUSTER_ACTION, _R.CLUSTER, _cluster, _every_marker_partition),  # WriteTxnMarkers
         28: _per_topic(COMMIT, _O.READ, _txn_offset_commit_first),  # TxnOffsetCommit
         29: _whole(_O.DESCRIBE, _R.CLUSTER, _cluster, _acl_refusal(29)),
         30: _whole(_O.ALTER, _R.CLUSTER, _cluster, _acl_refusal(30)),

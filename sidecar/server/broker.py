@@ -54,11 +54,20 @@ from shale.sidecar.server.channel import Channel, FailedAuthentication
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
 from shale.sidecar.server.listener_security import ListenerSecurity
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
+from shale.sidecar.server.transaction_verification import (
+    CONTROL_FROM_CLIENT,
+    Verify,
+    batch_header,
+    needs_verification,
+    produce_error,
+    transactional,
+)
 from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_SERVER_ERROR, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION,
     NOT_LEADER_OR_FOLLOWER, MESSAGE_TOO_LARGE, INVALID_REQUIRED_ACKS, INVALID_TIMESTAMP, UNSUPPORTED_VERSION,
     KAFKA_STORAGE_ERROR, INVALID_RECORD, UNKNOWN_TOPIC_ID, LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS,
     REQUEST_TIMED_OUT, OFFSET_NOT_AVAILABLE, UNKNOWN_LEADER_EPOCH, FENCED_LEADER_EPOCH, LISTENER_NOT_FOUND,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
 from shale.sidecar.replication.partition import NO_EPOCH
 from shale.sidecar.replication.records import NO_LEADER
@@ -263,6 +272,9 @@ class Broker:
         self._accept_logged = (float("-inf"), 0)  # (loop time of the last log line, accept_errors then)
         self._events: dict[TopicPartition, set[_ParkedFetch]] = {}  # the fetches parked on each partition
         self._connections: set[asyncio.Task] = set()
+        # The transaction coordinator's check of a producer's first transactional batch to a partition
+        # (transaction_verification.py); the default verifies nothing, as a node without a coordinator.
+        self.verify_transaction: Verify = lambda _tid, _pid, _epoch, _tp: None
         self.handlers: dict[int, Handler] = {
             API_API_VERSIONS: self._api_versions,
             API_METADATA: self._metadata,
@@ -392,7 +404,7 @@ class Broker:
         peer = conn.peername()
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         host = peer[0] if isinstance(peer, tuple) else str(peer)
-        state = {"client_id": None}
+        state: dict[str, Any] = {"client_id": None, "info": None}
 
         def client() -> str:
             return f"client {state['client_id']!r} at {where}" if state["client_id"] is not None else f"client at {where}"
@@ -410,9 +422,11 @@ class Broker:
             if not lo <= request.api_version <= hi:
                 return False
             state["client_id"] = request.client_id
+            info = state["info"]  # one per connection while its client id and principal stay the same
+            if info is None or info.client_id != request.client_id or info.principal is not conn.principal:
+                info = state["info"] = ConnectionInfo(request.client_id, host, conn.principal, conn.listener)
             try:
-                answered, out = self._start(request, ConnectionInfo(request.client_id, host, conn.principal,
-                                                                    conn.listener))
+                answered, out = self._start(request, info)
             except Exception:  # noqa: BLE001 - as the writer does for a handler that fails
                 logger.exception("closing connection of %s: request handler failed", client())
                 conn.done(received)
@@ -757,10 +771,21 @@ class Broker:
         version, body = request.api_version, request.body
         responses = []
         parked: list[tuple[str, dict, Any]] = []  # acks=all appends waiting for the high watermark
+        if body.transactional_id is None and any(pd.records is not None and transactional(pd.records)
+                                                 for topic in body.topic_data for pd in topic.partition_data):
+            # Kafka refuses the whole request before looking at a partition: transactional records need an id.
+            logger.error("produce from client %r at %s refused: transactional records without a transactional id",
+                         conn.client_id, conn.host)
+            return {"throttle_time_ms": 0, "responses": [
+                {"name": t.name, "partition_responses": [
+                    {"index": pd.index, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "base_offset": -1,
+                     "log_append_time_ms": -1, "log_start_offset": -1} for pd in t.partition_data]}
+                for t in body.topic_data]}
         for topic in body.topic_data:
             parts = []
             for pd in topic.partition_data:
-                part = self._produce_partition(version, body.acks, topic.name, pd.index, pd.records)
+                part = self._produce_partition(version, body.acks, topic.name, pd.index, pd.records,
+                                               body.transactional_id)
                 reason = part.pop("_reason", None)
                 if reason is not None:  # Kafka logs refused appends too (ReplicaManager.processFailedRecord)
                     self._log_refused(conn, topic.name, pd.index, part["error_code"], reason)
@@ -824,7 +849,8 @@ class Broker:
                 part["error_message"] = message
             self._log_refused(conn, topic, part["index"], code, message)
 
-    def _produce_partition(self, version: int, acks: int, topic: str, partition: int, records) -> dict:
+    def _produce_partition(self, version: int, acks: int, topic: str, partition: int, records,
+                           transactional_id: str | None = None) -> dict:
         out = {"index": partition, "error_code": NONE, "base_offset": -1, "log_append_time_ms": -1,
                "log_start_offset": -1}
 
@@ -852,6 +878,15 @@ class Broker:
         refused = _produce_records_error(version, records)
         if refused is not None:
             return fail(INVALID_RECORD, f"{refused} ({topic}-{partition})")
+        header = batch_header(records)
+        if header is not None and header.is_control:  # LogValidator: markers come from coordinators only
+            return fail(INVALID_RECORD, f"{CONTROL_FROM_CLIENT} ({topic}-{partition}, producer {header.producer_id})")
+        if header is not None and transactional_id is not None and needs_verification(log, header):
+            verified = self.verify_transaction(transactional_id, header.producer_id, header.producer_epoch, tp)
+            if verified is not None and verified != NONE:
+                code, why = produce_error(version, verified)
+                return fail(code, f"{why} ({topic}-{partition}, transactional id {transactional_id!r}, producer "
+                                  f"{header.producer_id} epoch {header.producer_epoch})")
         if leading is not None and acks == -1 and leading.state.under_min_isr(log.config.min_insync_replicas):
             isr = list(leading.state.record.isr)
             return fail(NOT_ENOUGH_REPLICAS, f"the ISR {isr} of {topic}-{partition} is smaller than its minimum "

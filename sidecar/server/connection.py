@@ -14,6 +14,7 @@ import asyncio
 import collections
 import os
 import socket
+import struct
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +23,7 @@ from shale.sidecar.security.principal import ANONYMOUS, KafkaPrincipal
 from shale.sidecar.server.channel import Channel, Verdict
 
 MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
+_SIZE = struct.Struct(">i")  # a frame's size prefix
 
 
 def tune_malloc(mmap_threshold: int = 64 << 20, trim_threshold: int = 128 << 20) -> bool:
@@ -118,11 +120,12 @@ class RequestMemory:
             conn.set_memory_spent(False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Frame:
     """One received request frame: decoded, or why not (`size` alone: a size outside 0..the frame limit).
 
     `charge` is what the frame holds of the connection's `RequestMemory`; `Connection.done(frame)` releases it.
+    Not frozen: one is made per request, and a frozen dataclass's `__init__` costs a call per field.
     """
 
     size: int
@@ -215,7 +218,7 @@ class Connection(asyncio.BufferedProtocol):
             del buf[self.KEEP_BYTES:]
         frame = 4
         if pending >= 4:
-            size = int.from_bytes(buf[start:start + 4], "big", signed=True)
+            size = _SIZE.unpack_from(buf, start)[0]
             if 0 <= size <= self.max_frame:
                 frame = 4 + size
         # Room from `start` for what is here and MIN_READ more, or double what is here while the current frame
@@ -242,7 +245,7 @@ class Connection(asyncio.BufferedProtocol):
         completed = False
         with memoryview(buf) as view:
             while end - start >= 4 and not self._eof and not self._refused:
-                size = int.from_bytes(buf[start:start + 4], "big", signed=True)
+                size = _SIZE.unpack_from(buf, start)[0]
                 if size < 0 or size > self.max_frame:
                     self._push(Frame(size))
                     self._eof = True
@@ -287,8 +290,9 @@ class Connection(asyncio.BufferedProtocol):
         if self._refused:
             return
         self._memory.frame_state(self, start < end, completed)
-        self._set_reading(queue_full=len(self._frames) >= self.MAX_QUEUED,
-                          memory_spent=not self._memory.may_read(self))
+        queue_full, memory_spent = len(self._frames) >= self.MAX_QUEUED, not self._memory.may_read(self)
+        if queue_full is not self._queue_full or memory_spent is not self._memory_spent:  # else nothing changes
+            self._set_reading(queue_full=queue_full, memory_spent=memory_spent)
 
     def _set_reading(self, *, queue_full: bool | None = None, memory_spent: bool | None = None) -> None:
         """Pause or resume the transport for the two reasons to stop reading: frames not taken, memory spent."""

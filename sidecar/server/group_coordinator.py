@@ -62,6 +62,7 @@ from shale.sidecar.protocol.error_codes import (
     INVALID_GROUP_ID, UNKNOWN_MEMBER_ID, INVALID_SESSION_TIMEOUT, REBALANCE_IN_PROGRESS,
     INVALID_COMMIT_OFFSET_SIZE, INVALID_REQUEST, NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND, MEMBER_ID_REQUIRED,
     FENCED_INSTANCE_ID, GROUP_SUBSCRIBED_TO_TOPIC, NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR,
+    UNSTABLE_OFFSET_COMMIT,
 )
 
 logger = logging.getLogger(__name__)
@@ -1390,16 +1391,29 @@ class GroupCoordinator:
                                              "error_code": results[(t.name, p.partition_index)]}
                                             for p in t.partitions]} for t in b.topics]}
 
-    def _fetch_topics(self, group_id: str, topics, v: int, per_partition_error: bool) -> tuple[int, list[dict]]:
+    def has_pending_txn_offsets(self, group_id: str, tp: tuple[str, int]) -> bool:
+        """Kafka's GroupMetadata.hasPendingOffsetCommitsForTopicPartition (transactional ones: ours are the only
+        commits that stay pending): an open transaction has committed an offset of `tp` for the group."""
+        return any(tp in by_group.get(group_id, ()) for by_group in self.pending_txn_offsets.values())
+
+    def _fetch_topics(self, group_id: str, topics, v: int, per_partition_error: bool,
+                      require_stable: bool = False) -> tuple[int, list[dict]]:
+        """OffsetFetch of one group; with `require_stable` (v7+) a partition asked for by name whose offset an
+        open transaction has committed answers UNSTABLE_OFFSET_COMMIT (Kafka's getOffsets), which clients retry
+        until the transaction ends."""
         wanted = None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
         code, found = self.fetch_offsets(group_id, wanted)
         if code != NONE:
             if not per_partition_error:
                 return code, []
             found = [(name, [(p, None) for p in parts]) for name, parts in (wanted or [])]
+        unstable = {(name, p) for name, parts in found for p, _ in parts
+                    if require_stable and wanted is not None and self.has_pending_txn_offsets(group_id, (name, p))}
         out = []
         for name, parts in found:
             out.append({"name": name, "partitions": [
+                {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "",
+                 "error_code": UNSTABLE_OFFSET_COMMIT} if (name, p) in unstable else
                 {"partition_index": p, "committed_offset": -1 if val is None else val.offset,
                  "committed_leader_epoch": -1 if val is None else val.leader_epoch,
                  "metadata": "" if val is None else val.metadata,
@@ -1411,11 +1425,13 @@ class GroupCoordinator:
         if v >= 8:
             groups = []
             for g in b.groups:
-                code, topics = self._fetch_topics(g.group_id, g.topics, v, per_partition_error=False)
+                code, topics = self._fetch_topics(g.group_id, g.topics, v, per_partition_error=False,
+                                                  require_stable=b.require_stable)
                 groups.append({"group_id": g.group_id, "topics": topics, "error_code": code})
             return {"throttle_time_ms": 0, "groups": groups}
         # v1: no top-level error code, so a group error goes in every partition (Kafka's getErrorResponse).
-        code, topics = self._fetch_topics(b.group_id, b.topics, v, per_partition_error=v < 2)
+        code, topics = self._fetch_topics(b.group_id, b.topics, v, per_partition_error=v < 2,
+                                          require_stable=v >= 7 and b.require_stable)
         return {"throttle_time_ms": 0, "topics": topics, "error_code": code}
 
     async def _handle_list_groups(self, request: codec.Request, conn) -> dict:

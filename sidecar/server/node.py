@@ -42,6 +42,9 @@ from shale.sidecar.server.manifests import ORIGIN_PREFIX, ManifestSource, requir
 from shale.sidecar.server.metrics import NodeMetrics
 from shale.sidecar.server.producer_ids import ProducerIdAllocator
 from shale.sidecar.server.transaction_coordinator import TransactionCoordinator
+from shale.sidecar.server.transaction_verification import coordinator_verdict
+from shale.sidecar.server.transaction_records import TRANSACTION_STATE_TOPIC
+from shale.sidecar.server.txn_markers import MarkerChannels
 from shale.sidecar.server.reassignments import Reassignments
 from shale.sidecar.server.server_config import ServerConfig
 from shale.sidecar.server.store_topics import StoreTopics
@@ -206,14 +209,17 @@ class StorageNode:
         if options.store is not None and options.store.startswith("etcd://"):
             self.shared_security = SharedSecurity.on_etcd(options.store, options.cluster_id, self.security)
         self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
-        # Transactions are coordinated on a single node without a store for now (transaction_coordinator.py).
+        # Transactions: on a single node, or with a store where every node may lead state partitions.
+        config = self.server_config
         self.transactions = TransactionCoordinator(
             self.registry, self.producer_ids, offsets_partitions=self.server_config.offsets_topic_num_partitions,
             partitions=self.server_config.transaction_state_log_num_partitions,
             max_timeout_ms=self.server_config.transaction_max_timeout_ms,
             abort_interval_ms=self.server_config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
             id_expiration_ms=self.server_config.transactional_id_expiration_ms,
-            serving=lambda: self.replicas is None and len(self.registry.nodes()) == 1)
+            replication_factor=config.transaction_state_log_replication_factor,
+            min_isr=min(config.transaction_state_log_min_isr, config.transaction_state_log_replication_factor),
+            serving=lambda: self.replicas is not None or len(self.registry.nodes()) == 1)
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
                              observe=self.metrics.observe_request,
                              max_request_bytes=self.server_config.socket_request_max_bytes,
@@ -233,11 +239,17 @@ class StorageNode:
         self.groups.find_transaction_coordinator = self.transactions.find_coordinator  # ... key type 1 too
         self.transactions.on_append = self.broker.poke  # markers wake read_committed fetches
         self.transactions.on_offsets_marker = self.groups.complete_txn_offsets  # TxnOffsetCommit made visible
+        # Produce asks the coordinator about a producer's first transactional batch to a partition.
+        self.broker.verify_transaction = functools.partial(coordinator_verdict, self.transactions)
         self.admin.address_on = self.broker.address_on  # ... and DescribeCluster
         self.broker.on_failed_authentication = self.metrics.security.failed_authentication
         if self.replicas is not None:
             self.groups.append = self._append_as_leader
             self.groups.replicated = self._replicated
+            self.transactions.append = self._append_as_leader  # state writes and markers, acks=all
+            self.transactions.replicated = self._replicated
+            self.transactions.channels = MarkerChannels(self.inter_broker.connect,
+                                                        f"shale-txn-markers-{options.node_id}")
         self.ready = False
         self.clean_shutdown = False  # set by run() once the logs are closed; `shale serve` exits 1 without it
         self._stop: asyncio.Event | None = None
@@ -293,8 +305,8 @@ class StorageNode:
             self.groups.topic_deleted(name)
 
     def _append_as_leader(self, tp: TopicPartition, log: Log, batch: bytes) -> AppendInfo:
-        """The group coordinator's appends with a store: stamped with the leader epoch, the high watermark
-        raised as for a produce. LogError when this node does not lead the partition (any more)."""
+        """The group and transaction coordinators' appends with a store: stamped with the leader epoch, the high
+        watermark raised as for a produce. LogError when this node does not lead the partition (any more)."""
         partition = self.replicas.leader(tp)
         if partition is None or partition.log is not log:
             raise LogError(f"{tp} is not led by node {self.options.node_id} now")
@@ -303,7 +315,7 @@ class StorageNode:
         return info
 
     async def _replicated(self, tp: TopicPartition, last_offset: int) -> int:
-        """Wait until the ISR has `last_offset` of a partition this node leads (the coordinator's commits): the
+        """Wait until the ISR has `last_offset` of a partition this node leads (the coordinators' writes): the
         error code of the parked produce, or REQUEST_TIMED_OUT after Kafka's offsets.commit.timeout.ms."""
         partition = self.replicas.leader(tp)
         if partition is None:
@@ -333,6 +345,7 @@ class StorageNode:
             # from the topic while it still served it must go too (deletion is idempotent).
             for partition in range(partitions[name]):
                 self.controller.delete(TopicPartition(name, partition))
+        self.transactions.declare_if_in({tp.topic for tp in view.partitions})  # before its records apply
         self.replicas.apply_view(view)
         self._coordinator_follows_leadership()
 
@@ -341,10 +354,13 @@ class StorageNode:
         self._coordinator_follows_leadership()
 
     def _coordinator_follows_leadership(self) -> None:
-        """Groups are coordinated where their `__consumer_offsets` partition is led: loaded on election (from
-        the replicated log), unloaded on resignation, as Kafka's onElection / onResignation do."""
-        self.groups.leadership_changed({tp.partition: p.leader_epoch for tp, p in self.replicas.partitions.items()
-                                        if tp.topic == OFFSETS_TOPIC and self.replicas.leader(tp) is not None})
+        """Groups and transactional ids are coordinated where their `__consumer_offsets` / `__transaction_state`
+        partition is led: loaded on election (from the replicated log), unloaded on resignation, as Kafka's
+        onElection / onResignation do."""
+        led = {tp: p.leader_epoch for tp, p in self.replicas.partitions.items() if self.replicas.leader(tp) is not None}
+        self.groups.leadership_changed({tp.partition: e for tp, e in led.items() if tp.topic == OFFSETS_TOPIC})
+        self.transactions.leadership_changed({tp.partition: e for tp, e in led.items()
+                                              if tp.topic == TRANSACTION_STATE_TOPIC})
 
     def _start_replication(self) -> None:
         """Open the session and follow the store (after the broker listens: the session carries its port)."""

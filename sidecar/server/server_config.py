@@ -107,6 +107,13 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Replication factor of __consumer_offsets. As in Kafka, it is not lowered to the live nodes: "
               "its partitions are created once that many nodes are live, and until then groups have no "
               "coordinator. Set 1 for a one-node cluster with a store."),
+    ConfigKey("transaction.state.log.replication.factor", INT, 3, Range(1),
+              "Replication factor of __transaction_state (with a store). As offsets.topic.replication.factor, not "
+              "lowered to the live nodes: its partitions are created once that many nodes are live, and until "
+              "then transactional producers find no coordinator. Set 1 for a one-node cluster with a store."),
+    ConfigKey("transaction.state.log.min.isr", INT, 2, Range(1),
+              "min.insync.replicas of __transaction_state: a coordinator's write is answered only once that many "
+              "replicas have it (at most the replication factor)."),
     ConfigKey("replica.fetch.wait.max.ms", INT, 500, Range(0),
               "How long a follower's fetch waits at the leader for new data (the long poll)."),
     ConfigKey("replica.fetch.min.bytes", INT, 1, Range(1),
@@ -190,6 +197,8 @@ class ServerConfig:
     unclean_leader_election_enable: bool
     default_replication_factor: int
     offsets_topic_replication_factor: int
+    transaction_state_log_replication_factor: int
+    transaction_state_log_min_isr: int
     replica_fetch_wait_max_ms: int
     replica_fetch_min_bytes: int
     replica_fetch_max_bytes: int

@@ -2,38 +2,54 @@
 EndTxn, DescribeTransactions and ListTransactions, with state in `__transaction_state` (docs/transactions.md).
 
 The rules are `transaction_state.py`'s; this module stores their results (`transaction_records.py`'s bytes,
-appended to the id's partition before the client is answered), writes the COMMIT/ABORT markers, aborts
-transactions past their timeout and loads the state back at start. Handlers run on the event loop and every
-append is synchronous, so one request's write-then-apply is never interleaved with another's.
+appended to the id's partition, and with a control store replicated to the ISR, before the client is answered
+and before the new state is current), writes the COMMIT/ABORT markers, aborts transactions past their timeout
+and loads the state back. An id with a write in flight answers CONCURRENT_TRANSACTIONS (Kafka's pending state),
+so one request's write-then-apply is never interleaved with another's.
 
-Scope today: one node without a control store (every partition of a transaction is local, so markers are
-direct appends). On several nodes or with a store, FindCoordinator for transactions answers
-COORDINATOR_NOT_AVAILABLE: WriteTxnMarkers to other leaders and loading on election are not built yet.
+Without a store every partition is local: markers are direct appends and the state is loaded at start. With a
+store (docs/transactions.md, "Replicated like any topic") the coordinator of an id is the leader of its
+`__transaction_state` partition, which loads the partition when it comes to lead it in a new leader epoch (that
+epoch is the markers' coordinator epoch) and unloads it when it stops; markers go to each partition's leader,
+by WriteTxnMarkers (`txn_markers.py`) to other nodes, retried until every partition has them. The same
+module answers WriteTxnMarkers from other coordinators. On several nodes without a store, FindCoordinator for
+transactions answers COORDINATOR_NOT_AVAILABLE: no node can reach the others' partitions' leaders by election.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Iterable
 
 from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.log.records import ControlType, Record, encode_batch, end_txn_marker_batch
+from shale.sidecar.log.errors import InvalidProducerEpochError, KafkaStorageError
+from shale.sidecar.log.log import AppendInfo, Log
+from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.error_codes import (
     CONCURRENT_TRANSACTIONS,
+    COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
+    KAFKA_STORAGE_ERROR,
     INVALID_PRODUCER_EPOCH,
     INVALID_PRODUCER_ID_MAPPING,
     INVALID_REQUEST,
     INVALID_TRANSACTION_TIMEOUT,
     NONE,
     NOT_COORDINATOR,
+    NOT_ENOUGH_REPLICAS,
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    NOT_LEADER_OR_FOLLOWER,
     OPERATION_NOT_ATTEMPTED,
     PRODUCER_FENCED,
+    REQUEST_TIMED_OUT,
+    TRANSACTION_COORDINATOR_FENCED,
     TRANSACTIONAL_ID_NOT_FOUND,
     UNKNOWN_TOPIC_OR_PARTITION,
+    name_of,
 )
 from shale.sidecar.server.coordinator_log import declare_internal_topic, loaded_batches
 from shale.sidecar.server.group_coordinator import Clock, LoopClock, Timer
@@ -49,6 +65,9 @@ from shale.sidecar.server.transaction_records import (
 )
 from shale.sidecar.server import transaction_state as rules  # its functions share names with our handlers
 from shale.sidecar.server.transaction_state import IllegalTransition, Refused, TxnMetadata, TxnState
+from shale.sidecar.server.txn_markers import (
+    API_WRITE_TXN_MARKERS, Marker, MarkerChannels, request_partitions, response_markers,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +81,14 @@ STATE_TOPIC_CONFIG = {"cleanup.policy": "compact", "compression.type": "uncompre
 MAX_TIMEOUT_MS = 900_000
 ABORT_INTERVAL_MS = 10_000
 ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000
+MARKER_RETRY_S = (0.05, 1.0)  # first and longest pause between rounds of markers some partition refused
+ENDTXN_MARKER_WAIT_S = 5.0  # EndTxn answers once its markers are written, or after this (they go on after it)
+
+# ... with one of these, the whole transaction's markers stop: this coordinator is stale (Kafka's
+# TransactionMarkerRequestCompletionHandler drops them; the current coordinator sends its own).
+_MARKER_STALE = (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED, TRANSACTION_COORDINATOR_FENCED)
+# Kafka's TransactionStateManager.appendTransactionToLog: a write the ISR did not take is retriable elsewhere.
+_NOT_AVAILABLE = (NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT)
 
 # Request versions before KIP-588 get INVALID_PRODUCER_EPOCH where newer ones get PRODUCER_FENCED.
 _FIRST_FENCED_VERSION = {API_INIT_PRODUCER_ID: 4, API_ADD_PARTITIONS_TO_TXN: 2, API_ADD_OFFSETS_TO_TXN: 2,
@@ -74,11 +101,12 @@ STATE_NAMES = {TxnState.EMPTY: "Empty", TxnState.ONGOING: "Ongoing", TxnState.PR
 
 
 class TransactionCoordinator:
-    """Every transactional id whose `__transaction_state` partition this node holds."""
+    """Every transactional id whose `__transaction_state` partition this node leads (without a store: all)."""
 
     def __init__(self, registry: TopicRegistry, producer_ids: ProducerIdAllocator, *, partitions: int = 50,
                  max_timeout_ms: int = MAX_TIMEOUT_MS, abort_interval_ms: int = ABORT_INTERVAL_MS,
                  id_expiration_ms: int = ID_EXPIRATION_MS, offsets_partitions: int = 50,
+                 replication_factor: int | None = None, min_isr: int = 1,
                  clock: Clock | None = None, serving: Callable[[], bool] = lambda: True) -> None:
         self.registry = registry
         self.producer_ids = producer_ids
@@ -87,16 +115,31 @@ class TransactionCoordinator:
         self.abort_interval_ms = abort_interval_ms
         self.id_expiration_ms = id_expiration_ms
         self.offsets_partitions = offsets_partitions
+        # With a control store: transaction.state.log.replication.factor and .min.isr of __transaction_state.
+        self.replication_factor = replication_factor
+        self.min_isr = min_isr
         self.clock: Clock = clock or LoopClock()
-        self.serving = serving  # False where this scope cannot coordinate (several nodes, a control store)
+        self.serving = serving  # False where no node can coordinate (several nodes without a control store)
+        # How a batch is appended to a led partition and waited for (with a store: in the leader epoch, then
+        # until the ISR has it, as acks=all; `StorageNode._append_as_leader` / `_replicated`).
+        self.append: Callable[[TopicPartition, Log, bytes], AppendInfo] = lambda _tp, log, batch: log.append(batch)
+        self.replicated: Callable[[TopicPartition, int], Awaitable[int]] | None = None
+        self.channels: MarkerChannels | None = None  # WriteTxnMarkers to other nodes (with a store)
         self.on_append: Callable[[TopicPartition], None] = lambda _tp: None  # the broker's poke
         # A marker reached `__consumer_offsets` partition p: (p, producer id, commit) for the group coordinator,
         # which then commits or drops that producer's pending TxnOffsetCommit offsets.
         self.on_offsets_marker: Callable[[int, int, bool], None] = lambda _p, _pid, _commit: None
         self.txns: dict[str, TxnMetadata] = {}
         self.active = False
-        self.loaded = False  # `__transaction_state` declared and read (on first use, or at start if on disk)
+        # `__transaction_state` declared (on first use, at start if on disk, or seen in the store's view); without a
+        # store it is loaded then.
+        self.declared = False
+        # With a store: partition -> the leader epoch it was loaded in, the coordinator epoch of its ids.
+        self.led: dict[int, int] = {}
+        self.pending: set[str] = set()  # ids whose next state is being written (CONCURRENT_TRANSACTIONS)
+        self._markers: dict[str, asyncio.Task] = {}  # id -> the task writing its markers
         self._timer: Timer | None = None
+        self._ticking: asyncio.Task | None = None  # the last tick's work (one at a time)
 
     def handlers(self) -> dict[int, Any]:
         return {API_INIT_PRODUCER_ID: self._handle_init_producer_id,
@@ -104,62 +147,127 @@ class TransactionCoordinator:
                 API_ADD_OFFSETS_TO_TXN: self._handle_add_offsets,
                 API_END_TXN: self._handle_end_txn,
                 API_DESCRIBE_TRANSACTIONS: self._handle_describe,
-                API_LIST_TRANSACTIONS: self._handle_list}
+                API_LIST_TRANSACTIONS: self._handle_list,
+                API_WRITE_TXN_MARKERS: self._handle_write_markers}
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load `__transaction_state` if this node has it, finish what a crash left between Prepare* and Complete*,
-        and start the timeout ticks. As in Kafka, the topic itself is created by the first transactional
-        producer's FindCoordinator (`_declared`), not at every start."""
-        if any(tp.topic == TRANSACTION_STATE_TOPIC for tp in self.registry.log_dir.logs):
-            self._declare_and_load()
+        """Declare `__transaction_state` if this node has logs of it; without a store load it and finish what a
+        crash left between Prepare* and Complete*; start the timeout ticks. As in Kafka, the topic itself is
+        created by the first transactional producer's FindCoordinator (`_declared`), not at every start."""
         self.active = True
+        if any(tp.topic == TRANSACTION_STATE_TOPIC for tp in self.registry.log_dir.logs):
+            self._declare()
         self._schedule()
 
+    @property
+    def replicated_state(self) -> bool:
+        """With a control store: the state partitions are replicated and loaded on election."""
+        return self.replicated is not None
+
     def _declared(self) -> bool:
-        """Declare and load `__transaction_state` on first use; False where this node cannot coordinate."""
+        """Declare (and without a store load) `__transaction_state` on first use; False where no node can
+        coordinate."""
         if not self.active or not self.serving():
             return False
-        if not self.loaded:
-            self._declare_and_load()
+        if not self.declared:
+            self._declare()
         return True
 
-    def _declare_and_load(self) -> None:
-        self.partitions = declare_internal_topic(self.registry, TRANSACTION_STATE_TOPIC, self.partitions,
-                                                 STATE_TOPIC_CONFIG, "transaction.state.log.num.partitions")
+    def declare_if_in(self, topics: set[str]) -> None:
+        """With a store: another node created `__transaction_state` (its partition records are in the view), so
+        this node declares it too, before the replica manager applies the records (it hosts only known topics)."""
+        if self.active and not self.declared and TRANSACTION_STATE_TOPIC in topics:
+            self._declare()
+
+    def _declare(self) -> None:
+        config = dict(STATE_TOPIC_CONFIG)
+        if self.replicated_state:
+            config["min.insync.replicas"] = str(self.min_isr)
+        self.partitions = declare_internal_topic(self.registry, TRANSACTION_STATE_TOPIC, self.partitions, config,
+                                                 "transaction.state.log.num.partitions",
+                                                 self.replication_factor if self.replicated_state else None)
+        self.declared = True
+        if not self.replicated_state:
+            records = sum(self._load_partition(p) for p in range(self.partitions))
+            logger.info("transaction coordinator loaded %s (%s) from %s", plural(len(self.txns), "transactional id"),
+                        plural(records, "record"), TRANSACTION_STATE_TOPIC)
+            self._resume_markers(self.txns.values())
+
+    def _load_partition(self, p: int) -> int:
+        """Replay one partition of `__transaction_state` to its end into `txns`; the number of records read."""
+        log = self.registry.log_dir.logs.get(TopicPartition(TRANSACTION_STATE_TOPIC, p))
+        if log is None:
+            return 0
         records = 0
-        for p in range(self.partitions):
-            log = self.registry.local_log(TRANSACTION_STATE_TOPIC, p)
-            if log is None:
+        for batch in loaded_batches(log):
+            if batch.header.is_control:
                 continue
-            for batch in loaded_batches(log):
-                if batch.header.is_control:
+            for record in batch.records():
+                tid = decode_key(record.key) if record.key is not None else None
+                if tid is None:
+                    logger.warning("skipping a record that is not a transaction log record at %s",
+                                   batch.where(record))
                     continue
-                for record in batch.records():
-                    tid = decode_key(record.key) if record.key is not None else None
-                    if tid is None:
-                        logger.warning("skipping a record that is not a transaction log record at %s",
-                                       batch.where(record))
-                        continue
-                    meta = decode_value(tid, record.value)
-                    if meta is None:
-                        self.txns.pop(tid, None)
-                    else:
-                        self.txns[tid] = meta
-                    records += 1
-        self.loaded = True
-        logger.info("transaction coordinator loaded %s (%s) from %s", plural(len(self.txns), "transactional id"),
-                    plural(records, "record"), TRANSACTION_STATE_TOPIC)
-        for meta in list(self.txns.values()):
+                meta = decode_value(tid, record.value)
+                if meta is None:
+                    self.txns.pop(tid, None)
+                else:
+                    self.txns[tid] = meta
+                records += 1
+        return records
+
+    def leadership_changed(self, led: dict[int, int]) -> None:
+        """With a store: `led` is {partition: leader epoch} of the `__transaction_state` partitions this node
+        leads now. The ids of a partition no longer led (or led in another epoch) are unloaded; a partition led
+        in a new epoch is replayed to its end, and its ids in Prepare* get their markers again (Kafka's
+        onElection / onResignation of the transaction coordinator)."""
+        if not self.active or not self.declared:
+            return
+        resigned = sorted(p for p, epoch in self.led.items() if led.get(p) != epoch)
+        unloaded = [tid for tid in self.txns if self.partition_for(tid) in resigned]
+        for tid in unloaded:
+            del self.txns[tid]
+        for p in resigned:
+            del self.led[p]
+        elected, records, loaded = [], 0, []
+        for p, epoch in sorted(led.items()):
+            if p in self.led or TopicPartition(TRANSACTION_STATE_TOPIC, p) not in self.registry.log_dir.logs:
+                continue
+            before = set(self.txns)
+            records += self._load_partition(p)
+            self.led[p] = epoch
+            loaded += [self.txns[t] for t in self.txns if t not in before]
+            elected.append(f"{p} (epoch {epoch})")
+        if resigned:
+            logger.info("%s partitions %s no longer led here: %s unloaded", TRANSACTION_STATE_TOPIC,
+                        ", ".join(map(str, resigned)), plural(len(unloaded), "transactional id"))
+        if elected:
+            logger.info("%s partitions %s led here: %s loaded (%s)", TRANSACTION_STATE_TOPIC, ", ".join(elected),
+                        plural(len(loaded), "transactional id"), plural(records, "record"))
+            self._resume_markers(loaded)
+
+    def _resume_markers(self, loaded: Iterable[TxnMetadata]) -> None:
+        """Markers of the loaded ids found between Prepare* and Complete*: sent again (a second marker of the
+        same producer epoch closes nothing twice)."""
+        for meta in list(loaded):
             if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-                self._write_markers(meta)
+                logger.info("transactional id %r: loaded in %s; sending its markers again", meta.transactional_id,
+                            STATE_NAMES[meta.state])
+                self._start_markers(meta)
 
     def close(self) -> None:
         self.active = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        for task in [*self._markers.values(), self._ticking]:
+            if task is not None:
+                task.cancel()
+        self._markers.clear()
+        if self.channels is not None:
+            self.channels.close()
 
     def _schedule(self) -> None:
         self._timer = self.clock.call_later(self.abort_interval_ms, self._tick)
@@ -168,109 +276,249 @@ class TransactionCoordinator:
         """Every `abort_interval_ms`: each id's timeout, markers and expiry (`_tick_one`), then the next tick."""
         if not self.active:
             return
-        now = self.clock.now_ms()
-        for meta in list(self.txns.values()):
-            try:
-                self._tick_one(meta, now)
-            except IllegalTransition as exc:  # a bug for this id must not stop the others' timeouts
-                logger.error("transaction coordinator tick: %s", exc)
+        if self._ticking is None or self._ticking.done():  # a tick still waiting on the ISR is not doubled
+            self._ticking = asyncio.get_running_loop().create_task(self._tick_all())
         self._schedule()
 
-    def _tick_one(self, meta: TxnMetadata, now: int) -> None:
+    async def _tick_all(self) -> None:
+        now = self.clock.now_ms()
+        for meta in list(self.txns.values()):
+            if meta.transactional_id in self.pending or self.txns.get(meta.transactional_id) is not meta:
+                continue  # a request is writing it, or it changed meanwhile: the next tick looks again
+            try:
+                await self._tick_one(meta, now)
+            except IllegalTransition as exc:  # a bug for this id must not stop the others' timeouts
+                logger.error("transaction coordinator tick: %s", exc)
+
+    async def _tick_one(self, meta: TxnMetadata, now: int) -> None:
         """Abort a transaction past its timeout, retry unfinished markers, remove a long-idle id."""
         if rules.timed_out(meta, now):
             logger.info("transactional id %r: transaction of producer %d epoch %d timed out after %d ms; "
                         "aborting", meta.transactional_id, meta.producer_id, meta.producer_epoch,
                         meta.timeout_ms)
             aborted = rules.fence(meta, now)
-            if self._store(aborted) == NONE:
-                self._write_markers(aborted)
+            if await self._store(aborted) == NONE:
+                self._start_markers(aborted)
         elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            self._write_markers(meta)
+            self._start_markers(meta)
         elif rules.expired(meta, now, self.id_expiration_ms):
-            self._store(rules.remove(meta, now))
+            await self._store(rules.remove(meta, now))
 
     # -- storage ------------------------------------------------------------------------------------------------
 
     def partition_for(self, transactional_id: str) -> int:
         return partition_for(transactional_id, self.partitions)
 
-    def _store(self, meta: TxnMetadata) -> int:
-        """Append `meta` to its id's partition, then make it current; NOT_COORDINATOR if the append fails."""
-        p = self.partition_for(meta.transactional_id)
+    def _epoch_of(self, p: int) -> int | None:
+        """The coordinator epoch of partition `p` while this node coordinates its ids, else None (without a
+        store: 0 while the partition is local)."""
+        if self.replicated_state:
+            return self.led.get(p) if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is not None else None
+        return 0 if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is not None else None
+
+    async def _store(self, meta: TxnMetadata) -> int:
+        """Append `meta` to its id's partition (with a store: and wait until the ISR has it), then make it current;
+        NOT_COORDINATOR if this node stopped coordinating the id, COORDINATOR_NOT_AVAILABLE if the ISR did not
+        take it (Kafka's appendTransactionToLog). Only then is the new state current."""
+        tid = meta.transactional_id
+        p = self.partition_for(tid)
+        tp = TopicPartition(TRANSACTION_STATE_TOPIC, p)
+        epoch = self._epoch_of(p)
         log = self.registry.local_log(TRANSACTION_STATE_TOPIC, p)
-        if log is None:
+        if epoch is None or log is None:
             return NOT_COORDINATOR
-        batch = encode_batch([Record(0, self.clock.now_ms(), encode_key(meta.transactional_id), encode_value(meta))])
+        batch = encode_batch([Record(0, self.clock.now_ms(), encode_key(tid), encode_value(meta))])
+        self.pending.add(tid)
         try:
-            log.append(batch)
-        except Exception as exc:  # noqa: BLE001 - Kafka answers a failed coordinator append NOT_COORDINATOR
-            logger.error("transactional id %r: writing %s to %s-%d failed: %s", meta.transactional_id,
-                         STATE_NAMES[meta.state], TRANSACTION_STATE_TOPIC, p, exc)
-            return NOT_COORDINATOR
-        self.on_append(TopicPartition(TRANSACTION_STATE_TOPIC, p))
+            try:
+                info = self.append(tp, log, batch)
+            except Exception as exc:  # noqa: BLE001 - Kafka answers a failed coordinator append NOT_COORDINATOR
+                logger.error("transactional id %r: writing %s to %s failed: %s", tid, STATE_NAMES[meta.state], tp,
+                             exc)
+                return NOT_COORDINATOR
+            self.on_append(tp)
+            if self.replicated is not None:
+                code = await self.replicated(tp, info.last_offset)
+                if code != NONE:
+                    logger.warning("transactional id %r: %s at %s offset %d not replicated: %s", tid,
+                                   STATE_NAMES[meta.state], tp, info.last_offset, name_of(code))
+                    return COORDINATOR_NOT_AVAILABLE if code in _NOT_AVAILABLE else NOT_COORDINATOR
+                if self._epoch_of(p) != epoch:  # lost the partition meanwhile: the new leader has loaded it
+                    return NOT_COORDINATOR
+        finally:
+            self.pending.discard(tid)
         if meta.state == TxnState.DEAD:
-            self.txns.pop(meta.transactional_id, None)
+            self.txns.pop(tid, None)
         else:
-            self.txns[meta.transactional_id] = meta
+            self.txns[tid] = meta
         return NONE
 
-    def _write_markers(self, meta: TxnMetadata) -> None:
-        """Append the COMMIT/ABORT marker to every partition of the transaction, then store Complete*.
+    # -- markers ------------------------------------------------------------------------------------------------
 
-        A partition that refuses it keeps the transaction in Prepare*; the next tick tries every marker again
-        (a second marker of the same producer epoch closes nothing twice).
-        """
-        control = ControlType.COMMIT if rules.marker_outcome(meta) else ControlType.ABORT
-        now = self.clock.now_ms()
-        batch = end_txn_marker_batch(meta.producer_id, meta.producer_epoch, control, now)
-        failed = []
-        for topic, partition in sorted(meta.partitions):
-            log = self.registry.local_log(topic, partition)
-            if log is None:
-                if self.registry.leader(topic, partition) is None:
-                    continue  # the partition was deleted: nothing left to close
-                failed.append(f"{topic}-{partition}: not led here")
-                continue
-            try:
-                log.append(batch)
-            except Exception as exc:  # noqa: BLE001 - retried on the next tick
-                failed.append(f"{topic}-{partition}: {exc}")
-                continue
-            self.on_append(TopicPartition(topic, partition))
-            if topic == OFFSETS_TOPIC:
-                self.on_offsets_marker(partition, meta.producer_id, control is ControlType.COMMIT)
-        if failed:
-            logger.error("transactional id %r: %s marker of producer %d epoch %d not written to %s; retrying",
-                         meta.transactional_id, control.name, meta.producer_id, meta.producer_epoch,
-                         "; ".join(failed))
+    def _start_markers(self, meta: TxnMetadata) -> asyncio.Task:
+        """The task writing `meta`'s markers (one per id; a running one is kept)."""
+        task = self._markers.get(meta.transactional_id)
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._write_markers(meta))
+            self._markers[meta.transactional_id] = task
+            task.add_done_callback(lambda t, tid=meta.transactional_id: self._markers.pop(tid, None)
+                                   if self._markers.get(tid) is t else None)
+        return task
+
+    async def _write_markers(self, meta: TxnMetadata) -> None:
+        """The COMMIT/ABORT marker to every partition of the transaction, in rounds, each partition by its
+        leader; then Complete* is stored. Partitions that refuse are retried, with a growing pause, for as long
+        as this node coordinates the id in the same epoch; a stale coordinator's markers stop (the current
+        one sends its own)."""
+        tid = meta.transactional_id
+        p = self.partition_for(tid)
+        epoch = self._epoch_of(p)
+        if epoch is None:
             return
-        self._store(rules.complete(meta, self.clock.now_ms()))
+        marker = Marker(meta.producer_id, meta.producer_epoch, rules.marker_outcome(meta), epoch)
+        remaining = set(TopicPartition(t, q) for t, q in meta.partitions)
+        pause = MARKER_RETRY_S[0]
+        while remaining:
+            failed = await self._markers_round(marker, remaining)
+            if failed is None:
+                logger.warning("transactional id %r: %s refused as stale; this coordinator stops sending it", tid,
+                               marker.describe())
+                return
+            remaining = set(failed)
+            if not remaining:
+                break
+            logger.warning("transactional id %r: %s not written to %s; retrying", tid, marker.describe(),
+                           "; ".join(f"{tp}: {why}" for tp, why in sorted(failed.items())))
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MARKER_RETRY_S[1])
+            if not self.active or self._epoch_of(p) != epoch or self.txns.get(tid) is not meta:
+                return  # unloaded, or led in another epoch: the loader sends them
+        if self.txns.get(tid) is meta:
+            await self._store(rules.complete(meta, self.clock.now_ms()))
+
+    async def _markers_round(self, marker: Marker, partitions: set[TopicPartition]
+                             ) -> dict[TopicPartition, str] | None:
+        """One try of every partition: local ones appended, the others' leaders asked (one request per node).
+        The partitions still to do and why, or None when a partition refused the marker as stale."""
+        me = self.registry.node.node_id
+        by_node: dict[int, list[TopicPartition]] = {}
+        failed: dict[TopicPartition, str] = {}
+        for tp in partitions:
+            leader = self.registry.leader(tp.topic, tp.partition)
+            if leader is None:
+                continue  # the partition was deleted: nothing left to close
+            if leader < 0:
+                failed[tp] = "no leader now"
+                continue
+            by_node.setdefault(leader, []).append(tp)
+        nodes = self.registry.nodes()
+        asked: list[list[TopicPartition]] = []
+        asks: list[Awaitable[dict[TopicPartition, int] | None]] = []
+        for node_id, tps in sorted(by_node.items()):
+            if node_id == me:
+                asks.append(self._append_markers(marker, tps))
+            elif node_id in nodes and self.channels is not None:
+                asks.append(self.channels.send(nodes[node_id], marker, sorted(tps)))
+            else:
+                failed.update({tp: f"leader {node_id} not reachable" for tp in tps})
+                continue
+            asked.append(tps)
+        for tps, codes in zip(asked, await asyncio.gather(*asks)):
+            if codes is None:
+                failed.update({tp: "no answer" for tp in tps})
+                continue
+            for tp, code in codes.items():
+                if code in _MARKER_STALE:
+                    return None
+                # Done when written, or when the partition is gone here too (a leader that has not applied a
+                # new topic yet is asked again, as Kafka checks its metadata before dropping a marker).
+                gone = code == UNKNOWN_TOPIC_OR_PARTITION and self.registry.leader(tp.topic, tp.partition) is None
+                if code != NONE and not gone:
+                    failed[tp] = name_of(code)
+        return failed
+
+    async def _append_markers(self, marker: Marker, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        codes = await asyncio.gather(*(self.append_marker(tp, marker) for tp in partitions))
+        return dict(zip(partitions, codes))
+
+    async def append_marker(self, tp: TopicPartition, marker: Marker) -> int:
+        """Append `marker` to a partition this node leads, acks=all: the error code once the ISR has it (Kafka's
+        WriteTxnMarkers handling: a lower coordinator epoch than the producer's last marker is
+        TRANSACTION_COORDINATOR_FENCED, an older producer epoch INVALID_PRODUCER_EPOCH)."""
+        log = self.registry.local_log(tp.topic, tp.partition)
+        if log is None:
+            leader = self.registry.leader(tp.topic, tp.partition)
+            return UNKNOWN_TOPIC_OR_PARTITION if leader is None else NOT_LEADER_OR_FOLLOWER
+        last = log.producer_state.last_entry(marker.producer_id)
+        if last is not None and last.coordinator_epoch > marker.coordinator_epoch:
+            logger.warning("%s: refusing the %s: the producer's last marker had coordinator epoch %d", tp,
+                           marker.describe(), last.coordinator_epoch)
+            return TRANSACTION_COORDINATOR_FENCED
+        try:
+            info = self.append(tp, log, marker.batch(self.clock.now_ms()))
+        except InvalidProducerEpochError as exc:
+            logger.warning("%s: refusing the %s: %s", tp, marker.describe(), exc)
+            return INVALID_PRODUCER_EPOCH
+        except KafkaStorageError as exc:
+            logger.error("%s: writing the %s failed: %s", tp, marker.describe(), exc)
+            return KAFKA_STORAGE_ERROR
+        except Exception as exc:  # noqa: BLE001 - not the leader any more (LogError), or a refusal: retried
+            logger.warning("%s: writing the %s failed: %s", tp, marker.describe(), exc)
+            return NOT_LEADER_OR_FOLLOWER
+        self.on_append(tp)
+        if tp.topic == OFFSETS_TOPIC:
+            self.on_offsets_marker(tp.partition, marker.producer_id, marker.commit)
+        if self.replicated is None:
+            return NONE
+        return await self.replicated(tp, info.last_offset)
+
+    async def _handle_write_markers(self, request: codec.Request, conn) -> dict:
+        """WriteTxnMarkers from another node's coordinator: each marker appended to the partitions it names."""
+        results = []
+        for m in request.body.markers:
+            marker = Marker(m.producer_id, m.producer_epoch, bool(m.transaction_result), m.coordinator_epoch)
+            tps = request_partitions(m)
+            results.append((m.producer_id, await self._append_markers(marker, tps)))
+        return {"markers": response_markers(results)}
 
     # -- FindCoordinator ----------------------------------------------------------------------------------------
 
     def find_coordinator(self, key: str | None) -> dict:
-        """FindCoordinator key type 1: this node for every id while it coordinates them all."""
+        """FindCoordinator key type 1: the leader of the id's `__transaction_state` partition (without a store:
+        this node, which holds every partition)."""
         out = {"error_code": NONE, "error_message": None, "node_id": -1, "host": "", "port": -1}
         if key is None:
             return {**out, "error_code": INVALID_REQUEST, "error_message": "the transactional id is null"}
         if not self._declared():
             return {**out, "error_code": COORDINATOR_NOT_AVAILABLE,
-                    "error_message": "transactions are coordinated on a single node without a control store only"}
-        node = self.registry.node
+                    "error_message": "transactions need a single node or a control store (--store)"}
+        p = self.partition_for(key)
+        leader = self.registry.leader(TRANSACTION_STATE_TOPIC, p)
+        node = self.registry.nodes().get(leader) if leader is not None else None
+        if node is None:
+            return {**out, "error_code": COORDINATOR_NOT_AVAILABLE,
+                    "error_message": f"no leader for {TRANSACTION_STATE_TOPIC}-{p}"}
         return {**out, "node_id": node.node_id, "host": node.host, "port": node.port}
 
     # -- requests -----------------------------------------------------------------------------------------------
 
     def _coordinating(self, transactional_id: str | None) -> int:
+        """NONE if this node coordinates the id now (Kafka's getTransactionState checks)."""
         if transactional_id is None or transactional_id == "":
             return INVALID_REQUEST
         if not self._declared():
             return NOT_COORDINATOR
+        p = self.partition_for(transactional_id)
+        if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is None:
+            return NOT_COORDINATOR
+        if self._epoch_of(p) is None:
+            return COORDINATOR_LOAD_IN_PROGRESS
+        if transactional_id in self.pending:
+            return CONCURRENT_TRANSACTIONS
         return NONE
 
-    def init_producer_id(self, transactional_id: str, timeout_ms: int, expected: tuple[int, int] | None
-                         ) -> tuple[int, int, int]:
+    async def init_producer_id(self, transactional_id: str, timeout_ms: int, expected: tuple[int, int] | None
+                               ) -> tuple[int, int, int]:
         """(error, producer id, epoch) for a transactional producer; an Ongoing transaction is fenced first."""
         error = self._coordinating(transactional_id)
         if error != NONE:
@@ -284,18 +532,18 @@ class TransactionCoordinator:
         out = rules.init_producer_id(meta, timeout_ms, self.max_timeout_ms, now, self.producer_ids.next_id, expected)
         if isinstance(out, Refused):
             return out.error, -1, -1
-        error = self._store(out)
+        error = await self._store(out)
         if error != NONE:
             return error, -1, -1
         if out.state == TxnState.PREPARE_ABORT:  # fenced its predecessor: abort, and let the client retry
             logger.info("transactional id %r: a new producer fenced epoch %d; aborting its open transaction",
                         transactional_id, meta.producer_epoch)
-            self._write_markers(out)
+            self._start_markers(out)
             return CONCURRENT_TRANSACTIONS, -1, -1
         return NONE, out.producer_id, out.producer_epoch
 
-    def _apply(self, transactional_id: str, step: Callable[[TxnMetadata, int], TxnMetadata | Refused]
-               ) -> tuple[int, TxnMetadata | None]:
+    async def _apply(self, transactional_id: str, step: Callable[[TxnMetadata, int], TxnMetadata | Refused]
+                     ) -> tuple[int, TxnMetadata | None]:
         """(error, the metadata stored) of a request about an id's current producer: `step` maps its metadata
         and now to the next metadata or a refusal; an id without metadata is INVALID_PRODUCER_ID_MAPPING."""
         error = self._coordinating(transactional_id)
@@ -307,19 +555,21 @@ class TransactionCoordinator:
         out = step(meta, self.clock.now_ms())
         if isinstance(out, Refused):
             return out.error, None
-        return self._store(out), out
+        return await self._store(out), out
 
-    def add_partitions(self, transactional_id: str, producer_id: int, epoch: int,
-                       partitions: frozenset[tuple[str, int]]) -> int:
-        error, _ = self._apply(transactional_id,
-                               lambda meta, now: rules.add_partitions(meta, producer_id, epoch, partitions, now))
+    async def add_partitions(self, transactional_id: str, producer_id: int, epoch: int,
+                             partitions: frozenset[tuple[str, int]]) -> int:
+        error, _ = await self._apply(
+            transactional_id, lambda meta, now: rules.add_partitions(meta, producer_id, epoch, partitions, now))
         return error
 
-    def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> int:
-        error, out = self._apply(transactional_id,
-                                 lambda meta, now: rules.end_transaction(meta, producer_id, epoch, commit, now))
-        if error == NONE:
-            self._write_markers(out)
+    async def end_txn(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> int:
+        """Prepare* stored, then the markers; answered once they are written (or after ENDTXN_MARKER_WAIT_S, as
+        Kafka answers after Prepare*), so the producer's next transaction rarely meets CONCURRENT_TRANSACTIONS."""
+        error, out = await self._apply(
+            transactional_id, lambda meta, now: rules.end_transaction(meta, producer_id, epoch, commit, now))
+        if error == NONE and out.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            await asyncio.wait([self._start_markers(out)], timeout=ENDTXN_MARKER_WAIT_S)
         return error
 
     # -- wire handlers ------------------------------------------------------------------------------------------
@@ -335,7 +585,7 @@ class TransactionCoordinator:
         if b.transactional_id is None:
             return idempotent_producer_id(self.producer_ids, v, b)
         expected = (b.producer_id, b.producer_epoch) if v >= 3 and b.producer_id >= 0 else None
-        error, pid, epoch = self.init_producer_id(b.transactional_id, b.transaction_timeout_ms, expected)
+        error, pid, epoch = await self.init_producer_id(b.transactional_id, b.transaction_timeout_ms, expected)
         return {"throttle_time_ms": 0, "error_code": self._error_for(API_INIT_PRODUCER_ID, v, error),
                 "producer_id": pid, "producer_epoch": epoch}
 
@@ -351,7 +601,7 @@ class TransactionCoordinator:
         if errors:  # Kafka: the unknown ones fail, the others OPERATION_NOT_ATTEMPTED (55)
             errors = {tp: errors.get(tp, OPERATION_NOT_ATTEMPTED) for tp in asked}
         else:
-            error = self._error_for(API_ADD_PARTITIONS_TO_TXN, v, self.add_partitions(
+            error = self._error_for(API_ADD_PARTITIONS_TO_TXN, v, await self.add_partitions(
                 b.v3_and_below_transactional_id, b.v3_and_below_producer_id, b.v3_and_below_producer_epoch, asked))
             errors = {tp: error for tp in asked}
         by_topic: dict[str, list[dict]] = {}
@@ -363,12 +613,13 @@ class TransactionCoordinator:
     async def _handle_add_offsets(self, request: codec.Request, conn) -> dict:
         v, b = request.api_version, request.body
         offsets_partition = (OFFSETS_TOPIC, partition_for(b.group_id, self.offsets_partitions))
-        error = self.add_partitions(b.transactional_id, b.producer_id, b.producer_epoch, frozenset({offsets_partition}))
+        error = await self.add_partitions(b.transactional_id, b.producer_id, b.producer_epoch,
+                                          frozenset({offsets_partition}))
         return {"throttle_time_ms": 0, "error_code": self._error_for(API_ADD_OFFSETS_TO_TXN, v, error)}
 
     async def _handle_end_txn(self, request: codec.Request, conn) -> dict:
         v, b = request.api_version, request.body
-        error = self.end_txn(b.transactional_id, b.producer_id, b.producer_epoch, bool(b.committed))
+        error = await self.end_txn(b.transactional_id, b.producer_id, b.producer_epoch, bool(b.committed))
         return {"throttle_time_ms": 0, "error_code": self._error_for(API_END_TXN, v, error),
                 "producer_id": -1, "producer_epoch": -1}
 

@@ -53,7 +53,7 @@ from kafka.protocol.admin.transactions import DescribeTransactionsRequest, Descr
 from kafka.protocol.producer.transaction import (
     AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest, AddPartitionsToTxnResponse,
     EndTxnRequest, EndTxnResponse, InitProducerIdRequest, InitProducerIdResponse, TxnOffsetCommitRequest,
-    TxnOffsetCommitResponse,
+    TxnOffsetCommitResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
@@ -80,7 +80,7 @@ GRANTS = [
     (R.TOPIC, "new-topic", O.CREATE),
     *((R.GROUP, GROUP, op) for op in (O.READ, O.DESCRIBE, O.DELETE)),
     *((R.CLUSTER, CLUSTER_NAME, op) for op in (O.DESCRIBE, O.ALTER, O.DESCRIBE_CONFIGS, O.ALTER_CONFIGS,
-                                               O.IDEMPOTENT_WRITE)),
+                                               O.IDEMPOTENT_WRITE, O.CLUSTER_ACTION)),
     (R.TRANSACTIONAL_ID, "txn", O.WRITE),
 ]
 
@@ -170,6 +170,10 @@ def cases() -> dict[str, Case]:
             "member_id": "", "topics": [{"name": "orders", "partitions": [
                 {"partition_index": 0, "committed_offset": 1}]}]}, version=3), TxnOffsetCommitResponse,
             parts("topics", "partitions"), {TXN_AUTH}),
+        "WriteTxnMarkers": Case(build(WriteTxnMarkersRequest, {"markers": [
+            {"producer_id": 987654, "producer_epoch": 0, "transaction_result": False, "coordinator_epoch": 0,
+             "topics": [{"name": "orders", "partition_indexes": [0]}]}]}, version=1), WriteTxnMarkersResponse,
+            lambda r: {p.error_code for m in r.markers for t in m.topics for p in t.partitions}, {CLUSTER_AUTH}),
         "DescribeTransactions": Case(build(DescribeTransactionsRequest, {"transactional_ids": ["txn"]}, version=0),
                                      DescribeTransactionsResponse, each("transaction_states"), {TXN_AUTH}),
         "OffsetForLeaderEpoch": Case(build(OffsetForLeaderEpochRequest, {"replica_id": -1, "topics": [
@@ -294,7 +298,7 @@ def test_listings_and_authorized_operations_follow_the_acls(nodes):
     assert orders.authorized_operations == set(granted)  # kafka-python decodes the bit field as a set
     cluster = build(DescribeClusterRequest, {"include_cluster_authorized_operations": True}, version=0)
     assert call(without.port, cluster, DescribeClusterResponse).authorized_operations == set()
-    granted = {O.DESCRIBE, O.ALTER, O.DESCRIBE_CONFIGS, O.ALTER_CONFIGS, O.IDEMPOTENT_WRITE}
+    granted = {O.DESCRIBE, O.ALTER, O.DESCRIBE_CONFIGS, O.ALTER_CONFIGS, O.IDEMPOTENT_WRITE, O.CLUSTER_ACTION}
     assert call(with_.port, cluster, DescribeClusterResponse).authorized_operations == set(granted)
     groups = build(ListGroupsRequest, {}, version=4)
     assert call(without.port, groups, ListGroupsResponse).error_code == 0

@@ -20,6 +20,7 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 
 from clients_util import build, call, stored_batches
 from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from txn_util import read_to_end
 from shale.sidecar.security.acl import (
     AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern, ResourceType,
 )
@@ -57,27 +58,7 @@ def transaction(p: confluent_kafka.Producer, values: list[bytes], commit: bool) 
 
 def read(bootstrap: str, isolation: str = "read_committed") -> list[bytes]:
     """Every value of both partitions up to their ends (the LSO for read_committed), in offset order per partition."""
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "txn-reader",
-                                         "isolation.level": isolation, "enable.partition.eof": True,
-                                         "enable.auto.commit": False})
-    values: dict[int, list[bytes]] = {0: [], 1: []}
-    at_end: set[int] = set()
-    try:
-        consumer.assign([confluent_kafka.TopicPartition(TOPIC, p, confluent_kafka.OFFSET_BEGINNING) for p in (0, 1)])
-        deadline = time.monotonic() + 30
-        while len(at_end) < 2:
-            assert time.monotonic() < deadline, f"no end of partitions within 30 s; read {values}"
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                assert msg.error().code() == confluent_kafka.KafkaError._PARTITION_EOF, msg.error()
-                at_end.add(msg.partition())
-                continue
-            values[msg.partition()].append(msg.value())
-        return values[0] + values[1]
-    finally:
-        consumer.close()
+    return [value for _, value in read_to_end(bootstrap, TOPIC, 2, isolation, timeout=30).values()]
 
 
 def latest(port: int, isolation: int, partition: int = 0) -> int:
