@@ -174,35 +174,39 @@ class LogDirs:
             _, target = self.futures[tp]
             with log.lock:
                 start, end = log.log_start_offset, log.log_end_offset
-                high_watermark = log.checkpointed_high_watermark
+                high_watermark, replicated = log.checkpointed_high_watermark, log.replicated
                 if not log.close():
                     source.logs.pop(tp)
-                    self._reopen(source, tp, end, start, high_watermark)
+                    self._reopen(source, tp, end, start, high_watermark, replicated)
                     raise LogError(f"{tp}: its producer snapshot could not be written in {source.path}; not swapped")
                 source.logs.pop(tp)
                 try:
                     copy.finish()
                     swap_out(source.path, tp, move_id)
                 except BaseException:
-                    self._reopen(source, tp, end, start, high_watermark)
+                    self._reopen(source, tp, end, start, high_watermark, replicated)
                     raise
                 try:
                     swap_in(target.path, tp, move_id)
                 except BaseException:
                     os.rename(os.path.join(source.path, f"{tp}.{move_id}-swapout"), os.path.join(source.path, str(tp)))
-                    self._reopen(source, tp, end, start, high_watermark)
+                    self._reopen(source, tp, end, start, high_watermark, replicated)
                     raise
                 self.futures.pop(tp, None)
-                new = self._reopen(target, tp, end, start, high_watermark)
+                new = self._reopen(target, tp, end, start, high_watermark, replicated)
                 target.checkpoint()  # its log start offset, before the old copy (and the source's entry) goes
                 drop_swapped_out(source.path, tp, move_id)
                 source.checkpoint()
                 return new
 
-    def _reopen(self, d: LogDir, tp: TopicPartition, end: int, start: int, high_watermark: int | None) -> Log:
+    def _reopen(self, d: LogDir, tp: TopicPartition, end: int, start: int, high_watermark: int | None,
+                replicated: bool) -> Log:
+        """The log opened again as it was served: its high watermark and whether other replicas exist (without
+        that, its high watermark would read as its log end and a leader would acknowledge `acks=all` at once)."""
         log = d.open_log(tp, recovery_point=end, log_start_offset=start)
         if high_watermark is not None:
             log.set_high_watermark_on_load(high_watermark)
+        log.replicated = replicated
         self.logs[tp] = log
         self._home[tp] = d
         return log

@@ -299,3 +299,33 @@ def test_crash_between_swap_steps_recovers(tmp_path, crash_at):
         assert p["cleaning"]["pause_count"] == 0 and p["log_end_offset"] == 800
         assert [raw for raw, _ in raw_batches(target, "orders", 0)] == before
         assert not (source / "orders-0").exists()
+
+
+@pytest.mark.parametrize("replicated", [True, False])
+def test_swap_serves_the_moved_log_as_replicated_as_before(tmp_path, replicated):
+    """A replicated log keeps lagging its end by its high watermark after the swap: a leader's `acks=all` waits
+    for its followers on the moved log too (the swapped-in log once read its high watermark as its log end, and
+    answered every parked `acks=all` produce at once)."""
+    from shale.sidecar.log.log_dirs import LogDirs
+    from shale.sidecar.log.records import Record, encode_batch
+    from shale.sidecar.topic_config import TopicConfig
+
+    source, target = tmp_path / "a", tmp_path / "b"
+    dirs = LogDirs([str(source), str(target)], lambda topic: TopicConfig.from_mapping({}))
+    tp = TopicPartition("orders", 0)
+    log = dirs.get_or_create(tp)
+    log.replicated = replicated
+    for i in range(5):
+        log.append(encode_batch([Record(offset=i, timestamp=1_000 + i, key=b"k%d" % i, value=b"v")]))
+    if replicated:
+        log.update_high_watermark(3)  # the followers have the first three records
+    home = Path(dirs.dir_of(tp))
+    move_id = "0123456789abcdef0123456789abcdef"
+    copy = dirs.add_future(tp, move_id, dirs.by_path(str(target if home == source else source)))
+    while copy.plan(dirs.logs[tp])[1]:
+        copy.step(dirs.logs[tp])
+    moved = dirs.swap(tp, move_id, copy)
+    assert (moved.replicated, moved.log_end_offset) == (replicated, 5)
+    assert moved.high_watermark == (3 if replicated else 5)
+    assert not moved.update_high_watermark(2) and moved.high_watermark == (3 if replicated else 5)
+    dirs.close()
