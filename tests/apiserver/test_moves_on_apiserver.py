@@ -13,6 +13,9 @@ lowered it. Under `acks=all` load from real clients on both topics:
   `shale.dev/scale-in-to` annotation: pod 3 drained first); each time the StatefulSet is lowered by the operator
   only once no manifest names the pods going and they serve nothing;
 
+and, copies throttled, a Topic's `spec.replicas` 2 → 3 with the new replica's pod and then the partition's
+leader SIGKILLed in the middle of the copy and restarted;
+
 every move shows in the Topic's status (ongoing, then done), `Reassigning` goes back to False, every
 acknowledged record is read back at its offset from replicas byte-identical below the high watermark, and no
 partition is left with its cleaning paused.
@@ -26,6 +29,7 @@ import re
 import sys
 import urllib.request
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -39,18 +43,21 @@ from kube_apiserver import ApiServer
 from node_util import TEST_OVERRIDES, KubeStoreUrl, ReplicatedCluster, ServeProcess, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replication"))
-from fault_util import AckedLoad, check_acknowledged  # noqa: E402 - the fault tests' acks=all load and checks
+from fault_util import AckedLoad, check_acknowledged, preload  # noqa: E402 - the fault tests' acks=all load and checks
 
 _namespaces = itertools.count(1)
 SCALED, GROWN, SINGLE = "scaled", "grown", "single"
 ANNOTATION = "shale.dev/scale-in-to"
 MOVE_TIMEOUT = 180
+THROTTLE = 200_000  # bytes per second fetched by a node for replicas out of the ISR (the `throttled` fixture)
 
 
-@pytest.fixture
-def five(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[Cluster, ReplicatedCluster, Release,
-                                                                               dict[int, ServeProcess]]]:
-    """The release (three storage pods, replication on) operated with pods 0-2 running; pods 3 and 4 prepared."""
+@contextmanager
+def moves_release(apiserver: ApiServer, tmp_path_factory, monkeypatch, pods: int, *overrides: str
+                  ) -> Iterator[tuple[Cluster, ReplicatedCluster, Release, dict[int, ServeProcess]]]:
+    """The release (three storage pods, replication on) operated with pods 0-2 running and `pods` prepared,
+    each started with `overrides`; after it, the real authorizer is checked to have granted the operator every
+    call (409s are CAS misses) and the operator's calls are yielded for more checks."""
     release = install_release(apiserver.client(), f"moves{next(_namespaces)}",
                               {"storage": {"replicas": 3, "replication": {"enabled": True}},
                                "security": {"enabled": False}})  # plaintext: the moves, not the listeners
@@ -63,8 +70,9 @@ def five(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[
     nodes = ReplicatedCluster(base, store)
     nodes.topics_dir.mkdir()
     every = {n: ServeProcess(base / f"data{n}", nodes.topics_dir, "--store", store_args[1], "--cluster-id",
-                             store_args[2], *TEST_OVERRIDES, node_id=n, env={"KUBECONFIG": str(store.kubeconfig)})
-             for n in range(5)}
+                             store_args[2], *TEST_OVERRIDES, *overrides, node_id=n,
+                             env={"KUBECONFIG": str(store.kubeconfig)})
+             for n in range(pods)}
     try:
         for n in range(3):
             nodes.servers[n] = every[n].start()
@@ -74,12 +82,30 @@ def five(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[
             yield cluster, nodes, release, every
     finally:
         nodes.stop()
-    # The real authorizer granted the operator every call, the StatefulSet patches included (409s are CAS misses).
     operator = f"system:serviceaccount:{release.namespace}:{release.service_account}"
     refused = sorted({(e["verb"], e["requestURI"].split("?")[0], e["responseStatus"]["code"])
                       for e in apiserver.responses(operator) if e["responseStatus"]["code"] in (401, 403, 422)})
     assert refused == [], f"the server refused the operator: {refused}"
+
+
+@pytest.fixture
+def five(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[Cluster, ReplicatedCluster, Release,
+                                                                               dict[int, ServeProcess]]]:
+    """Pods 0-2 running, pods 3 and 4 prepared; the StatefulSet patches were granted too."""
+    with moves_release(apiserver, tmp_path_factory, monkeypatch, 5) as five:
+        yield five
+    operator = f"system:serviceaccount:{five[2].namespace}:{five[2].service_account}"
     assert any(e["verb"] == "patch" and "/statefulsets/" in e["requestURI"] for e in apiserver.responses(operator))
+
+
+@pytest.fixture
+def throttled(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[Cluster, ReplicatedCluster,
+                                                                                    Release, dict[int, ServeProcess]]]:
+    """Three pods whose replicas out of the ISR fetch at most ~200 KB/s (a topic's throttled replicas): a move
+    between pods takes seconds, so a node can be killed in the middle of one."""
+    with moves_release(apiserver, tmp_path_factory, monkeypatch, 3,
+                       "--override", f"follower.replication.throttled.rate={THROTTLE}") as three:
+        yield three
 
 
 def assignment(cluster: Cluster, topic: str) -> list[tuple[int, ...]]:
@@ -244,3 +270,60 @@ def test_scale_3_5_3_and_replicas_1_3_2_move_replicas_under_acks_all(five):
     metrics = cluster.metrics()
     assert f'shale_topic_moves{{namespace="{release.namespace}",state="ongoing",topic="{SCALED}"}} 0.0' in metrics
     assert "shale_operator_scale_in_target -1.0" in metrics
+
+
+def size_on(server: ServeProcess, topic: str, partition: int) -> int:
+    """The bytes of `topic`-`partition` a pod holds (0 while it has none), from its /status."""
+    entries = (node_status(server)["topics"].get(topic) or {}).get("partitions") or []
+    return sum(int(e.get("size_bytes") or 0) for e in entries if e["partition"] == partition)
+
+
+def test_nodes_killed_mid_move_the_operators_move_still_completes(throttled):
+    """spec.replicas 2 → 3 under `acks=all` load, the copy throttled: the new replica's pod is SIGKILLed in the
+    middle of its copy and restarted (it resumes from what it has), then the partition's leader is SIGKILLed while
+    the copy still runs (the other in-sync replica leads; the copy goes on from it) and restarted. The move ends
+    done in the Topic's status, every acknowledged record is read back at its offset from three byte-identical
+    replicas, and no pod is left with the partition's cleaning paused."""
+    cluster, nodes, _, every = throttled
+    topic = "killed"
+    cluster.create_topic(topic, 1, {"min.insync.replicas": "1", "segment.bytes": "262144",
+                                    "follower.replication.throttled.replicas": "*"}, replicas=2)
+    cluster.wait_condition(topic, "Ready", "True", "PartitionsServed", timeout=90)
+    [before] = assignment(cluster, topic)
+    [target] = set(range(3)) - set(before)
+    preload(nodes.bootstrap, topic, records=3000)  # ~3 MB: ~15 s of copy at the throttle
+    load = AckedLoad("confluent", nodes.bootstrap, topic).start()
+    try:
+        load.wait_for_acks(50)
+        cluster.patch_topic(topic, {"spec": {"replicas": 3}})
+
+        # The new replica, SIGKILLed mid-copy: it holds part of the log, far from all of it.
+        copied = wait_for(lambda: (n := size_on(every[target], topic, 0)) > 200_000 and n, MOVE_TIMEOUT,
+                          interval=0.1, what=f"pod {target}'s copy of {topic}-0 to start")
+        nodes.kill(target)
+        assert size_on(every[before[0]], topic, 0) > copied + 1_000_000, "the kill came after the copy"
+        nodes.restart(target)
+
+        # The leader, SIGKILLed while the restarted replica still copies: the other in-sync replica leads.
+        leader = nodes.wait_for_leader(topic, 0)
+        wait_for(lambda: size_on(every[target], topic, 0) > copied, MOVE_TIMEOUT, interval=0.1,
+                 what=f"pod {target} to copy again after its restart")
+        assert size_on(every[leader.leader], topic, 0) > size_on(every[target], topic, 0) + 500_000, \
+            "the copy ended before the leader's kill"
+        nodes.kill(leader.leader)
+        nodes.wait_for_leader(topic, 0, excluding=(leader.leader,), newer_than=leader.leader_epoch)
+        nodes.restart(leader.leader)
+        load.wait_for_acks(len(load.acked) + 100)
+        acked = load.stop()  # a throttled copy catches up only once the writes stop outrunning the throttle
+        assert load.failed == [], f"the producer was told of failures: {load.failed[:3]}"
+
+        wait_settled(cluster, topic, [before], lambda a: sorted(a[0]) == [0, 1, 2], "three replicas")
+        [move] = cluster.topic(topic)["status"]["moves"]
+        assert (move["state"], sorted(move["targetReplicas"]), move["bytesRemaining"]) == ("done", [0, 1, 2], 0)
+        check_acknowledged(nodes, topic, 0, acked)  # every ack at its offset; replicas byte-identical below the HW
+    finally:
+        load.close()
+    for n in range(3):
+        paused = [(t, e["partition"]) for t, d in cluster.node_status(n)["topics"].items() for e in d["partitions"]
+                  if (e.get("cleaning") or {}).get("state") == "paused"]
+        assert paused == [], f"pod {n}: cleaning left paused on {paused}"

@@ -13,11 +13,10 @@ import os
 import urllib.request
 from pathlib import Path
 
-from confluent_kafka import Producer
 from kafka.protocol.admin import AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse
 
 from clients_util import build, call
-from fault_util import AckedLoad
+from fault_util import AckedLoad, preload
 from node_util import ReplicatedCluster, ServeProcess, start_replicated_cluster, topic_manifest, wait_for, \
     write_manifests
 from shale.sidecar.protocol.error_codes import (INVALID_TOPIC_EXCEPTION, KAFKA_STORAGE_ERROR, LOG_DIR_NOT_FOUND,
@@ -65,18 +64,6 @@ def moved(server: ServeProcess, target: Path, timeout: float = 90.0) -> dict:
                     and p["log_dir"] == str(target) and p, timeout, interval=0.2, what=f"the move to {target}")
 
 
-def preload(bootstrap: str, records: int = 1500) -> None:
-    """~1.5 MB acknowledged by every replica: enough for a throttled copy to be caught in the middle."""
-    errors: list = []
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 16384,
-                         "log_level": 3})  # batches well below the topic's segment.bytes
-    for _ in range(records):
-        producer.produce(TOPIC, value=os.urandom(1000), partition=0,
-                         on_delivery=lambda err, msg: err is not None and errors.append(err))
-        producer.poll(0)
-    assert producer.flush(60) == 0 and errors == [], errors[:3]
-
-
 def no_pause_anywhere(cluster: ReplicatedCluster) -> None:
     for n, server in cluster.servers.items():
         for topic, t in status(server)["topics"].items():
@@ -90,7 +77,7 @@ def test_replicated_partition_moves_between_log_dirs_under_load(tmp_path, etcd):
                                        extra=THROTTLED, node_args=second_dir)
     load = AckedLoad("confluent", cluster.bootstrap, TOPIC)
     try:
-        preload(cluster.bootstrap)
+        preload(cluster.bootstrap, TOPIC)
         state = cluster.wait_for_isr(TOPIC, 0)
         leader, follower = state.leader, next(n for n in state.replicas if n != state.leader)
         load.start()

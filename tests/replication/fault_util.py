@@ -10,6 +10,7 @@ the partition was led by two nodes, and the epochs in the batches never go back.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -170,3 +171,16 @@ def check_acknowledged(cluster: ReplicatedCluster, topic: str, partition: int,
     doubled = {e: nodes for e, nodes in leaders_by_epoch(cluster, topic, partition).items() if len(nodes) > 1}
     assert not doubled, f"{topic}-{partition}: epochs led by more than one node: {doubled}"
     return hw
+
+
+def preload(bootstrap: str, topic: str, partition: int = 0, records: int = 1500) -> None:
+    """~1.5 MB (1 KB records) acknowledged by every in-sync replica: enough for a throttled copy to be caught in
+    the middle."""
+    errors: list = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 16384,
+                         "log_level": 3})  # batches well below a small segment.bytes
+    for _ in range(records):
+        producer.produce(topic, value=os.urandom(1000), partition=partition,
+                         on_delivery=lambda err, msg: err is not None and errors.append(err))
+        producer.poll(0)
+    assert producer.flush(60) == 0 and errors == [], errors[:3]
