@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
@@ -191,6 +192,15 @@ def test_checkpoints_are_written_on_schedule(tmp_path):
         assert tasks["PeriodicProducerExpirationCheck"].errors == 0
 
 
+def _taken(path: Path) -> bool:
+    """`path` made a directory, so that writing it as a file fails; False if a file is there this moment."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    return True
+
+
 def test_a_failing_task_is_logged_with_its_partition_and_the_scheduler_keeps_running(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     write_manifests(tmp_path / "topics" / "t.yaml",
@@ -200,7 +210,8 @@ def test_a_failing_task_is_logged_with_its_partition_and_the_scheduler_keeps_run
     with NodeThread(data, tmp_path / "topics", overrides=overrides) as node:
         tasks = node.node.maintenance.tasks
         # A disk that refuses: the checkpoint's temporary file and the first segment's `.deleted` name are taken.
-        (data / (RECOVERY_POINT_CHECKPOINT + ".tmp")).mkdir()
+        # The checkpoint task writes that file every 50 ms: taken between two of its writes.
+        wait_for(lambda: _taken(data / (RECOVERY_POINT_CHECKPOINT + ".tmp")), what="the checkpoint's temporary name")
         (data / "broken-0" / "00000000000000000000.log.deleted").mkdir()
         produce_each(node.bootstrap, "broken", [(b"k%d" % i, b"v" * 40) for i in range(6)],
                      timestamp_ms=int(time.time() * 1000) - 2 * HOUR_MS)
