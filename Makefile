@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-replication bench-tls bench-txn chaos clean
+.PHONY: demo test bench bench-replication bench-tls bench-txn bench-moves chaos clean
 
 # Each setup step prints one line saying what it does and why; its output goes to $(LOGS)/NAME.log,
 # whose tail is printed only if the step fails. A long step may print progress lines to fd 9 (the terminal).
@@ -74,6 +74,11 @@ endif
 # Issue 17's TLS benchmark: one `shale serve` with PLAINTEXT, SASL_SSL and SSL listeners (docs/performance.md, "TLS").
 bench-tls: $(BIN)/.installed
 	$(BIN)/python bench/tls.py
+
+# Issue 16's log-dir move benchmark: one `shale serve` with two log dirs, a move against `dd` and produce latency
+# during a throttled move (docs/performance.md, "Moves").
+bench-moves: $(BIN)/.installed
+	$(BIN)/python bench/moves.py
 
 # Issue 19's transactions benchmark: transactional produce against idempotent, one `shale serve` (docs/performance.md, "Transactions").
 bench-txn: $(BIN)/.installed

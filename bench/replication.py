@@ -705,9 +705,10 @@ def interpretation(res: Results) -> str:
         f"`sendfile`, but every round trip is a Fetch request decoded and a response encoded in Python, the "
         f"followers' positions recorded, the high watermark moved and the parked `acks=all` Produce answered). "
         f"Each follower spends {f3:.2f} ms per replicated MB: the socket reads each Fetch response straight into "
-        f"one reused buffer (`response_frames.py`), the decoder copies the records out of it, and the batches are "
-        f"appended as they came (`Log.append(assign_offsets=False)`: batch headers and CRCs checked, one more copy, "
-        f"the index written, `pwrite`). With one node per machine, as replication is deployed, each node "
+        f"one reused buffer (`response_frames.py`), the decoder leaves the records in it (memoryviews), and the "
+        f"batches are appended from there as they came (`Log.append(assign_offsets=False)`: batch headers and CRCs "
+        f"checked, producer state, the index written, `pwrite`, no copy). With one node per machine, as "
+        f"replication is deployed, each node "
         f"would carry only its own part, and the leader's {l3 / l1:.1f}× per-MB cost would bound the ratio instead. "
         f"The per-round ratios spread from {min(res.paired()):.0%} to {max(res.paired()):.0%}: the machine's load "
         "moved, and nodes fenced themselves during some phases (below).",
@@ -781,9 +782,9 @@ def interpretation(res: Results) -> str:
             "on the leader, sending the followers their records (`_send_file_range`: `sendfile` from the segment to "
             "the socket) and socket writes come first, then the per-fetch bookkeeping (`_fetch_once`, the "
             "leader-epoch lookups behind `DivergingEpoch`). On the follower: appending (`LogSegment.append`, "
-            "`should_roll`), socket writes, and encoding each next Fetch. A replicated byte is copied twice in Python "
-            "on the follower (out of the response buffer by the decoder, into `Log.append`'s buffer) between the "
-            "kernel's `recv_into` and `pwrite`; the leader sends it with `sendfile`.")
+            "`should_roll`), socket writes, and encoding each next Fetch. A replicated byte is not copied in Python "
+            "on the follower: the kernel's `recv_into` puts it in the response buffer and `pwrite` takes it from "
+            "there; the leader sends it with `sendfile`.")
     out.append(
         f"- **Sessions lost under load: {res.fenced} times** over the run a running node found its last etcd "
         "renewal older than its session allows and fenced itself (`controller.py`: it stops acknowledging, opens a "

@@ -53,15 +53,14 @@ record set goes out with `sendfile`) and 1.75–2.34 ms over SSL; py-spy of that
 path (`pread` of the record set, `SSLObject.write` — AES-256-GCM into asyncio's memory BIO — and the socket
 `send` of the ciphertext) takes about twice the Fetch handling itself; perf: 18 % of the server's CPU in
 libcrypto, 30 % in the kernel (copies, loopback TCP). Produce (SSL, 200,000 records): 17 % of the server's
-samples in `SSLObject.read` (decrypting one 16 KiB TLS record per call into the request buffer) and 10 % in
+samples in `SSLObject.read` (decrypting one TLS record per call into the request buffer) and 10 % in
 the `recv_into` of the ciphertext, against 10 % for the whole Produce handling (decode, CRC, append).
 AES-256-GCM itself runs at 3.9 GB/s here (`openssl speed`, CPU time: 0.26 ms/MB) and AES-128-GCM at 4.0 GB/s,
 so the cipher is not the lever (Python 3.11 cannot set TLS 1.3 cipher suites anyway): the copies through the
 memory BIOs (socket → buffer → BIO → request, file → buffer → BIO → bytes → socket) and a Python call per TLS
 record are. Kernel TLS would remove most of them (and let `sendfile` run on TLS connections), but this kernel
 (6.18, a VM) has no TLS ULP (`setsockopt(TCP_ULP, "tls")` fails with ENOENT; no module directory, no
-modprobe), so it cannot be measured here, and asyncio's memory-BIO TLS could not use it anyway (kTLS needs
-OpenSSL on the socket itself: a TLS transport of Shale's own over `ssl.SSLSocket`, not done).
+modprobe), so it cannot be measured here.
 What changed: a record set goes through TLS in 128 KiB pieces (`broker.TLS_PIECE_BYTES`) instead of one read
 of the whole set (up to `fetch.max.bytes`) and one ciphertext of its size: memory per response is bounded and
 the client decrypts one piece while the next is encrypted. A/B under this load (8 consume phases each, 1 MiB
@@ -69,12 +68,29 @@ against 128 KiB pieces): server CPU per MB 0.98–1.86 against 1.07–1.86 ms �
 Throughput is not CPU-bound under this load: in slow phases the server and the client together used 0.2–0.5
 of a core, the rest of the time both waited for a CPU, so MB/s swings between rounds (PLAINTEXT consume
 64–421 MB/s in the hand-run probes) by more than TLS costs; the CPU-per-MB ratio is the figure that carries
-over to a quieter machine. Consume meets the goal in this run (0.80–0.85; 0.98–1.05 in a 3-round run at load
-12). Produce does not: it is CPU-bound here (its throughput ratio, 0.44–0.50, follows the inverse of its
-CPU-per-MB ratio, 1.92–1.93), and of its extra CPU the client's own TLS (librdkafka encrypting, on the same
-2 cores) is +1.1–1.2 ms/MB, which alone exceeds what a 25 % budget allows next to PLAINTEXT's 3.05 ms/MB;
-the server's +1.7 ms/MB is decryption through the memory BIO (perf: 19 % libcrypto, 13 % memmove), the
-part a TLS transport over `ssl.SSLSocket` or kernel TLS would shrink — the work left for the goal."""
+over to a quieter machine. The throughput ratios move between runs by more than the goal's margin: consume
+0.80–0.85 in a full run at load 17–19 and 0.52–0.54 in the full run above (load 7–8), 0.39–1.43 in 3-round runs
+the same morning; produce 0.35–0.50 in every run (its CPU per MB over TLS 1.65–2.3 × PLAINTEXT's). Of produce's
+extra CPU the client's own TLS (librdkafka encrypting, on the same 2 cores) is +0.9–1.5 ms/MB, by itself about
+all a 25 % budget allows next to PLAINTEXT's ~3 ms/MB (server + client); the server's +1.1–1.7 ms/MB is paid per
+TLS record more than per byte, as measured next.
+Produce, per TLS record (measured by hand on 2026-11-25, load 7–13). librdkafka writes each piece of its request
+buffer with its own `SSL_write`, so the server receives small TLS records: for 20,000 × 1 KiB produced over SSL,
+5,196 records of 1,041 bytes (one value), 5,029 of 26–27 bytes and 820 full ones of 16,401 bytes (strace of the
+server, one `read` per record header and body): about 560 TLS records per MB, each one `SSL_read` called from
+Python. A loopback probe (a Python client writing 1 KiB + 36 bytes per `sendall`, so 2 TLS records per KiB, into
+an asyncio BufferedProtocol) costs the server 4.0–4.4 ms of CPU per MB, against 0.70–0.75 ms/MB when the same
+bytes come in 64 KiB writes (full 16 KiB records): about 1.7 µs per TLS record, which at 560 records per MB is
+most of produce's +1.2–1.4 ms/MB; the cipher and the memory-BIO copies are the smaller part. Tried and not kept:
+a TLS transport of Shale's own over a non-blocking `ssl.SSLSocket` (`recv_into` decrypting straight into the
+connection's buffer, `send` encrypting onto the socket, `Connection` unchanged). Without OpenSSL's read-ahead it
+costs two `read` syscalls per TLS record (header, then body) and more CPU than asyncio's TLS (probe: 6.3 against
+4.4 ms/MB; server produce 4–6.6 against 2.0–3.2 ms/MB in bench runs); with read-ahead (settable only through
+`ctypes` on CPython's `SSLContext` internals) it matched asyncio and no more: in A/B runs of this bench,
+alternated at load 7, produce's TLS cost was +1.25–1.45 ms/MB (own) against +1.18–1.44 (asyncio), and consume's
++0.57–0.63 against +0.45–0.51 (own is worse there: one socket `write` per 16 KiB TLS record, where asyncio sends
+its memory BIO's ciphertext in one call). Both pay one Python-level `SSL_read` per TLS record; the levers left
+are in C (a loop of `SSL_read_ex` over a buffer, or kernel TLS on a kernel that has it) or in the client."""
 
 
 @dataclass

@@ -291,7 +291,8 @@ class Log:
 
     # -- append ----------------------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray, *, assign_offsets: bool = True, leader_epoch: int | None = None) -> AppendInfo:
+    def append(self, data: bytes | bytearray | memoryview, *, assign_offsets: bool = True,
+               leader_epoch: int | None = None) -> AppendInfo:
         """Validate and append a set of v2 batches; return the offsets given to them.
 
         Every batch is checked (size, magic, CRC, limits, keys on compacted topics,
@@ -302,6 +303,9 @@ class Log:
         `leader_epoch` (a leader's append) is stamped into every batch; a follower's batches keep
         the leader's. Either way each batch's epoch, when set, goes to the leader-epoch cache at its
         base offset before the bytes go to the segment, as in Kafka.
+
+        Only an append that rewrites header fields (offsets, epochs, LogAppendTime) copies `data` first; a
+        follower's (neither) writes the caller's buffer as it is, so it must not change until this returns.
         """
         with self.lock:
             if self.storage_failure is not None and self.storage_failure.appends_stopped:
@@ -309,7 +313,8 @@ class Log:
             now = self.clock()
             parsed = parse_batch_set(data, self.name)
             self._validate(data, parsed, now, assign_offsets)
-            buf = bytearray(data)
+            # A follower's batches are written as the leader's bytes: copying them would be a second copy per MB.
+            buf = bytearray(data) if assign_offsets or leader_epoch is not None else data
             offset = self.log_end_offset
             # Only the leader stamps LogAppendTime; a follower keeps the replicated bytes as they are.
             log_append = assign_offsets and self.config.message_timestamp_type == "LogAppendTime"
@@ -441,7 +446,8 @@ class Log:
         return AppendInfo(first.first_offset, last.last_offset, last.timestamp, last.last_offset, log_append_time,
                           0, 0, duplicate=True)
 
-    def _validate(self, data: bytes | bytearray, parsed: _ParsedSet, now: int, assign_offsets: bool) -> None:
+    def _validate(self, data: bytes | bytearray | memoryview, parsed: _ParsedSet, now: int,
+                  assign_offsets: bool) -> None:
         cfg = self.config
         if parsed.size > cfg.segment_bytes:
             raise RecordTooLargeError(

@@ -4,7 +4,9 @@ A node that follows another (the replica fetcher) speaks Kafka's protocol as a c
 same kafka-python classes, built from Kafka's JSON definitions, that `codec.py` serves with, and the same
 version ranges are enforced, so a node only ever sends what a node of the same build can decode. A dict body is
 encoded by `generated_codec.request_encoder` (the same bytes, a fraction of the time: a follower sends one Fetch
-per leader append); whatever it leaves goes to kafka-python's encoder, which names the error.
+per leader append); whatever it leaves goes to kafka-python's encoder, which names the error. A response is
+decoded by `generated_codec.response_decoder` (asked to, it leaves bytes fields such as a Fetch answer's
+records as views into the frame); a frame it cannot read goes to kafka-python's decoder, which names the error.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from shale.sidecar.protocol.codec import (
     request_class,
     response_class,
 )
-from shale.sidecar.protocol.generated_codec import KIP511_HEADER_APIS, request_encoder
+from shale.sidecar.protocol.generated_codec import KIP511_HEADER_APIS, request_encoder, response_decoder
 
 _SIZE = struct.Struct(">i")
 _HEADER_PREFIX = 4096  # a response header is a correlation id and (flexible) a few tagged fields
@@ -74,10 +76,13 @@ class Response:
     body: Any  # kafka-python response object, snake_case attributes
 
 
-def decode_response(api_key: int, api_version: int, frame: bytes | bytearray | memoryview) -> Response:
+def decode_response(api_key: int, api_version: int, frame: bytes | bytearray | memoryview, *,
+                    views: bool = False) -> Response:
     """Decode one response frame (without its size prefix) of the request `api_key`/`api_version` it answers.
 
-    The whole frame must be one response: a short body or bytes after it are a `MalformedFrameError`.
+    The whole frame must be one response: a short body or bytes after it are a `MalformedFrameError`. With
+    `views`, bytes fields (a Fetch answer's records) are memoryviews into `frame`, not copies, so they change
+    with it: a caller that reuses the frame's buffer (`ResponseFrames`) must be done with them first.
     """
     cls = response_class(api_key)
     if len(frame) < 4:
@@ -100,8 +105,12 @@ def decode_response(api_key: int, api_version: int, frame: bytes | bytearray | m
                 head = io.BytesIO(bytes(data))  # header tags beyond the prefix: decode it whole
                 cls.parse_header(head, version=api_version)
             start = head.tell()
-        decoder = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible, data_class=cls)
-        body, end = decoder(data, start)
+        try:
+            body, end = response_decoder(cls, api_version, views)(data, start)
+        except Exception:  # noqa: BLE001 - the reference decides, and names the error
+            reference = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible,
+                                                         data_class=cls)
+            body, end = reference(data, start)
     except _DECODE_ERRORS as exc:
         raise MalformedFrameError(api_key, api_version, correlation_id, f"malformed response: {exc!r}") from exc
     if end != len(data):

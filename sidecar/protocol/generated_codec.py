@@ -10,7 +10,9 @@ its patches, e.g. authorized operations as bit sets) and compiled on first use:
   handlers see the same values;
 * a response encoder writes the handler's dict (nested dicts and lists, missing fields at their schema
   defaults) straight to a list of byte strings; a `records` value that is not bytes but has an integer
-  `size` (a record set still in a file, `codec.ExternalRecords`) stays in the list as itself.
+  `size` (a record set still in a file, `codec.ExternalRecords`) stays in the list as itself;
+* on the client side (`client_codec.py`), a request encoder from a dict, and a response decoder that can
+  leave bytes fields as views into the frame (a follower's Fetch answer: its records are not copied out).
 
 Nothing is written per version by hand. The generated functions handle the well-typed case only: anything
 else (a value of an unexpected type, an unknown field, a truncated frame) raises, and `codec.py` then gives
@@ -30,7 +32,7 @@ from kafka.protocol.schemas.fields.codecs.types import (
     BitField, Boolean, Bytes, Float64, Int8, Int16, Int32, Int64, String, UnsignedInt16, UUID,
 )
 
-__all__ = ["request_decoder", "request_encoder", "response_encoder", "KIP511_HEADER_APIS"]
+__all__ = ["request_decoder", "request_encoder", "response_decoder", "response_encoder", "KIP511_HEADER_APIS"]
 
 # Fixed-size types, by the struct format of one value.
 _FIXED = {Int8: "b", Int16: "h", UnsignedInt16: "H", Int32: "i", Int64: "q", Float64: "d", Boolean: "?"}
@@ -193,8 +195,10 @@ def _tagged(struct_field, version: int) -> list:
 
 
 class _Decoder:
-    def __init__(self, src: _Source, out: list[str]) -> None:
-        self.src, self.out = src, out
+    """`views`: bytes fields become slices of `data` (views into the frame when it is a memoryview), not copies."""
+
+    def __init__(self, src: _Source, out: list[str], views: bool = False) -> None:
+        self.src, self.out, self.views = src, out, views
 
     def emit(self, ind: str, line: str) -> None:
         self.out.append(ind + line)
@@ -254,7 +258,7 @@ class _Decoder:
     def tag_function(self, sf, version: int) -> str:
         """A function reading a struct's tagged-field buffer: known tags into their fields, others kept as bytes."""
         name = self.src.var("tags")
-        sub = _Decoder(self.src, self.src.function(f"def {name}(data, pos, obj):"))
+        sub = _Decoder(self.src, self.src.function(f"def {name}(data, pos, obj):"), self.views)
         ind = "    "
         sub.uvarint("n", ind)
         sub.emit(ind, "for _ in range(n):")
@@ -319,7 +323,8 @@ class _Decoder:
             self.emit(ind, f"if {n} < 0:")
             self.emit(ind, f"    {var} = None")
             self.emit(ind, "else:")
-            read = f"str(data[pos:pos + {n}], 'utf-8')" if isinstance(t, String) else f"bytes(data[pos:pos + {n}])"
+            read = (f"str(data[pos:pos + {n}], 'utf-8')" if isinstance(t, String) else
+                    f"data[pos:pos + {n}]" if self.views else f"bytes(data[pos:pos + {n}])")
             self.emit(ind, f"    {var} = {read}")
             self.emit(ind, f"    pos += {n}")
         else:
@@ -345,6 +350,27 @@ def request_decoder(message_class: type, version: int) -> Callable:
     dec.emit(ind, "    raise _Unhandled('truncated frame')")
     dec.emit(ind, "body._header = header")
     dec.emit(ind, "return body, header")
+    return src.compile(f"<generated_decode:{message_class.__name__}_v{version}>", "_decode")
+
+
+@functools.cache
+def response_decoder(message_class: type, version: int, views: bool = False) -> Callable:
+    """`decode(data, pos) -> (body, end)` for one response API version: the client side (`client_codec.py`).
+
+    `data` is the frame without its size prefix, as a memoryview, and `pos` where the body starts (past the
+    response header). The values are the reference's. With `views`, bytes fields (a Fetch answer's records)
+    are views into `data`, not copies: a follower appends the records straight from the frame's buffer, where
+    a copy per answer was a copy per replicated MB. Raises on a frame it cannot decode (then the reference
+    codec decides).
+    """
+    flexible = message_class.flexible_version_q(version)
+    src = _Source()
+    dec = _Decoder(src, src.function("def _decode(data, pos):"), views)
+    ind = "    "
+    dec.struct(message_class._struct, "body", ind, version, flexible, flexible, message_class, top=True)
+    dec.emit(ind, "if pos > len(data):")
+    dec.emit(ind, "    raise _Unhandled('truncated frame')")
+    dec.emit(ind, "return body, pos")
     return src.compile(f"<generated_decode:{message_class.__name__}_v{version}>", "_decode")
 
 

@@ -93,8 +93,12 @@ class _Connection:
         self._writer: asyncio.StreamWriter | None = None  # kept: a StreamWriter collected closes its transport
         self._correlation_id = 0
 
-    async def request(self, api_key: int, version: int, body: dict, extra_wait_s: float = 0.0) -> Any:
-        """Send one request and return the decoded response body; LeaderUnreachable on any failure."""
+    async def request(self, api_key: int, version: int, body: dict, extra_wait_s: float = 0.0, *,
+                      views: bool = False) -> Any:
+        """Send one request and return the decoded response body; LeaderUnreachable on any failure.
+
+        With `views`, the body's bytes fields (a Fetch answer's records) are views into the frame's buffer, not
+        copies: valid only until the next request, which reads its answer into the same buffer."""
         where = f"node {self.node.node_id} at {self.node.host}:{self.node.port}"
         try:
             if self._frames is None:
@@ -112,7 +116,7 @@ class _Connection:
             frames.transport.write(encode_request(api_key, version, cid, self.client_id, body))
             async with asyncio.timeout(self.timeout_s + extra_wait_s):
                 frame = await frames.next_frame()
-            response = decode_response(api_key, version, frame)
+            response = decode_response(api_key, version, frame, views=views)
             if response.correlation_id != cid:
                 raise ProtocolError(api_key, version, response.correlation_id,
                                     f"answer to correlation id {response.correlation_id}, expected {cid}")
@@ -236,7 +240,8 @@ class _LeaderLink:
             "topics": [{"topic": t, "partitions": parts} for t, parts in topics.items()],
             "forgotten_topics_data": [], "rack_id": "",
         }
-        response = await self.conn.request(FETCH, FETCH_VERSION, body, cfg.wait_max_ms / 1000)
+        # The records stay in the connection's buffer: every partition is applied (appended) before the next request.
+        response = await self.conn.request(FETCH, FETCH_VERSION, body, cfg.wait_max_ms / 1000, views=True)
         if self.stopped:
             return
         if response.error_code != error_codes.NONE:

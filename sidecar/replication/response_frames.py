@@ -6,8 +6,9 @@ frame out of it): measured, that was a third of a follower's CPU per replicated 
 is known, the socket reads the rest of it directly into a bytearray of exactly that size (asyncio's
 `BufferedProtocol`, `recv_into`), so the bytes are copied once, by the kernel. Small frames and the 4-byte
 size prefixes go through a scratch buffer. The frame's buffer is used again for the next frame (one request is
-in flight, and the caller decodes each answer before asking for the next): a fresh megabyte per answer cost
-page faults that showed in the profile as much as the copies did.
+in flight, and the caller is done with each answer before asking for the next: the fetcher appends the records
+straight from this buffer, `client_codec.decode_response(views=True)`): a fresh megabyte per answer cost page
+faults that showed in the profile as much as the copies did.
 """
 
 from __future__ import annotations

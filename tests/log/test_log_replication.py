@@ -13,7 +13,7 @@ import os
 import pytest
 from cleaner_util import keys_in_log, make_cleaner, offsets_in_log, record
 from fs_util import fill, small_fs
-from logtest_util import T0, FakeClock, drop_unclosed, make_config, segment_batches, simple_batch
+from logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config, segment_batches, simple_batch
 
 from shale.sidecar.log.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,
@@ -24,7 +24,7 @@ from shale.sidecar.log.checkpoint import (
     read_offsets,
 )
 from shale.sidecar.log.cleaner_manager import CleanerManager
-from shale.sidecar.log.errors import KafkaStorageError, OffsetOutOfRangeError
+from shale.sidecar.log.errors import CorruptRecordError, KafkaStorageError, OffsetOutOfRangeError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.log_cleaner import CleanerConfig, LogCleaner
 from shale.sidecar.log.log_dir import LogDir
@@ -105,6 +105,41 @@ def test_a_follower_append_assigns_each_batchs_own_epoch(tmp_path) -> None:
     # A batch without an epoch (a single-replica leader's older data) adds none.
     log.append(follower_batch(7, 1, -1), assign_offsets=False)
     assert log.leader_epoch_cache.entries == [E(1, 0), E(2, 3), E(4, 6)]
+
+
+def test_a_follower_append_from_a_reused_buffer_makes_the_leaders_log_byte_for_byte(tmp_path) -> None:
+    """A follower appends a fetched chunk straight from the buffer it was read into (no copy) and the buffer is
+    then reused for the next chunk, as the replica fetcher does: the follower's directory (segments, indexes,
+    epochs, producer snapshot) must still be the leader's, and a corrupt chunk must be refused, not written."""
+    props = {"index.interval.bytes": 1, "segment.bytes": 600}  # an index entry per append, several segments
+    leader, follower = open_log(tmp_path / "l-0", **props), open_log(tmp_path / "f-0", **props)
+    buf = bytearray(1 << 16)  # one buffer for every chunk, as ResponseFrames keeps one per connection
+    appends = [
+        [encode_batch([Record(0, T0 + i, b"k", b"a" * 90)], producer_id=7, producer_epoch=0, base_sequence=i)]
+        for i in range(6)
+    ] + [[simple_batch(b"b" * 200), simple_batch(b"c" * 10, ts=T0 + 50)],
+         [encode_batch([Record(i, T0, None, b"t%d" % i) for i in range(3)], producer_id=9, producer_epoch=2,
+                       base_sequence=0, is_transactional=True)]]
+    for epoch, batches in enumerate(appends):
+        before = follower.log_end_offset
+        leader.append(b"".join(batches), leader_epoch=epoch // 3)
+        chunk = leader.read(before, 1 << 20).read_into(buf)
+        corrupt = bytearray(chunk)
+        corrupt[-1] ^= 0x01  # inside the last batch's records: only its CRC-32C tells
+        untouched = dir_snapshot(follower.dir)
+        with pytest.raises(CorruptRecordError, match="f-0"):
+            follower.append(memoryview(corrupt), assign_offsets=False)
+        assert dir_snapshot(follower.dir) == untouched and follower.log_end_offset == before
+        follower.append(chunk, assign_offsets=False)
+        buf[:] = b"\xee" * len(buf)  # the next answer overwrites the buffer: what was appended must not change
+        assert follower.log_end_offset == leader.log_end_offset
+    assert follower.leader_epoch_cache.entries == leader.leader_epoch_cache.entries == [E(0, 0), E(1, 3), E(2, 6)]
+    assert follower.producer_state.last_entry(7).last_seq == 5
+    assert follower.producer_state.first_unstable_offset(follower.log_end_offset) == leader.log_end_offset - 3
+    assert len(leader.segments) > 2
+    leader.close()
+    follower.close()
+    assert dir_snapshot(follower.dir) == dir_snapshot(leader.dir)
 
 
 def test_a_duplicate_append_assigns_nothing(tmp_path) -> None:

@@ -121,12 +121,25 @@ def fetch_answer_frame() -> bytes:
         {"partition_index": 0, "high_watermark": 3, "records": b"x" * 40}]}]})
 
 
-def test_a_cut_answer_is_refused_naming_the_api():
+@pytest.mark.parametrize("views", [False, True])
+def test_a_cut_answer_is_refused_naming_the_api(views):
     frame = fetch_answer_frame()
     for cut in (3, 10, len(frame) - 1):
         with pytest.raises(MalformedFrameError) as info:
-            decode_response(FETCH, 12, frame[:cut])
+            decode_response(FETCH, 12, bytearray(frame[:cut]), views=views)
         assert "Fetch" in str(info.value)
+
+
+def test_records_are_views_into_the_frame_only_when_asked():
+    """A follower asks for views (its records are appended from the frame's buffer); every other caller gets
+    bytes, which it may keep or `.decode()` (SCRAM's server messages are SaslAuthenticate bytes)."""
+    frame = bytearray(fetch_answer_frame())
+    viewed = decode_response(FETCH, 12, frame, views=True).body.responses[0].partitions[0].records
+    copied = decode_response(FETCH, 12, frame).body.responses[0].partitions[0].records
+    assert type(viewed) is memoryview and viewed.obj is frame and viewed == b"x" * 40
+    assert type(copied) is bytes and copied == b"x" * 40
+    auth = decode_response(36, 2, encode_response(36, 2, 4, {"auth_bytes": b"r=abc,s=c2FsdA==,i=4096"})).body
+    assert auth.auth_bytes.decode() == "r=abc,s=c2FsdA==,i=4096"
 
 
 def test_bytes_after_the_answer_are_refused():

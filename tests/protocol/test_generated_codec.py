@@ -13,7 +13,7 @@ import struct
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer.fetch import FetchRequest
 
@@ -24,12 +24,16 @@ PROPERTY = settings(deadline=None, max_examples=12,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def assert_same_value(fast, ref, where: str = "body") -> None:
-    """Equal as the handlers see them: same class and version, every field of the schema, tags and unknown tags."""
+def assert_same_value(fast, ref, where: str = "body", *, views: bool = False) -> None:
+    """Equal as the handlers see them: same class and version, every field of the schema, tags and unknown tags.
+    With `views`, a bytes field's value is a memoryview of the same bytes (a response decoded without copies)."""
     if isinstance(ref, list):
         assert isinstance(fast, list) and len(fast) == len(ref), where
         for i, (a, b) in enumerate(zip(fast, ref)):
-            assert_same_value(a, b, f"{where}[{i}]")
+            assert_same_value(a, b, f"{where}[{i}]", views=views)
+        return
+    if views and type(ref) is bytes:
+        assert type(fast) is memoryview and fast == ref, (where, fast, ref)
         return
     if not hasattr(ref, "_struct"):
         assert type(fast) is type(ref) and fast == ref, (where, fast, ref)
@@ -39,7 +43,7 @@ def assert_same_value(fast, ref, where: str = "body") -> None:
     assert (fast.tags or set()) == (ref.tags or set()), where
     assert fast.unknown_tags == ref.unknown_tags, where
     for name in ref._struct.fields:
-        assert_same_value(getattr(fast, name), getattr(ref, name), f"{where}.{name}")
+        assert_same_value(getattr(fast, name), getattr(ref, name), f"{where}.{name}", views=views)
 
 
 def with_header_tags(frame: bytes, client_id: str | None, tags: list[tuple[int, bytes]]) -> bytes:
@@ -140,6 +144,54 @@ def test_responses_encode_to_the_reference_bytes(api_key, version, data):
     assert b"".join(parts) == ref
     framed = codec.encode_response(api_key, version, correlation_id, body, framed=True)
     assert framed == struct.pack(">i", len(ref)) + ref
+
+
+def body_start(api_key: int, version: int) -> int:
+    """Where a response body starts: past the correlation id and (flexible, but not ApiVersions) the empty
+    header tags the encoders write."""
+    flexible = codec.response_class(api_key).flexible_version_q(version)
+    return 5 if flexible and api_key not in generated_codec.KIP511_HEADER_APIS else 4
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("api_key,version", ALL_VERSIONS)
+@PROPERTY
+@given(data=st.data())
+def test_responses_decode_to_the_reference_values(api_key, version, data):
+    """The client side (`client_codec.decode_response`): a response frame decodes to the reference's values, bytes
+    fields as copies or, with `views`, as views of the same bytes; the generated decoder is called directly."""
+    cls = codec.response_class(api_key)
+    body = data.draw(struct_dicts(cls, version))
+    try:
+        frame = codec.reference_encode_response(api_key, version, data.draw(SCALARS["int32"]), body)
+    except codec.ProtocolError:
+        assume(False)  # a body the reference cannot encode (a value out of its range) is no frame to decode
+    flexible = cls.flexible_version_q(version)
+    data_view = memoryview(bytearray(frame))
+    ref, ref_end = cls._struct.compiled_decode_from(version, compact=flexible, tagged=flexible, data_class=cls)(
+        memoryview(frame), body_start(api_key, version))
+    assert ref_end == len(frame)
+    views = data.draw(st.booleans())
+    fast, end = generated_codec.response_decoder(cls, version, views)(data_view, body_start(api_key, version))
+    assert end == len(frame)
+    assert_same_value(fast, ref, views=views)
+
+
+def test_a_response_decoded_with_views_holds_no_copy_of_its_records():
+    """With `views`, a Fetch answer's records are a slice of the frame's own buffer: what the buffer holds
+    later is what they read (so a caller that reuses the buffer must be done with them first)."""
+    frame = bytearray(codec.encode_response(1, 12, 3, {"responses": [{"topic": "t", "partitions": [
+        {"partition_index": 0, "records": b"abc"}, {"partition_index": 1, "records": None}]}]}))
+    cls = codec.response_class(1)
+    copied, _ = generated_codec.response_decoder(cls, 12)(memoryview(frame), 5)
+    viewed, _ = generated_codec.response_decoder(cls, 12, True)(memoryview(frame), 5)
+    a, b = viewed.responses[0].partitions
+    assert a.records.obj is frame and bytes(a.records) == b"abc" and b.records is None
+    at = frame.index(b"abc")
+    frame[at:at + 3] = b"xyz"
+    assert bytes(a.records) == b"xyz"
+    kept = copied.responses[0].partitions[0].records
+    assert type(kept) is bytes and kept == b"abc"
 
 
 @pytest.mark.parametrize("version", [9, 10, 11])

@@ -180,6 +180,65 @@ def test_a_follower_copies_its_leader_byte_for_byte_in_several_fetches(tmp_path)
     run(scenario())
 
 
+def test_records_read_in_place_are_appended_before_the_next_answer_reuses_their_buffer(tmp_path):
+    """A Fetch answer's records are views into the connection's one frame buffer (no copy), several partitions
+    to an answer with the loop served between them: each partition must still get its own leader's bytes,
+    round after round, while the leader writes other values of the same sizes (a stale view would show)."""
+    async def scenario():
+        tps = [TopicPartition("orders", p) for p in range(3)]
+        leaders = {tp: new_log(tmp_path / "l", tp) for tp in tps}
+        followers = {tp: new_log(tmp_path / "f", tp) for tp in tps}
+        for tp in tps:
+            lead(leaders[tp], 0, 2, 3, value=b"%d" % tp.partition * 50)
+        leader = await LogLeader({tp: LedPartition(log, epoch=0) for tp, log in leaders.items()}).start()
+        fetchers = ReplicaFetchers(7, followers.get, fetcher_config(**{"replica.fetch.max.bytes": 300}))
+        for tp in tps:
+            fetchers.follow(tp, node(leader), 0)
+        for round_ in range(4):
+            end = leaders[tps[0]].log_end_offset
+            await until(lambda: all(f.log_end_offset == end for f in followers.values()), "the followers to catch up")
+            for tp in tps:
+                lead(leaders[tp], 0, 1, 2, value=bytes([65 + round_ * 3 + tp.partition]) * 50)
+        await until(lambda: all(f.log_end_offset == leaders[tp].log_end_offset for tp, f in followers.items()),
+                    "the last round")
+        for tp in tps:
+            assert log_bytes(followers[tp]) == log_bytes(leaders[tp]), tp
+        answers = [b for key, b in leader.requests if key == 1]
+        assert len(answers) >= 5 and max(len(b.topics[0].partitions) for b in answers) == 3
+        await fetchers.close()
+        await leader.stop()
+    run(scenario())
+
+
+def test_a_fetch_answer_read_with_views_is_valid_until_the_next_request(tmp_path):
+    """The lifetime the fetcher relies on: `request(..., views=True)` gives records that are the connection's
+    frame buffer, which the next answer overwrites (it fits); without `views` they are a copy."""
+    async def scenario():
+        log = new_log(tmp_path / "l")
+        lead(log, 0, 1, value=b"a" * 40)
+        lead(log, 0, 1, value=b"b" * 40)
+        leader = await LogLeader({TP: LedPartition(log, epoch=0)}).start()
+        conn = _Connection(node(leader), "test", 10.0, asyncio.open_connection)
+
+        async def fetch(offset: int, views: bool):
+            body = {"replica_id": 3, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, "topics": [
+                {"topic": TP.topic, "partitions": [{"partition": 0, "current_leader_epoch": 0, "fetch_offset": offset,
+                                                    "last_fetched_epoch": -1, "partition_max_bytes": 1 << 20}]}]}
+            answer = await conn.request(1, 12, body, views=views)
+            return answer.responses[0].partitions[0].records
+
+        first = await fetch(0, True)
+        assert type(first) is memoryview and first == log.read(0, 1 << 20).read()
+        copied = await fetch(1, False)
+        assert type(copied) is bytes and copied == log.read(1, 1 << 20).read()
+        assert first != log.read(0, 1 << 20).read()  # the second answer was read into the first one's buffer
+        again = await fetch(1, True)
+        assert again.obj is first.obj and again == copied
+        conn.close()
+        await leader.stop()
+    run(scenario())
+
+
 def test_a_divergent_tail_is_cut_once_then_the_leaders_log_fetched(tmp_path):
     """Kafka's testTruncateOnFetchDoesNotProcessPartitionData on real logs: the follower wrote offsets 3-5 in
     epoch 4 alone; the leader of epoch 5 has 3-4 of its own. The follower keeps 0-2 and ends as the leader."""
