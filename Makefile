@@ -75,9 +75,12 @@ endif
 bench-tls: $(BIN)/.installed
 	$(BIN)/python bench/tls.py
 
-# Issue 16's log-dir move benchmark: one `shale serve` with two log dirs, a move against `dd` and produce latency
-# during a throttled move (docs/performance.md, "Moves").
+# Issue 16's move benchmark: one `shale serve` with two log dirs (a move against `dd`, produce latency during
+# throttled moves), then one etcd and three nodes (produce latency during throttled reassignments); docs/performance.md, "Moves".
 bench-moves: $(BIN)/.installed
+ifeq ($(ETCD),)
+	$(call step,installing Debian's etcd-server with apt-get (the control store of the reassignment's nodes),$(call APT_INSTALL,etcd-server),etcd)
+endif
 	$(BIN)/python bench/moves.py
 
 # Issue 19's transactions benchmark: transactional produce against idempotent, one `shale serve` (docs/performance.md, "Transactions").
