@@ -47,7 +47,8 @@ from shale.operator.kube import connection_info
 from shale.operator.manifests import (PLACEHOLDER_KEY, PLACEHOLDER_TEXT, DesiredTopic, SpecError, configmap_key,
                                       desired_topic, loaded_digest, parse_applied)
 from shale.operator.metrics import OperatorMetrics
-from shale.operator.moves import Progress, moves_status, progress_of, reassigning, scale_in_refusal
+from shale.operator.moves import (Progress, moves_status, progress_of, reassigning, scale_in_refusal,
+                                  shown_placement)
 from shale.operator.planning import Moves, Restore, lost_topics, plan, plan_restore
 from shale.operator.scaling import scale_loop
 from shale.operator.settings import Settings
@@ -210,8 +211,10 @@ def _moved(body: kopf.Body, storage: Storage, reports: Mapping[int, NodeReport],
         elif missing:
             failures[p] = (f"pod(s) {', '.join(storage.pod_name(n) for n in missing)} do not exist and are beyond "
                            f"the StatefulSet's {storage.replicas} replicas")
-    previous = list((body.get("status") or {}).get("moves") or [])
-    moves_now = moves_status(previous, before, owners, target, progress, sizes, failures, now)
+    status = body.get("status") or {}
+    shown = shown_placement(status.get("partitions") or [], storage.statefulset)
+    moves_now = moves_status(list(status.get("moves") or []), before, owners, target, progress, sizes, failures, now,
+                             shown)
     blocked = None
     if storage.scale_in_to is not None and storage.scale_in_to < storage.replicas:
         leaving = {n for n in set(storage.pods) | set(range(storage.replicas)) if n >= storage.scale_in_to}

@@ -156,20 +156,40 @@ def step(written: Sequence[Replicas | None], target: Sequence[Replicas], settled
     return out
 
 
+def shown_placement(partitions: Sequence[Mapping[str, Any]], statefulset: str) -> dict[int, frozenset[int]]:
+    """partition → the pods the Topic's `status.partitions` last showed its replicas on (one entry per replica of
+    the manifest then written)."""
+    prefix = f"{statefulset}-"
+    shown: dict[int, set[int]] = {}
+    for entry in partitions:
+        pod = str(entry.get("pod") or "")
+        if isinstance(entry.get("partition"), int) and pod.startswith(prefix) and pod[len(prefix):].isdigit():
+            shown.setdefault(entry["partition"], set()).add(int(pod[len(prefix):]))
+    return {p: frozenset(nodes) for p, nodes in shown.items()}
+
+
 def moves_status(previous: Sequence[Mapping[str, Any]], before: Sequence[Replicas | None],
                  written: Sequence[Replicas], target: Sequence[Replicas], progress: Mapping[int, Progress | None],
-                 sizes: Mapping[tuple[int, int], int], failures: Mapping[int, str], now: str) -> list[dict[str, Any]]:
+                 sizes: Mapping[tuple[int, int], int], failures: Mapping[int, str], now: str,
+                 shown: Mapping[int, frozenset[int]] | None = None) -> list[dict[str, Any]]:
     """The Topic's `status.moves`: one entry per partition with a move, kept (done or failed) until its next one.
 
     previous: the entries shown before; before[p]: what the manifest held before this write (None: new);
     written / target: what it holds now / what the partition should end with; sizes: (partition, node) →
-    bytes of that replica; failures: partition → why its move cannot go on.
+    bytes of that replica; failures: partition → why its move cannot go on; shown: where the status last
+    showed each partition's replicas (`shown_placement`). A manifest written by an earlier reconcile whose
+    status patch was lost (the API server dropped it) differs from `shown` though not from `before`: its move
+    is shown from where the status last had the partition, rather than never.
     """
     old = {e.get("partition"): e for e in previous if isinstance(e, Mapping)}
     out: list[dict[str, Any]] = []
     for p, now_written in enumerate(written):
         prev = old.get(p)
         was = before[p] if p < len(before) else None
+        last = (shown or {}).get(p)
+        if (was == now_written and last is not None and last != frozenset(now_written)
+                and not (prev is not None and prev.get("targetReplicas") == list(now_written))):
+            was = tuple(sorted(last))
         state = None
         if was is not None and was != now_written:  # started by this write
             entry = {"partition": p, "fromReplicas": list(was), "targetReplicas": list(now_written), "startedAt": now}

@@ -133,10 +133,13 @@ def settled(cluster: Cluster, topic: str, before: list[tuple[int, ...]], check) 
 
 def wait_settled(cluster: Cluster, topic: str, before: list[tuple[int, ...]], check, what: str
                  ) -> list[tuple[int, ...]]:
-    return wait_for(lambda: settled(cluster, topic, before, check), MOVE_TIMEOUT, interval=0.5,
-                    what=f"{topic}: {what}; last assignment {assignment(cluster, topic)}, moves "
-                         f"{((cluster.topic(topic) or {}).get('status') or {}).get('moves')}, Reassigning "
-                         f"{cluster.condition(topic, 'Reassigning')}, Ready {cluster.condition(topic, 'Ready')}")
+    try:
+        return wait_for(lambda: settled(cluster, topic, before, check), MOVE_TIMEOUT, interval=0.5,
+                        what=f"{topic}: {what}")
+    except AssertionError as exc:  # what the Topic shows at the end, not at the start of the wait
+        body = cluster.topic(topic) or {}
+        raise AssertionError(f"{exc}; now: assignment {assignment(cluster, topic)}, generation "
+                             f"{body.get('metadata', {}).get('generation')}, status {body.get('status')}") from None
 
 
 def node_status(server: ServeProcess) -> dict:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shale.operator.moves import (DONE, FAILED, ONGOING, PENDING, Progress, ScaleAction, goal, moves_status,
-                                  progress_of, reassigning, scale_action, scale_in_refusal, step)
+                                  progress_of, reassigning, scale_action, scale_in_refusal, shown_placement, step)
 
 NOW, LATER = "2026-11-25T03:00:00Z", "2026-11-25T03:05:00Z"
 
@@ -210,3 +210,24 @@ def test_the_statefulset_is_scaled_in_only_once_its_leaving_pods_are_drained(spe
         assert (got.replicas, got.scale_in_to, got.clear_scale_in) == (action.replicas, action.scale_in_to,
                                                                        action.clear_scale_in)
         assert got.message
+
+
+def test_a_move_whose_status_patch_was_lost_is_shown_from_where_the_status_last_had_it():
+    """The write of [0, 4] for partition 0 happened in a reconcile whose status patch the API server dropped: the
+    next reconcile sees no change against the manifest (before == written), but the status still shows the
+    replicas on pods 0, 3 and 4 and the previous move done to [0, 4, 3]: the move is shown, and ends done."""
+    previous = [{"partition": 0, "fromReplicas": [0, 2, 1], "targetReplicas": [0, 4, 3], "startedAt": NOW,
+                 "state": DONE, "finishedAt": NOW, "bytesCopied": 10, "bytesRemaining": 0}]
+    partitions = [{"partition": 0, "pod": f"shale-{n}"} for n in (0, 4, 3)] + [{"partition": 1, "pod": "shale-1"}]
+    shown = shown_placement(partitions, "shale")
+    assert shown == {0: frozenset({0, 3, 4}), 1: frozenset({1})}
+    sizes = {(0, 0): 100, (0, 4): 100}
+    moved = moves_status(previous, [(0, 4), (1,)], [(0, 4), (1,)], [(0, 4), (1,)],
+                         {0: Progress((0, 4), isr=(0, 4), leader=0), 1: Progress((1,), isr=(1,), leader=1)}, sizes,
+                         {}, LATER, shown)
+    assert [(m["partition"], m["fromReplicas"], m["targetReplicas"], m["state"]) for m in moved] == [
+        (0, [0, 3, 4], [0, 4], DONE)]
+    # Once shown, the status's placement is the manifest's: the move stays as it is.
+    shown_now = shown_placement([{"partition": 0, "pod": "shale-0"}, {"partition": 0, "pod": "shale-4"}], "shale")
+    assert moves_status(moved, [(0, 4), (1,)], [(0, 4), (1,)], [(0, 4), (1,)],
+                        {0: Progress((0, 4), isr=(0, 4), leader=0)}, sizes, {}, LATER, shown_now) == moved
