@@ -5,7 +5,10 @@ its `__transaction_state` partition; the markers reach the other nodes' partitio
 
 from __future__ import annotations
 
+import threading
+
 import confluent_kafka
+import pytest
 from kafka.protocol.admin.transactions import DescribeTransactionsRequest, DescribeTransactionsResponse
 from kafka.protocol.producer.transaction import (
     InitProducerIdRequest, InitProducerIdResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
@@ -54,6 +57,15 @@ class Acks:
     def __init__(self) -> None:
         self.acked: list[tuple[str, int, int, bytes]] = []
         self.errors: list = []
+
+    @classmethod
+    def of(cls, *many: "Acks") -> "Acks":
+        """Every acknowledgement of several producers together."""
+        out = cls()
+        for acks in many:
+            out.acked += acks.acked
+            out.errors += acks.errors
+        return out
 
     def __call__(self, err, msg) -> None:
         if err is not None:
@@ -256,6 +268,61 @@ def coordinator_killed_after_prepare(tmp_path, etcd, commit: bool) -> None:
         committed_exactly(cluster, TOPIC, 3, acks, kept)
         assert len(read(cluster, SOLO, 3, "read_uncommitted")) == 6
         p.flush(10)
+    finally:
+        cluster.stop()
+
+
+def test_coordinator_killed_while_fencing(tmp_path, etcd):
+    """A new instance of a producer whose transaction is open fences it: its InitProducerId makes the coordinator
+    write PrepareAbort at epoch + 1 (Kafka's PrepareEpochFence, never written as such). The ABORT marker of one
+    partition cannot be written (its only replica's node is down), and the coordinator is SIGKILLed there: the
+    next coordinator loads PrepareAbort at the bumped epoch and finishes the abort once the node is back; the new
+    instance's InitProducerId (retried on CONCURRENT_TRANSACTIONS meanwhile) then succeeds, the old instance is
+    fenced, read_committed readers see nothing of its transaction and the new instance's commit."""
+    cluster = cluster_of(tmp_path, etcd, "--override", "transaction.state.log.replication.factor=2",
+                         "--override", "transaction.state.log.min.isr=1", solo=True)
+    try:
+        old = transactional(cluster, "fenced")
+        first = coordinator(cluster)
+        (away,) = {0, 1, 2} - set(first.replicas)  # holds no state replica: the fence does not wait for it
+        acks = Acks()
+        old.begin_transaction()
+        produce(old, acks, SOLO, [b"solo%d" % i for i in range(6)], [0, 1, 2])
+        produce(old, acks, TOPIC, [b"old%d" % i for i in range(6)], [0, 1, 2])
+        epoch = describe(cluster, first.leader, "fenced").producer_epoch
+        in_sync(cluster)
+        cluster.kill(away)
+
+        new = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "fenced",
+                                        "transaction.timeout.ms": 60000, "message.timeout.ms": 60000})
+        initialised: list = []
+        starting = threading.Thread(target=lambda: initialised.append(new.init_transactions(120) or "done"))
+        starting.start()
+        fencing = wait_for(lambda: (lambda s: s if s.transaction_state == "PrepareAbort" else None)(
+            describe(cluster, first.leader, "fenced")), 30, what="the fence's PrepareAbort")
+        assert fencing.producer_epoch == epoch + 1
+        assert [m[:2] for m in markers(cluster, first.leader, TOPIC, 0)] in ([], [(fencing.producer_id, "ABORT")])
+
+        cluster.wait_for_isr(STATE, 0)
+        cluster.kill(first.leader)  # in the middle of the fence: a marker still owed to solo-<away>
+        second = coordinator(cluster, excluding=(first.leader, away), newer_than=first.leader_epoch)
+        loaded = wait_for(lambda: (lambda s: s if s.error_code == 0 else None)(
+            describe(cluster, second.leader, "fenced")), 30, what="the new coordinator to load the fence")
+        assert (loaded.transaction_state, loaded.producer_epoch) == ("PrepareAbort", epoch + 1)
+        cluster.restart(away)
+        cluster.restart(first.leader)
+        starting.join(120)
+        assert initialised == ["done"], "the new instance's init_transactions did not return"
+        assert describe(cluster, second.leader, "fenced").transaction_state in ("CompleteAbort", "Empty")
+        with pytest.raises(confluent_kafka.KafkaException):
+            old.commit_transaction(30)  # fenced
+
+        new_acks = Acks()
+        new.begin_transaction()
+        produce(new, new_acks, TOPIC, [b"new%d" % i for i in range(6)], [0, 1, 2])
+        new.commit_transaction(60)
+        committed_exactly(cluster, SOLO, 3, acks, set())
+        committed_exactly(cluster, TOPIC, 3, Acks.of(acks, new_acks), {b"new%d" % i for i in range(6)})
     finally:
         cluster.stop()
 
