@@ -1,9 +1,12 @@
-"""Writing one benchmark's section of docs/performance.md, leaving the other sections alone."""
+"""Writing one benchmark's section of docs/performance.md, leaving the other sections alone; the command line
+the record-and-round benches share."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
+from typing import Any, Callable
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "performance.md")
 
@@ -39,3 +42,35 @@ def machine_facts() -> str:
     return (f"nproc {len(os.sched_getaffinity(0))}, cpu {cpu}, memory {mem:.1f} GiB, "
             f"python {platform.python_implementation()} {platform.python_version()}, "
             f"kernel {platform.system()} {platform.release()}")
+
+
+def records_rounds_main(argv: list[str] | None, doc: str, script: str, quick_records: int, full_records: int,
+                        full_rounds: int, run: Callable[[int, int, bool], Any], table: Callable[[Any], str],
+                        summary: Callable[[Any], str], markdown: Callable[[Any, str, str], str], section: str,
+                        profile_help: str, profile_label: str) -> int:
+    """The command line of a bench measured in records and rounds (tls.py, transactions.py): `--quick` prints
+    only; a full run (or `--markdown`) rewrites its section of docs/performance.md."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"{quick_records:,} records, 1 round, prints only")
+    ap.add_argument("--records", type=int, help="records per phase")
+    ap.add_argument("--rounds", type=int, help="rounds per case")
+    ap.add_argument("--profile", action="store_true", help=profile_help)
+    ap.add_argument("--markdown", action="store_true", help="write docs/performance.md (the default of a full run)")
+    ap.add_argument("--no-markdown", action="store_true", help="do not write docs/performance.md")
+    args = ap.parse_args(argv)
+    records = args.records or (quick_records if args.quick else full_records)
+    rounds = args.rounds or (1 if args.quick else full_rounds)
+    command = f".venv/bin/python bench/{script}" + " ".join(
+        [""] + (["--quick"] if args.quick else []) + ([f"--records {args.records}"] if args.records else [])
+        + ([f"--rounds {args.rounds}"] if args.rounds else []) + (["--profile"] if args.profile else []))
+    facts = machine_facts()
+    print(facts)
+    res = run(records, rounds, args.profile)
+    print(f"\n{table(res)}\n\n{summary(res)}")
+    if res.profile:
+        print(f"\nprofile of shale serve, {profile_label}: {res.profile}")
+    print(f"\nwall time {res.wall_s:.0f} s, load average {res.load[0]:.2f} before, {res.load[1]:.2f} after")
+    if (args.markdown or not args.quick) and not args.no_markdown:
+        update_section(section, markdown(res, facts, command))
+        print(f"wrote {os.path.relpath(DOC, os.path.dirname(os.path.dirname(DOC)))}")
+    return 0

@@ -18,7 +18,6 @@ the 2 cores other work left the two. The issue's goal: ≤ 25 % lower throughput
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import resource
@@ -35,7 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "security"))
 from broker import (OUT_DIR, RECORD_SIZE, ROOT, Phase, ServerProcess, consume, free_port, make_values,  # noqa: E402
                     produce, profile_phase, start_shale, wait_for_topics)
-from perf_doc import machine_facts, update_section  # noqa: E402
+from perf_doc import records_rounds_main  # noqa: E402
 from tls_util import make_pki, seed_user, tls_overrides  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
@@ -250,33 +249,10 @@ def markdown(res: Results, facts: str, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help=f"{QUICK_RECORDS:,} records, 1 round, prints only")
-    ap.add_argument("--records", type=int, help="records per produce/consume phase")
-    ap.add_argument("--rounds", type=int, help="rounds per listener")
-    ap.add_argument("--profile", action="store_true", help="py-spy shale serve during one more SASL_SSL consume")
-    ap.add_argument("--markdown", action="store_true", help="write docs/performance.md (the default of a full run)")
-    ap.add_argument("--no-markdown", action="store_true", help="do not write docs/performance.md")
-    args = ap.parse_args(argv)
-    records = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
-    rounds = args.rounds or (1 if args.quick else FULL_ROUNDS)
-    command = ".venv/bin/python bench/tls.py" + " ".join(
-        [""] + (["--quick"] if args.quick else []) + ([f"--records {args.records}"] if args.records else [])
-        + ([f"--rounds {args.rounds}"] if args.rounds else []) + (["--profile"] if args.profile else []))
-    facts = machine_facts()
-    print(facts)
-    res = run(records, rounds, profile=args.profile)
-    print()
-    print(table(res))
-    print()
-    print(summary(res))
-    if res.profile:
-        print(f"\nprofile of shale serve, SASL_SSL consume: {res.profile}")
-    print(f"\nwall time {res.wall_s:.0f} s, load average {res.load[0]:.2f} before, {res.load[1]:.2f} after")
-    if (args.markdown or not args.quick) and not args.no_markdown:
-        update_section(SECTION, markdown(res, facts, command), DOC)
-        print(f"wrote {os.path.relpath(DOC, ROOT)}")
-    return 0
+    return records_rounds_main(argv, __doc__, "tls.py", QUICK_RECORDS, FULL_RECORDS, FULL_ROUNDS,
+                               lambda records, rounds, profile: run(records, rounds, profile=profile),
+                               table, summary, markdown, SECTION,
+                               "py-spy shale serve during one more SASL_SSL consume", "SASL_SSL consume")
 
 
 if __name__ == "__main__":

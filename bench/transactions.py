@@ -18,7 +18,6 @@ MB is comparable whatever share of the 2 cores other work left.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -33,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from broker import (OUT_DIR, PRODUCER_CONFIG, RECORD_SIZE, ROOT, Phase, ServerProcess, make_values,  # noqa: E402
                     profile_phase, start_shale, wait_for_topics)
-from perf_doc import machine_facts, update_section  # noqa: E402
+from perf_doc import records_rounds_main  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Transactions (issue 19)"
@@ -221,33 +220,10 @@ def markdown(res: Results, facts: str, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help=f"{QUICK_RECORDS:,} records, 1 round, prints only")
-    ap.add_argument("--records", type=int, help="records per phase")
-    ap.add_argument("--rounds", type=int, help="rounds per mode")
-    ap.add_argument("--profile", action="store_true", help="py-spy shale serve during one more phase")
-    ap.add_argument("--markdown", action="store_true", help="write docs/performance.md (the default of a full run)")
-    ap.add_argument("--no-markdown", action="store_true", help="do not write docs/performance.md")
-    args = ap.parse_args(argv)
-    records = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
-    rounds = args.rounds or (1 if args.quick else FULL_ROUNDS)
-    command = ".venv/bin/python bench/transactions.py" + " ".join(
-        [""] + (["--quick"] if args.quick else []) + ([f"--records {args.records}"] if args.records else [])
-        + ([f"--rounds {args.rounds}"] if args.rounds else []) + (["--profile"] if args.profile else []))
-    facts = machine_facts()
-    print(facts)
-    res = run(records, rounds, profile=args.profile)
-    print()
-    print(table(res))
-    print()
-    print(summary(res))
-    if res.profile:
-        print(f"\nprofile of shale serve: {res.profile}")
-    print(f"\nwall time {res.wall_s:.0f} s, load average {res.load[0]:.2f} before, {res.load[1]:.2f} after")
-    if (args.markdown or not args.quick) and not args.no_markdown:
-        update_section(SECTION, markdown(res, facts, command), DOC)
-        print(f"wrote {os.path.relpath(DOC, ROOT)}")
-    return 0
+    return records_rounds_main(argv, __doc__, "transactions.py", QUICK_RECORDS, FULL_RECORDS, FULL_ROUNDS,
+                               lambda records, rounds, profile: run(records, rounds, profile=profile),
+                               table, summary, markdown, SECTION,
+                               "py-spy shale serve during one more phase", "during the profiled phase")
 
 
 if __name__ == "__main__":
