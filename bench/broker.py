@@ -312,6 +312,19 @@ def make_values(seed: int = 1) -> list[bytes]:
     return [rng.randbytes(RECORD_SIZE) for _ in range(DISTINCT_VALUES)]
 
 
+def send(producer, topic: str, value: bytes, i: int) -> None:
+    """Record `i` to partition 0, waiting while the client's local queue is full; delivery reports are served
+    every 1000 records (the produce loops of the benches)."""
+    while True:
+        try:
+            producer.produce(topic, value, partition=0)
+            break
+        except BufferError:  # the local queue is full: serve delivery reports, then retry
+            producer.poll(0.005)
+    if i % 1000 == 0:
+        producer.poll(0)
+
+
 def produce(server: ServerProcess, topic: str, count: int, values: list[bytes], acks: str = "all") -> Phase:
     """Produce `count` records to partition 0 as fast as the producer takes them; wait for every ack.
     `acks` other than "all" is for bench/replication.py's baseline (RF 1, acks=1)."""
@@ -324,18 +337,11 @@ def produce(server: ServerProcess, topic: str, count: int, values: list[bytes], 
     producer = Producer({"bootstrap.servers": server.bootstrap, "on_delivery": on_delivery, **PRODUCER_CONFIG,
                          "acks": acks, **server.client_config})
     producer.list_topics(topic, timeout=10)  # connection and metadata before timing
-    send, poll, n = producer.produce, producer.poll, len(values)
+    n = len(values)
     cpu0 = server.cpu_seconds()
     t0 = time.perf_counter()
     for i in range(count):
-        while True:
-            try:
-                send(topic, values[i % n], partition=0)
-                break
-            except BufferError:  # the local queue is full: serve delivery reports, then retry
-                poll(0.005)
-        if i % 1000 == 0:
-            poll(0)
+        send(producer, topic, values[i % n], i)
     left = producer.flush(120)
     elapsed = time.perf_counter() - t0
     cpu = server.cpu_seconds() - cpu0

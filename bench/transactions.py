@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from broker import (OUT_DIR, PRODUCER_CONFIG, RECORD_SIZE, ROOT, Phase, ServerProcess, make_values,  # noqa: E402
-                    profile_phase, start_shale, wait_for_topics)
+                    profile_phase, send, start_shale, wait_for_topics)
 from perf_doc import records_rounds_main  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
@@ -108,20 +108,13 @@ def produce_phase(server: ServerProcess, topic: str, count: int, values: list[by
     producer.list_topics(topic, timeout=10)  # connection and metadata before timing
     if size is not None:
         producer.init_transactions(30)
-    send, poll, n = producer.produce, producer.poll, len(values)
+    n = len(values)
     cpu0 = server.cpu_seconds()
     t0 = time.perf_counter()
     for i in range(count):
         if size is not None and i % size == 0:
             producer.begin_transaction()
-        while True:
-            try:
-                send(topic, values[i % n], partition=0)
-                break
-            except BufferError:  # the local queue is full: serve delivery reports, then retry
-                poll(0.005)
-        if i % 1000 == 0:
-            poll(0)
+        send(producer, topic, values[i % n], i)
         if size is not None and ((i + 1) % size == 0 or i + 1 == count):
             producer.commit_transaction(60)
     left = producer.flush(120)
