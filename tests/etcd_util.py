@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "server"))
 from node_util import free_port  # noqa: E402
+import stop_util  # noqa: E402
 
 START_TIMEOUT = 30.0
 HEARTBEAT_MS = 25
@@ -121,7 +122,7 @@ class EtcdServer:
     def sigstop(self) -> None:
         """Freeze the process: connections are accepted by the kernel but nothing answers."""
         assert self.proc is not None and self.proc.poll() is None, "etcd is not running"
-        self.proc.send_signal(signal.SIGSTOP)
+        stop_util.sigstop(self.proc.pid)
 
     def sigcont(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, "etcd is not running"

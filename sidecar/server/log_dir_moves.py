@@ -12,6 +12,7 @@ loop), so no produce is under way while the source log closes.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -270,5 +271,6 @@ class LogDirMoves:
     # -- figures -----------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[TopicPartition, Move]:
+        """Each move as it is now: copies, so a reader's figures do not change under it while it reads."""
         with self._lock:
-            return dict(self.moves)
+            return {tp: copy.copy(move) for tp, move in self.moves.items()}

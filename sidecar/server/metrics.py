@@ -269,6 +269,10 @@ def gather(node) -> NodeFigures:
     if log_dir is None or maintenance is None or registry is None:
         return figures
     manager, cleaner = maintenance.manager, maintenance.cleaner
+    moves = getattr(node, "moves", None)
+    # Moves before cleaning states: a move releases its pause before it says it ended, so a move read as
+    # ended is never shown beside the pause it already released.
+    move_snapshot = moves.snapshot() if moves is not None else {}
     with log_dir.lock:
         logs = dict(log_dir.logs)
     checkpoint = manager.read_checkpoint()
@@ -307,8 +311,7 @@ def gather(node) -> NodeFigures:
                   for t in maintenance.tasks.values())
     manifests = getattr(node, "manifests", None)
     controller = getattr(node, "controller", None)
-    moves = getattr(node, "moves", None)
-    partitions, log_dirs = _log_dir_figures(log_dir, moves, partitions)
+    partitions, log_dirs = _log_dir_figures(log_dir, move_snapshot, partitions)
     return replace(figures, bytes_used=sum(p.size_bytes for p in partitions),
                    log_dirs=log_dirs, bytes_moved=moves.bytes_moved_total if moves is not None else 0,
                    session_valid=None if replicas is None else controller is not None and controller.may_lead(),
@@ -323,10 +326,9 @@ def gather(node) -> NodeFigures:
                        manifests.refusals))
 
 
-def _log_dir_figures(log_dir, moves, partitions: list[PartitionFigures]) -> tuple[list[PartitionFigures],
-                                                                                   tuple[LogDirFigures, ...]]:
+def _log_dir_figures(log_dir, snapshot: dict, partitions: list[PartitionFigures]) -> tuple[list[PartitionFigures],
+                                                                                      tuple[LogDirFigures, ...]]:
     """Each partition's log dir and move; each log dir's partitions, future replicas and space."""
-    snapshot = moves.snapshot() if moves is not None else {}
     out = []
     for p in partitions:
         tp = TopicPartition(p.topic, p.partition)

@@ -182,6 +182,34 @@ def test_alter_back_to_current_dir_cancels(tmp_path):
         assert_cleaning_resumes_and_log_shrinks(node)
 
 
+def test_status_never_shows_an_ended_move_beside_the_pause_it_released(tmp_path, monkeypatch):
+    """/status read while the move ends (the crash-recovery test's flake): the reader reads the partition's
+    cleaning, then the move ends (pause released, state cancelled), then the reader reads the move. Moves are
+    read first, so the answer is the move still copying with its pause, never an ended move still paused."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with node_with_dirs(tmp_path, [a, b], WEDGED) as node:
+        produce_held(node)
+        source = Path(node.node.log_dir.dir_of(TP))
+        alter(node, b if source == a else a)
+        wait_copying(node)
+        manager, moves = node.node.maintenance.manager, node.node.moves
+        read_cleaning = manager.state
+
+        def cleaning_then_the_move_ends(tp):
+            state = read_cleaning(tp)
+            if tp == TP and moves.moves[TP].running:
+                thread = moves.moves[TP].thread
+                moves.alter(TP, str(source))  # back where it is: the move is cancelled
+                thread.join(30)
+            return state
+        monkeypatch.setattr(manager, "state", cleaning_then_the_move_ends)
+        p = partition_status(node)
+        assert (p["move"]["state"], p["cleaning"]["pause_count"]) == ("copying", 1)
+        monkeypatch.undo()
+        p = partition_status(node)
+        assert (p["move"]["state"], p["cleaning"]["pause_count"]) == ("cancelled", 0)
+
+
 def test_clean_stop_mid_copy_keeps_the_move_for_the_next_start(tmp_path):
     """SIGTERM while a move sleeps in its throttle: the stop does not wait for the throttle, is clean, and keeps
     the future replica and the persisted pause; the next start (unthrottled) finishes the move."""

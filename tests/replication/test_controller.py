@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+import stop_util
 from node_util import wait_for
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import StoreView
@@ -450,7 +451,7 @@ def test_leader_paused_past_its_session_stops_leading_at_once_and_returns_as_a_f
     nodes = start_three(processes, observer)
     paused = nodes[0]
     old = next(e["incarnation"] for e in reversed(paused.events) if "incarnation" in e)  # the leading session
-    paused.signal(signal.SIGSTOP)
+    stop_util.sigstop(paused.proc.pid)
     try:
         wait_for(lambda: record_in(observer).leader == 2, what="node 2 to be elected while node 1 is paused")
         elected_by = time.monotonic()  # CLOCK_MONOTONIC is one clock for every process of the machine

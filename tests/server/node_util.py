@@ -20,6 +20,7 @@ import yaml
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 
+import stop_util
 from clients_util import build, call, raw_batches
 from shale.sidecar.log.records import BatchHeader
 from shale.sidecar.server.node import ServeOptions, StorageNode
@@ -172,7 +173,7 @@ class ServeProcess:
 
     def pause(self) -> None:
         """SIGSTOP: the process holds its sockets and answers nothing, as a stalled VM or a long GC would."""
-        self.proc.send_signal(signal.SIGSTOP)
+        stop_util.sigstop(self.proc.pid)
         self.paused = True
 
     def resume(self) -> None:
