@@ -102,9 +102,13 @@ def five(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[
 def throttled(apiserver: ApiServer, tmp_path_factory, monkeypatch) -> Iterator[tuple[Cluster, ReplicatedCluster,
                                                                                     Release, dict[int, ServeProcess]]]:
     """Three pods whose replicas out of the ISR fetch at most ~200 KB/s (a topic's throttled replicas): a move
-    between pods takes seconds, so a node can be killed in the middle of one."""
+    between pods takes seconds, so a node can be killed in the middle of one. Two one-second quota windows and
+    64 KiB fetches: with Kafka's defaults (11 windows, 1 MiB) a freshly started node may fetch ~2 MB (the rate
+    over ten seconds) before its quota reads as exceeded — a restarted replica then caught up at once."""
     with moves_release(apiserver, tmp_path_factory, monkeypatch, 3,
-                       "--override", f"follower.replication.throttled.rate={THROTTLE}") as three:
+                       "--override", f"follower.replication.throttled.rate={THROTTLE}",
+                       "--override", "replication.quota.window.num=2", "--override", "replica.fetch.max.bytes=65536"
+                       ) as three:
         yield three
 
 
