@@ -9,17 +9,16 @@ and records come from one revision.
 Every call is bounded by `timeout_s` per endpoint (default 1 s, well inside a session) and tries the
 endpoints in turn, starting with the last one that answered; when none answers it raises StoreUnavailable.
 A write whose answer was lost may have landed: `ControlStore.update_partition` leaves that to the caller's
-re-read. `wait_for_change` is a real watch on the prefix from the view's revision + 1 (one streamed HTTP
-request per call on its own connection, closed on return), not polling.
+re-read. `wait_for_change` is a real watch on the prefix from the view's revision + 1, not polling: one
+streamed HTTP request on its own connection, kept open across calls until the store changes
+(`etcd_watch.py`).
 """
 
 from __future__ import annotations
 
 import base64
 import http.client
-import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -29,6 +28,7 @@ from etcd3gw import exceptions as etcd_errors
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import (SessionLost, StoreUnavailable, StoreView, UnreadableRecords,
                                                      Versioned, session_ttl_seconds)
+from shale.sidecar.replication.etcd_watch import WatchNotOpened, WatchStream
 from shale.sidecar.replication.records import NodeRegistration, PartitionRecord, RecordError
 from shale.sidecar.replication.topic_record import TopicRecord
 
@@ -100,6 +100,7 @@ class EtcdStore:
         self._lease_id: int | None = None
         self._me: NodeRegistration | None = None
         self._unreadable = UnreadableRecords("etcd")
+        self._watch: WatchStream | None = None  # kept open while the view's revision is unchanged
 
     def _connect(self) -> list[etcd3gw.Etcd3Client]:
         # api_path fixed: etcd ≥ 3.4 serves /v3/; discovery would cost a round trip on every new client.
@@ -198,47 +199,27 @@ class EtcdStore:
         return StoreView(str(answer["header"]["revision"]), nodes, partitions, topics, topics_complete)
 
     def wait_for_change(self, revision: str, timeout_s: float) -> None:
-        body = json.dumps({"create_request": {"key": _b64(self.prefix), "range_end": _b64(_prefix_end(self.prefix)),
-                                              "start_revision": int(revision) + 1}})
-        endpoint = self._endpoints[self._current]
-        deadline = time.monotonic() + timeout_s
-        connection_class = http.client.HTTPSConnection if endpoint.protocol == "https" else http.client.HTTPConnection
-        connection = connection_class(endpoint.host, endpoint.port, timeout=self.timeout_s)
-        created, pending = False, b""
-        try:
-            connection.request("POST", "/v3/watch", body, {"Content-Type": "application/json"})
-            response = connection.getresponse()
-            if response.status != 200:
-                raise StoreUnavailable(f"etcd {endpoint}: watch answered {response.status}: {response.read(200)!r}")
-            while True:
-                # Until etcd confirms the watch, its answers are bounded like any call's; after that the
-                # silence of an unchanged store is the expected answer, for as long as the caller waits.
-                remaining = deadline - time.monotonic()
-                if created and remaining <= 0:
-                    return
-                connection.sock.settimeout(max(remaining, 0.001) if created else self.timeout_s)
-                chunk = response.read1(65536)
-                if not chunk:
-                    raise StoreUnavailable(f"etcd {endpoint}: watch stream ended")
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    if not line.strip():
-                        continue
-                    result = json.loads(line).get("result", {})
-                    created = created or bool(result.get("created"))
-                    # Events, or the watch cancelled (history compacted past `revision`): either way the
-                    # caller must read a fresh view.
-                    if result.get("events") or result.get("canceled") or result.get("compact_revision"):
-                        return
-        except TimeoutError:
-            if not created:
+        """A watch from `revision` + 1, kept open across calls for the same revision (etcd_watch.py says why)."""
+        stream = self._watch
+        if stream is not None and stream.revision != revision:
+            stream.close()  # a newer view was read: watch from there
+            stream = self._watch = None
+        if stream is None:
+            endpoint = self._endpoints[self._current]
+            connection_class = (http.client.HTTPSConnection if endpoint.protocol == "https"
+                                else http.client.HTTPConnection)
+            try:
+                stream = WatchStream.open(connection_class(endpoint.host, endpoint.port, timeout=self.timeout_s),
+                                          _b64(self.prefix), _b64(_prefix_end(self.prefix)), revision, self.timeout_s)
+            except WatchNotOpened as exc:
                 self._current = (self._current + 1) % len(self._clients)
-                raise StoreUnavailable(f"etcd {endpoint}: watch not confirmed within {self.timeout_s} s") from None
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            self._current = (self._current + 1) % len(self._clients)
-            raise StoreUnavailable(f"etcd {endpoint}: watch failed: {exc!r}") from None
-        finally:
-            connection.close()
+                raise StoreUnavailable(f"etcd {endpoint}: {exc}") from None
+            if stream is None:
+                return  # changed already
+            self._watch = stream
+        if stream.ended.wait(max(timeout_s, 0.0)):  # a change (or the stream's end), told once: then a new watch
+            stream.close()
+            self._watch = None
 
     # Writes.
     def create_partition(self, tp: TopicPartition, record: PartitionRecord) -> bool:
@@ -295,6 +276,8 @@ class EtcdStore:
         return str(answer["header"]["revision"]) if answer.get("succeeded", False) else None
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         for client in self._clients + self._renew_clients:
             client.session.close()
 

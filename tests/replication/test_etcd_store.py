@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import socket
+import urllib.request
 
 import etcd3gw
 import pytest
 
 from etcd_util import EtcdServer, PortTaken
-from node_util import free_port
+from node_util import free_port, wait_for
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import session_ttl_seconds
 from shale.sidecar.replication.etcd_store import EtcdStore, parse_endpoints
@@ -54,6 +56,37 @@ def test_unreadable_values_are_skipped_loudly_and_kept(etcd, caplog):
     assert caplog.text == ""  # once per version of a damaged value, not on every view
     assert not store.create_partition(TopicPartition("broken", 0), RECORD)  # nothing overwritten
     assert raw_client(etcd).get("/shale/c1/partitions/broken/0") == [b"{not json"]
+
+
+def etcd_watches(etcd: EtcdServer) -> tuple[int, int]:
+    """(watch streams opened since etcd started, watch streams open now), from etcd's /metrics."""
+    text = urllib.request.urlopen(f"{etcd.endpoint}/metrics", timeout=5).read().decode()
+    started = re.search(r'^grpc_server_started_total\{grpc_method="Watch",grpc_service="etcdserverpb.Watch"[^}]*\} '
+                        r'(\d+)', text, re.M)
+    open_now = re.search(r"^etcd_debugging_mvcc_watch_stream_total (\d+)", text, re.M)
+    assert started and open_now, "etcd's /metrics has no watch figures"
+    return int(started[1]), int(open_now[1])
+
+
+@pytest.mark.timeout(60)
+def test_idle_waits_share_one_watch_and_a_change_ends_it(etcd):
+    """The controller waits in 100 ms slices: an unchanged store costs etcd one watch, not one per slice."""
+    store = EtcdStore([etcd.endpoint], "c1")
+    revision = store.view().revision
+    for _ in range(20):
+        store.wait_for_change(revision, 0.01)
+    assert etcd_watches(etcd) == (1, 1)
+
+    assert store.create_partition(TP, RECORD)
+    store.wait_for_change(revision, 60.0)  # the kept stream delivers the change (a 60 s wait trips the timeout)
+    store.wait_for_change(revision, 60.0)  # and asked again about the same revision, a new watch says it too
+    assert etcd_watches(etcd)[0] == 2
+    newer = store.view().revision
+    for _ in range(5):
+        store.wait_for_change(newer, 0.01)
+    wait_for(lambda: etcd_watches(etcd) == (3, 1), timeout=10, what="one watch open, from the newer revision")
+    store.close()
+    wait_for(lambda: etcd_watches(etcd)[1] == 0, timeout=10, what="the closed store's watch to end at etcd")
 
 
 @pytest.mark.timeout(60)
