@@ -38,6 +38,7 @@ import argparse
 import bisect
 import contextlib
 import datetime
+import itertools
 import os
 import pickle
 import re
@@ -464,9 +465,21 @@ def replicated_cluster(work: Path, *topics: dict, extra: tuple[str, ...] = ()) -
         etcd.kill()
 
 
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+
+
 def errors_in_logs(cluster: ReplicatedCluster) -> list[str]:
-    return [f"node {n}: {ln}" for n, s in cluster.servers.items() for ln in s.log().splitlines()
-            if " ERROR " in ln or "Traceback" in ln]
+    """Each ERROR line, and each traceback as its first line and the exception that ends it."""
+    found = []
+    for n, server in cluster.servers.items():
+        lines = server.log().splitlines()
+        for i, line in enumerate(lines):
+            if " ERROR " in line:
+                found.append(f"node {n}: {line}")
+            elif line.startswith("Traceback"):
+                body = [ln for ln in itertools.takewhile(lambda ln: not LOG_LINE.match(ln), lines[i + 1:]) if ln]
+                found.append(f"node {n}: {line} … {body[-1].strip() if body else ''}")
+    return found
 
 
 FENCED = re.compile(r": fenced, incarnation \S+: its last renewal was sent ([0-9.]+) s ago")

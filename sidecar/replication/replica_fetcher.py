@@ -137,8 +137,11 @@ class _Connection:
         sock = None if self._frames is None else self._frames.transport.get_extra_info("socket")
         if sock is None or not hasattr(select, "POLLRDHUP"):
             return False
+        fd = sock.fileno()
+        if fd < 0:  # closed on this side already (asyncio closes the socket before the fetch task learns of it)
+            return True
         poller = select.poll()
-        poller.register(sock.fileno(), select.POLLRDHUP)
+        poller.register(fd, select.POLLRDHUP)
         return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
 
 

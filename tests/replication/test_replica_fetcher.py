@@ -573,3 +573,25 @@ def test_followers_converge_on_real_logs_whatever_the_history(history):
             assert written_epochs(logs[i]) == written_epochs(logs[leader_id])
         for log in logs:
             log.close()
+
+
+def test_a_connection_closed_on_this_side_counts_as_closed_not_as_an_error():
+    """A Metadata request asks `lost()` in the loop iteration where asyncio has closed the socket but the
+    fetch task has not yet run to drop the connection: the closed socket (fileno -1) is a lost leader, not a
+    ValueError that failed the client's Metadata and closed its connection (seen in bench/replication.py)."""
+    async def scenario():
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        conn = _Connection(NodeRegistration(1, "a", "127.0.0.1", port), "test", 10.0, asyncio.open_connection)
+        pending = asyncio.ensure_future(conn.request(1, 12, {"replica_id": 3, "max_wait_ms": 500, "min_bytes": 1,
+                                                           "max_bytes": 1000, "topics": []}))
+        await asyncio.sleep(0.05)
+        transport = conn._frames.transport
+        transport.close()
+        await asyncio.sleep(0)  # the transport's socket is closed; the fetch task has not run since
+        assert transport.get_extra_info("socket").fileno() == -1 and not pending.done()
+        assert conn.peer_closed()
+        with pytest.raises(LeaderUnreachable):
+            await pending
+        listener.close()
+    run(scenario())
