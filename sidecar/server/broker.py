@@ -13,8 +13,10 @@ manager) those answer what the store's records say: leaders and epochs, acks=all
 parked until the ISR has the records, followers' fetches read to the log end;
 without one every partition here has its single replica. The other APIs come from components (group coordinator, admin, producer ids) as
 a table of handlers, `async (request, connection) -> response body`.  Responses
-are written in request order per connection (a FIFO of handler tasks), so a
-Fetch or JoinGroup that waits does not reorder the replies to pipelined requests.
+are written in request order per connection (a FIFO of handler tasks), and, as
+Kafka's processor mutes a connection while its request is in flight, a request
+is started only once the one before it is done: a Fetch or an acks=all Produce
+that waits holds the requests pipelined behind it (read, not yet handled).
 A request with nothing ahead of it is handled as its frame arrives, its handler
 started in place (`eager`): one that does not wait is answered then and there,
 with no task and no further event-loop iteration.
@@ -84,6 +86,12 @@ SENDFILE_MIN_BYTES = 64 * 1024
 # next is read: the client decrypts one piece while the next is encrypted, where one 1 MiB write made the two
 # sides take turns (docs/performance.md, "TLS").
 TLS_PIECE_BYTES = 128 * 1024
+
+# Requests of one connection handled at once while earlier ones wait (acks=all Produces parked for the ISR, long
+# polls); the rest are read and wait their turn. Kafka's broker handles one at a time; a few let one connection's
+# appends overlap its replication (Java producers send at most 5 unanswered requests), and any bound keeps a
+# producer with a deep queue from appending ahead of its followers past its request timeout.
+MAX_HANDLING_PER_CONNECTION = 5
 
 # accept() failing for lack of descriptors or memory: wait before the next try, doubling up to a second
 # (the connections wait in the listen backlog meanwhile), and log it at most once a minute.
@@ -434,7 +442,7 @@ class Broker:
                 return True
             if not answered:
                 out.add_done_callback(lambda _task: conn.done(received))
-                replies.put(out)
+                replies.put(out, running=True)
                 return True
             conn.done(received)
             if isinstance(out, list) and not all(isinstance(part, bytes) for part in out):
@@ -494,6 +502,11 @@ class Broker:
                                      request.api_name, request.api_version, lo, hi)
                         clean = False
                         break
+                    while len(replies.running) >= MAX_HANDLING_PER_CONNECTION:
+                        # Pipelined requests wait their turn (Kafka's processor mutes a connection while one is in
+                        # flight): acks=all Produces must not append ahead of replication without bound, or the
+                        # followers fall behind the clients' request timeouts.
+                        await asyncio.wait(replies.running, return_when=asyncio.FIRST_COMPLETED)
                     # not `conn`: that is the Connection read above
                     info = ConnectionInfo(request.client_id, host, conn.principal, conn.listener)
                     try:
@@ -506,7 +519,7 @@ class Broker:
                     else:
                         out.add_done_callback(lambda _task, held=received: conn.done(held))
                         received = None
-                        replies.put(out)
+                        replies.put(out, running=True)
                 finally:
                     if received is not None:
                         conn.done(received)
@@ -1143,15 +1156,19 @@ class _Replies:
     """One connection's answers not yet written, in request order: the writer's FIFO of futures (tasks, or
     answers already there), and how many it holds, so a request may be answered at once only with none ahead."""
 
-    __slots__ = ("queue", "waiting")
+    __slots__ = ("queue", "waiting", "running")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
         self.waiting = 0
+        self.running: set[asyncio.Future] = set()  # handlers that waited and are not done yet
 
-    def put(self, future: asyncio.Future) -> None:
+    def put(self, future: asyncio.Future, *, running: bool = False) -> None:
         self.waiting += 1
         self.queue.put_nowait(future)
+        if running:
+            self.running.add(future)
+            future.add_done_callback(self.running.discard)
 
     def put_result(self, out: Any) -> None:
         future = asyncio.get_running_loop().create_future()

@@ -22,7 +22,7 @@ from kafka.protocol.consumer.offsets import (
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
-from clients_util import build, call
+from clients_util import build, call, read_frame, request_frame
 from node_util import NodeThread, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log import parse_batch_set
@@ -33,6 +33,7 @@ from shale.sidecar.protocol.error_codes import (
 )
 from shale.sidecar.replication.etcd_store import EtcdStore
 from shale.sidecar.replication.records import NodeRegistration
+from shale.sidecar.server.broker import MAX_HANDLING_PER_CONNECTION
 
 TOPIC = "replicated"
 TP = TopicPartition(TOPIC, 0)
@@ -114,12 +115,16 @@ def produce(port: int, values: list[bytes], *, acks: int, timeout_ms: int = 30_0
 
 
 def produce_response(port: int, values: list[bytes], *, acks: int, timeout_ms: int = 30_000, version: int = 9):
+    request = produce_request(values, acks=acks, timeout_ms=timeout_ms, version=version)
+    return call(port, request, ProduceResponse, timeout=timeout_ms / 1000 + 10)
+
+
+def produce_request(values: list[bytes], *, acks: int, timeout_ms: int = 30_000, version: int = 9):
     now = int(time.time() * 1000)
     batch = encode_batch([Record(i, now, None, v) for i, v in enumerate(values)])
-    request = build(ProduceRequest, {"transactional_id": None, "acks": acks, "timeout_ms": timeout_ms,
-                                     "topic_data": [{"name": TOPIC, "partition_data": [
-                                         {"index": 0, "records": batch}]}]}, version=version)
-    return call(port, request, ProduceResponse, timeout=timeout_ms / 1000 + 10)
+    return build(ProduceRequest, {"transactional_id": None, "acks": acks, "timeout_ms": timeout_ms,
+                                  "topic_data": [{"name": TOPIC, "partition_data": [
+                                      {"index": 0, "records": batch}]}]}, version=version)
 
 
 def start_node(tmp_path: Path, etcd, *, replicas=(0, 1, 2), min_isr: int = 2) -> NodeThread:
@@ -172,6 +177,44 @@ def test_acks_all_is_answered_once_every_isr_member_has_fetched_the_records(tmp_
             assert [m.value for m in consumed(node, 1)] == [b"v0"]
         finally:
             producer.close(5)
+    finally:
+        node.stop()
+        for f in followers:
+            f.leave()
+
+
+def test_pipelined_acks_all_produces_beyond_a_few_wait_their_turn(tmp_path, etcd):
+    """12 acks=all Produces pipelined on one connection while no follower fetches: only
+    MAX_HANDLING_PER_CONNECTION are appended (and parked); the rest are read and wait, so a producer with a deep
+    queue cannot append ahead of its followers without bound (a 1.2 GB librdkafka phase timed out at the ISR).
+    As the followers fetch, the rest are appended in order and answered in order, offsets 0..11."""
+    followers = [Follower(etcd, 1), Follower(etcd, 2)]
+    node = start_node(tmp_path, etcd)
+    try:
+        record = leader_record(node, isr=(0, 1, 2))
+        port = node.node.broker.port
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"".join(request_frame(produce_request([b"v%d" % i], acks=-1), i + 1, "pipelined")
+                                  for i in range(12)))
+            wait_for(lambda: latest(port, replica_id=1).offset == MAX_HANDLING_PER_CONNECTION,
+                     what="the first requests' appends")
+            time.sleep(0.5)  # the node has read every frame by now; none of the rest may start
+            assert latest(port, replica_id=1).offset == MAX_HANDLING_PER_CONNECTION
+
+            fetched = {f.node_id: 0 for f in followers}
+
+            def followers_caught_up() -> bool:
+                for f in followers:
+                    got = batches(f.fetch(port, fetched[f.node_id], current_leader_epoch=record.leader_epoch,
+                                          last_fetched_epoch=record.leader_epoch if fetched[f.node_id] else -1
+                                          ).records)
+                    fetched[f.node_id] = got[-1][1] + 1 if got else fetched[f.node_id]
+                return latest(port).offset == 12  # the high watermark: every request appended and replicated
+            wait_for(followers_caught_up, what="the followers to fetch all twelve")
+            answers = [ProduceResponse.decode(read_frame(sock), version=9, header=True) for _ in range(12)]
+        assert [(a.header.correlation_id, a.responses[0].partition_responses[0].error_code,
+                 a.responses[0].partition_responses[0].base_offset) for a in answers] == \
+            [(i + 1, NONE, i) for i in range(12)]
     finally:
         node.stop()
         for f in followers:
