@@ -68,7 +68,7 @@ from shale.sidecar.protocol.error_codes import (
     NONE, UNKNOWN_SERVER_ERROR, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION,
     NOT_LEADER_OR_FOLLOWER, MESSAGE_TOO_LARGE, INVALID_REQUIRED_ACKS, INVALID_TIMESTAMP, UNSUPPORTED_VERSION,
     KAFKA_STORAGE_ERROR, INVALID_RECORD, UNKNOWN_TOPIC_ID, LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS,
-    REQUEST_TIMED_OUT, OFFSET_NOT_AVAILABLE, UNKNOWN_LEADER_EPOCH, FENCED_LEADER_EPOCH, LISTENER_NOT_FOUND,
+    REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND, OFFSET_NOT_AVAILABLE, UNKNOWN_LEADER_EPOCH, FENCED_LEADER_EPOCH, LISTENER_NOT_FOUND,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
 from shale.sidecar.replication.partition import NO_EPOCH
@@ -836,8 +836,13 @@ class Broker:
 
     @staticmethod
     def _log_refused(conn: ConnectionInfo, topic: str, partition: int, code: int, reason: str) -> None:
-        stale = code in (UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS)
-        logger.log(logging.INFO if stale else logging.ERROR,
+        # A client behind a leadership change is routine; replication slower than the request's timeout, or an
+        # ISR shrunk under the append, is the cluster's state (as Kafka, which logs neither as an error); the
+        # rest (corrupt or invalid records, storage failures) stays an error.
+        level = (logging.INFO if code in (UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS)
+                 else logging.WARNING if code in (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+                 else logging.ERROR)
+        logger.log(level,
                    "produce from client %r at %s to %s-%d refused with error %d: %s", conn.client_id,
                    conn.host, topic, partition, code, reason)
 
