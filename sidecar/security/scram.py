@@ -266,10 +266,10 @@ class ScramServer:
         auth_message = f"{self._client_first_bare},{self._server_first},{m['without_proof']}".encode()
         proof = _unb64(m["proof"])
         client_signature = self.mechanism.hmac(credential.stored_key, auth_message)
-        if len(proof) != len(client_signature):
-            raise AuthenticationFailed("Invalid client credentials")
         client_key = bytes(a ^ b for a, b in zip(client_signature, proof))
-        if not hmac.compare_digest(self.mechanism.hash(client_key), credential.stored_key):
-            raise AuthenticationFailed("Invalid client credentials")
+        if len(proof) != len(client_signature) or \
+                not hmac.compare_digest(self.mechanism.hash(client_key), credential.stored_key):
+            # The user names the account an operator must look at (a wrong password, or a client's stale one).
+            raise AuthenticationFailed(f"Invalid client credentials (user {self.authorization_id!r})")
         self._credential = None
         return f"v={_b64(self.mechanism.hmac(credential.server_key, auth_message))}".encode("ascii")

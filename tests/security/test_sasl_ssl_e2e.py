@@ -175,7 +175,8 @@ def test_confluent_kafka_with_a_wrong_password_is_refused(node):
     admin = AdminClient({**confluent_config(node, password="wrong"), "socket.timeout.ms": 5000})
     with pytest.raises(KafkaException):
         admin.list_topics(timeout=10)
-    wait_for(lambda: "authentication of client" in node.log() and "Invalid client credentials" in node.log(),
+    wait_for(lambda: "authentication of client" in node.log()
+             and "Invalid client credentials (user 'alice')" in node.log(),
              30, what="the refusal in the node's log")
 
 

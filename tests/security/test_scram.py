@@ -53,7 +53,7 @@ def test_exchange_with_kafka_python_client(mechanism):
     assert server.complete and server.authorization_id == "alice"
     with pytest.raises(AuthenticationFailed) as refused:
         run_kafka_python_client(mechanism, "alice", "wrong", cred)
-    assert refused.value.reason == "Invalid client credentials" and refused.value.client_message is None
+    assert refused.value.reason == "Invalid client credentials (user 'alice')" and refused.value.client_message is None
 
 
 def client_messages(mechanism: ScramMechanism, user: str, password: str, authzid: str = "",
