@@ -42,7 +42,6 @@ from shale.sidecar.server.manifests import ORIGIN_PREFIX, ManifestSource, requir
 from shale.sidecar.server.metrics import NodeMetrics
 from shale.sidecar.server.producer_ids import ProducerIdAllocator
 from shale.sidecar.server.transaction_coordinator import TransactionCoordinator
-from shale.sidecar.server.transaction_verification import coordinator_verdict
 from shale.sidecar.server.transaction_records import TRANSACTION_STATE_TOPIC
 from shale.sidecar.server.txn_markers import MarkerChannels
 from shale.sidecar.server.reassignments import Reassignments
@@ -240,7 +239,7 @@ class StorageNode:
         self.transactions.on_append = self.broker.poke  # markers wake read_committed fetches
         self.transactions.on_offsets_marker = self.groups.complete_txn_offsets  # TxnOffsetCommit made visible
         # Produce asks the coordinator about a producer's first transactional batch to a partition.
-        self.broker.verify_transaction = functools.partial(coordinator_verdict, self.transactions)
+        self.broker.verify_transaction = self.transactions.verify_partition
         self.admin.address_on = self.broker.address_on  # ... and DescribeCluster
         self.broker.on_failed_authentication = self.metrics.security.failed_authentication
         if self.replicas is not None:

@@ -46,6 +46,7 @@ from shale.sidecar.protocol.error_codes import (
     OPERATION_NOT_ATTEMPTED,
     PRODUCER_FENCED,
     REQUEST_TIMED_OUT,
+    TRANSACTION_ABORTABLE,
     TRANSACTION_COORDINATOR_FENCED,
     TRANSACTIONAL_ID_NOT_FOUND,
     UNKNOWN_TOPIC_OR_PARTITION,
@@ -501,6 +502,27 @@ class TransactionCoordinator:
         return {**out, "node_id": node.node_id, "host": node.host, "port": node.port}
 
     # -- requests -----------------------------------------------------------------------------------------------
+
+    def verify_partition(self, transactional_id: str, producer_id: int, epoch: int, tp: TopicPartition) -> int | None:
+        """Kafka's handleVerifyPartitionsInTransaction for one partition (Produce's first transactional batch to it,
+        transaction_verification.py): NONE if `tp` is in the producer's transaction, else the error. None where
+        this node does not coordinate the id: nothing verifies the batch then (Kafka with
+        transaction.partition.verification.enable=false) until AddPartitionsToTxn v4 asks the coordinating node.
+        An id whose next state is being written is checked as it stands (Kafka does not look at the pending state
+        here)."""
+        error = self._coordinating(transactional_id)
+        if error == NOT_COORDINATOR:
+            return None
+        if error not in (NONE, CONCURRENT_TRANSACTIONS):
+            return error
+        meta = self.txns.get(transactional_id)
+        if meta is None or meta.producer_id != producer_id:
+            return INVALID_PRODUCER_ID_MAPPING
+        if meta.producer_epoch != epoch:
+            return PRODUCER_FENCED
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return CONCURRENT_TRANSACTIONS
+        return NONE if (tp.topic, tp.partition) in meta.partitions else TRANSACTION_ABORTABLE
 
     def _coordinating(self, transactional_id: str | None) -> int:
         """NONE if this node coordinates the id now (Kafka's getTransactionState checks)."""

@@ -12,7 +12,7 @@ LogValidator and ReplicaManager's transaction verification, KIP-890 part 1), as 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log import Log
@@ -22,22 +22,17 @@ from shale.sidecar.protocol.error_codes import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
     INVALID_PRODUCER_EPOCH,
-    INVALID_PRODUCER_ID_MAPPING,
     INVALID_TXN_STATE,
-    NONE,
     NOT_COORDINATOR,
     NOT_ENOUGH_REPLICAS,
     PRODUCER_FENCED,
     TRANSACTION_ABORTABLE,
     name_of,
 )
-from shale.sidecar.server.transaction_state import TxnState
-
-if TYPE_CHECKING:
-    from shale.sidecar.server.transaction_coordinator import TransactionCoordinator
 
 # (transactional id, producer id, epoch, partition) -> the coordinator's answer (Kafka's
-# handleVerifyPartitionsInTransaction), or None where this node does not coordinate the id.
+# handleVerifyPartitionsInTransaction, `TransactionCoordinator.verify_partition`), or None where this node does not
+# coordinate the id.
 Verify = Callable[[str, int, int, TopicPartition], "int | None"]
 
 CONTROL_FROM_CLIENT = "Clients are not allowed to write control records"
@@ -83,26 +78,3 @@ def produce_error(version: int, error: int) -> tuple[int, str]:
         return NOT_ENOUGH_REPLICAS, ("Unable to verify the partition has been added to the transaction. "
                                      f"Underlying error: {name_of(error)}")
     return error, f"transaction verification failed: {name_of(error)}"
-
-
-
-def coordinator_verdict(coordinator: "TransactionCoordinator", transactional_id: str, producer_id: int, epoch: int,
-                        tp: TopicPartition) -> int | None:
-    """Kafka's TransactionCoordinator.handleVerifyPartitionsInTransaction for one partition: NONE if `tp` is in the
-    producer's transaction, else the error. None where this node does not coordinate the id: nothing verifies the
-    batch then (Kafka with transaction.partition.verification.enable=false) until AddPartitionsToTxn v4 asks the
-    coordinating node. An id whose next state is being written is checked as it stands (Kafka does not look at the
-    pending state here)."""
-    error = coordinator._coordinating(transactional_id)
-    if error == NOT_COORDINATOR:
-        return None
-    if error not in (NONE, CONCURRENT_TRANSACTIONS):
-        return error
-    meta = coordinator.txns.get(transactional_id)
-    if meta is None or meta.producer_id != producer_id:
-        return INVALID_PRODUCER_ID_MAPPING
-    if meta.producer_epoch != epoch:
-        return PRODUCER_FENCED
-    if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-        return CONCURRENT_TRANSACTIONS
-    return NONE if (tp.topic, tp.partition) in meta.partitions else TRANSACTION_ABORTABLE
