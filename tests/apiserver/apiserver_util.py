@@ -79,9 +79,15 @@ def install_crd(api: kubernetes.client.ApiClient, path: Path = CRD_FILES[0]) -> 
     raise AssertionError(f"CRD {crd['metadata']['name']} not Established: {status}")
 
 
+# The chart's objects whose API group version 1.20 serves under an older name with the same fields.
+OLDER_NAMES_ON_1_20 = {("policy/v1", "PodDisruptionBudget"): "policy/v1beta1"}  # policy/v1 is served from 1.21
+
+
 def release_objects(namespace: str, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The chart rendered into `namespace` (CRD excluded: it is cluster-wide, installed once per session)."""
-    return objects(render({**RELEASE_VALUES, **(values or {})}, namespace=namespace))
+    """The chart rendered into `namespace` (CRD excluded: it is cluster-wide, installed once per session), each
+    object under the API version the 1.20 test server serves it at (`OLDER_NAMES_ON_1_20`)."""
+    objs = objects(render({**RELEASE_VALUES, **(values or {})}, namespace=namespace))
+    return [{**o, "apiVersion": OLDER_NAMES_ON_1_20.get((o["apiVersion"], o["kind"]), o["apiVersion"])} for o in objs]
 
 
 def create_objects(api: kubernetes.client.ApiClient, objs: list[dict[str, Any]], dry_run: bool = False) -> None:

@@ -2,7 +2,8 @@
 against the real API server.
 
 The chart declares kubeVersion >=1.29 and its CRD carries CEL rules, so helm is given a copy for 1.20:
-the floor lowered and the CRD without `x-kubernetes-validations` (apiserver_util.crd_for_1_20). Two helm
+the floor lowered, the CRD without `x-kubernetes-validations` (apiserver_util.crd_for_1_20), and the
+PodDisruptionBudget under policy/v1beta1 (policy/v1 is served from 1.21; the same fields). Two helm
 flags are 1.20's too: `--disable-openapi-validation` (helm would refuse the StatefulSet's
 persistentVolumeClaimRetentionPolicy, a 1.27 field, from 1.20's OpenAPI; the server drops it) and
 `--server-side=false` (1.20's beta server-side apply refuses Service ports without `protocol`, a bug fixed
@@ -19,7 +20,7 @@ import kubernetes
 import pytest
 import yaml
 
-from apiserver_util import RELEASE_VALUES, crd_for_1_20, release_objects
+from apiserver_util import OLDER_NAMES_ON_1_20, RELEASE_VALUES, crd_for_1_20, release_objects
 from chart_util import CHART, RELEASE, one
 from kube_apiserver import ApiServer, cached_binary
 
@@ -34,6 +35,11 @@ def chart_for_1_20(directory: Path) -> Path:
     (chart / "Chart.yaml").write_text(yaml.safe_dump({**meta, "kubeVersion": ">=1.20.0-0"}, sort_keys=False))
     for crd_file in (chart / "crds").iterdir():  # the Topic and User CRDs
         crd_file.write_text(yaml.safe_dump(crd_for_1_20(crd_file), sort_keys=False))
+    for template in (chart / "templates").glob("*.yaml"):
+        text = template.read_text()
+        for (version, kind), older in OLDER_NAMES_ON_1_20.items():
+            text = text.replace(f"apiVersion: {version}\nkind: {kind}\n", f"apiVersion: {older}\nkind: {kind}\n")
+        template.write_text(text)
     return chart
 
 

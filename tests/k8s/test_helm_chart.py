@@ -115,6 +115,8 @@ def test_kubernetes_validate_refuses_a_broken_object(default_objects):
     ({"fullnameOverride": "x" * 41}, "'/fullnameOverride'"),
     ({"operator": {"defaultReplicas": 0}}, "at '/operator/defaultReplicas': minimum: got 0, want 1"),
     ({"storage": {"replication": {"enabled": "yes"}}}, "'/storage/replication/enabled'"),
+    ({"storage": {"podDisruptionBudget": {"maxUnavailable": 0}}},
+     "at '/storage/podDisruptionBudget/maxUnavailable': minimum: got 0, want 1"),
 ])  # fmt: skip
 def test_values_schema_refuses_bad_values(values, message):
     with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
@@ -135,7 +137,7 @@ def test_default_objects(default_objects):
         ("Service", f"{RELEASE}-shale"), ("Service", HEADLESS), ("Service", OPERATOR),
         ("ServiceAccount", OPERATOR), ("ServiceAccount", STORAGE_SA), ("StatefulSet", STS),
         *(("Secret", name) for name in SECRETS.values()),
-        ("NetworkPolicy", STS), ("NetworkPolicy", OPERATOR),
+        ("NetworkPolicy", STS), ("NetworkPolicy", OPERATOR), ("PodDisruptionBudget", STS),
     ])  # fmt: skip
     for obj in default_objects:
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
@@ -267,6 +269,17 @@ def test_storage_statefulset(default_objects):
     assert claim["metadata"]["name"] == "data" and claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
     assert "storageClassName" not in claim["spec"]
     assert sts["spec"]["selector"]["matchLabels"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_storage_pods_have_a_disruption_budget(default_objects):
+    """Drains evict one storage pod at a time: the budget selects exactly the StatefulSet's pods."""
+    pdb = one(default_objects, "PodDisruptionBudget", STS)
+    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == one(default_objects, "StatefulSet")["spec"]["selector"]
+    objs = objects(render({"storage": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": 2}}}))
+    assert one(objs, "PodDisruptionBudget", STS)["spec"]["maxUnavailable"] == 2
+    assert not by_kind(objects(render({"storage": {"podDisruptionBudget": {"enabled": False}}})),
+                       "PodDisruptionBudget")
 
 
 def test_storage_class_can_be_set():
