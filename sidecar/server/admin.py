@@ -184,8 +184,10 @@ class AdminApis:
     def __init__(self, registry: TopicRegistry, server_config: ServerConfig | None = None,
                  cluster_id: str = "shale", removal_held: Callable[[str], bool] = lambda _name: False,
                  store_topics: StoreTopics | None = None, log_dir_moves: LogDirMoves | None = None,
-                 dynamic_broker: Mapping[str, Callable[[Any], None]] | None = None) -> None:
+                 dynamic_broker: Mapping[str, Callable[[Any], None]] | None = None,
+                 advertised: Callable[[], Mapping[str, tuple[str, int]]] = dict) -> None:
         self.registry = registry
+        self.advertised = advertised  # listener name -> this node's advertised (host, port), once it listens
         # The broker configs this node changes live (Kafka's per-broker dynamic configs; here the replication
         # throttles): name -> apply(parsed value, or None for the command line's). Set ones, as strings:
         self.dynamic_broker = dict(dynamic_broker or {})
@@ -686,9 +688,10 @@ class AdminApis:
             BrokerSetting("node.id", str(node.node_id), "int"),
             BrokerSetting("broker.id", str(node.node_id), "int"),
             BrokerSetting("log.dirs", ",".join(self.registry.log_dir.paths)),
-            BrokerSetting("advertised.listeners", f"PLAINTEXT://{node.host}:{node.port}", "list"),
+            BrokerSetting("advertised.listeners", ",".join(
+                f"{name}://{host}:{port}" for name, (host, port) in self.advertised().items())
+                or f"PLAINTEXT://{node.host}:{node.port}", "list"),
             BrokerSetting("num.partitions", str(DEFAULT_NUM_PARTITIONS), "int", DEFAULT_CONFIG),
-            BrokerSetting("default.replication.factor", "1", "short", DEFAULT_CONFIG),
             BrokerSetting("auto.create.topics.enable", "false", "boolean"),  # topics come from manifests or the API
         ]
         if self.server_config is not None:  # `--override`s are STATIC_BROKER_CONFIG, the rest Kafka's defaults

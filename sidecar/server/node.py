@@ -196,7 +196,8 @@ class StorageNode:
                                removal_held=lambda name: name in self.manifests.held, store_topics=store_topics,
                                log_dir_moves=self.moves, dynamic_broker={} if self.replicas is None else {
                                    "leader.replication.throttled.rate": self.replicas.leader_quota.set_rate,
-                                   "follower.replication.throttled.rate": self.replicas.follower_quota.set_rate})
+                                   "follower.replication.throttled.rate": self.replicas.follower_quota.set_rate},
+                               advertised=lambda: self.broker.advertised_at)
         self.groups = GroupCoordinator(self.registry,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
                                        initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,

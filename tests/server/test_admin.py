@@ -42,7 +42,7 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.server.topics import API_TOPICS_FILE, topic_uuid
 from shale.sidecar.topic_config import CONFIG_KEYS, TopicConfig
 
-from node_util import NodeThread, topic_manifest, write_manifests
+from node_util import NodeThread, free_port, topic_manifest, write_manifests
 
 DECLARED = "declared"  # the topic the manifest declares in every test
 
@@ -340,6 +340,22 @@ def test_the_broker_resource_shows_the_node_settings_and_its_overrides(dirs):
     assert shown["log.segment.bytes"] == ("1073741824", "DEFAULT_CONFIG")
     assert shown["advertised.listeners"][0] == f"PLAINTEXT://127.0.0.1:{n.node.broker.port}"
     assert all(c["read_only"] for c in configs.values())
+
+
+def test_the_broker_resource_names_each_setting_once_and_every_advertised_listener(dirs):
+    """One entry per name (default.replication.factor was listed twice), and advertised.listeners as Kafka shows
+    it: every listener, `NAME://host:port` (it named one PLAINTEXT address whatever the listeners)."""
+    a, b = free_port(), free_port()
+    overrides = {"listeners": f"INSIDE://127.0.0.1:{a},OUTSIDE://127.0.0.1:{b}",
+                 "advertised.listeners": f"INSIDE://127.0.0.1:{a},OUTSIDE://outside.example:{b + 1}",
+                 "listener.security.protocol.map": "INSIDE:PLAINTEXT,OUTSIDE:PLAINTEXT",
+                 "inter.broker.listener.name": "INSIDE"}
+    with NodeThread(*dirs, node_id=0, overrides=overrides) as n:
+        response = raw(n, DescribeConfigsRequest(resources=[(4, "0", None)], include_synonyms=False), 1)
+    names = [c.name for c in response.results[0].configs]
+    assert len(names) == len(set(names)) and "default.replication.factor" in names
+    shown = {c.name: c.value for c in response.results[0].configs}
+    assert shown["advertised.listeners"] == f"INSIDE://127.0.0.1:{a},OUTSIDE://outside.example:{b + 1}"
 
 
 # -- AlterConfigs and IncrementalAlterConfigs ------------------------------------------------------
