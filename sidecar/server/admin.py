@@ -44,6 +44,7 @@ from shale.sidecar.replication.election import choose_replicas
 from shale.sidecar.replication.topic_record import TopicRecord
 from shale.sidecar.server.authorized_operations import CLUSTER_OPERATIONS
 from shale.sidecar.server.broker import ConnectionInfo, Handler, controller_id
+from shale.sidecar.server.dynamic_broker_configs import DynamicBrokerConfigs
 from shale.sidecar.server.log_dir_moves import LogDirMoves
 from shale.sidecar.server.manifests import ORIGIN_PREFIX, RESERVED
 from shale.sidecar.server.server_config import SERVER_CONFIG_KEYS, SERVER_CONFIG_KEYS_BY_NAME, ServerConfig
@@ -185,13 +186,18 @@ class AdminApis:
                  cluster_id: str = "shale", removal_held: Callable[[str], bool] = lambda _name: False,
                  store_topics: StoreTopics | None = None, log_dir_moves: LogDirMoves | None = None,
                  dynamic_broker: Mapping[str, Callable[[Any], None]] | None = None,
-                 advertised: Callable[[], Mapping[str, tuple[str, int]]] = dict) -> None:
+                 advertised: Callable[[], Mapping[str, tuple[str, int]]] = dict,
+                 dynamic_file: DynamicBrokerConfigs | None = None) -> None:
         self.registry = registry
         self.advertised = advertised  # listener name -> this node's advertised (host, port), once it listens
         # The broker configs this node changes live (Kafka's per-broker dynamic configs; here the replication
-        # throttles): name -> apply(parsed value, or None for the command line's). Set ones, as strings:
+        # throttles): name -> apply(parsed value, or None for the command line's). Set ones, as strings, kept
+        # across restarts in `dynamic_file`:
         self.dynamic_broker = dict(dynamic_broker or {})
         self.dynamic_values: dict[str, str] = {}
+        self.dynamic_file = dynamic_file
+        if dynamic_file is not None:
+            self._restore_dynamic(dynamic_file.load())
         self.log_dir_moves = log_dir_moves  # AlterReplicaLogDirs is served with it (docs/moves.md)
         # With a control store the API's topics are its topic records (every node applies them); None: this node's.
         self.store_topics = store_topics
@@ -772,10 +778,31 @@ class AdminApis:
             responses.append(out)
         return {"throttle_time_ms": 0, "responses": responses}
 
+    def _restore_dynamic(self, saved: dict[str, str]) -> None:
+        """Apply the dynamic configs a previous run of this node set (`dynamic_file`); what no longer applies
+        here is logged and left out."""
+        for key, value in saved.items():
+            if key not in self.dynamic_broker:
+                logger.warning("node %d: dynamic broker config %s=%s in %s is not dynamic on this node; ignored",
+                               self.registry.node.node_id, key, value, self.dynamic_file.path)
+                continue
+            try:
+                parsed = SERVER_CONFIG_KEYS_BY_NAME[key].parse(value)
+            except InvalidConfigError as exc:
+                logger.error("node %d: dynamic broker config %s=%s in %s is invalid (%s); ignored",
+                             self.registry.node.node_id, key, value, self.dynamic_file.path, exc)
+                continue
+            self.dynamic_broker[key](parsed)
+            self.dynamic_values[key] = value
+        if self.dynamic_values:
+            logger.info("node %d: dynamic broker configs restored from %s: %s", self.registry.node.node_id,
+                        self.dynamic_file.path, self.dynamic_values)
+
     def _alter_broker(self, name: str, configs: list, compute: NewOverrides, validate_only: bool) -> None:
         """This node's dynamic configs (`dynamic_broker`), as Kafka's per-broker ones: kafka-reassign-partitions
-        sets the replication throttles this way. Held in memory: a restart goes back to the command line (Kafka
-        keeps them in its metadata log); the cluster-wide default (an empty name) is not served."""
+        sets the replication throttles this way. Written to `dynamic_file` before they apply, so a restart comes
+        back with them (Kafka keeps them in its metadata); the cluster-wide default (an empty name) is not
+        served."""
         fixed = [c.name for c in configs if c.name not in self.dynamic_broker or name == ""]
         if fixed:
             raise AdminError(INVALID_REQUEST, f"Cannot update these configs dynamically: {', '.join(fixed)} (a "
@@ -790,6 +817,12 @@ class AdminApis:
                 raise AdminError(INVALID_CONFIG, str(exc)) from None
         if validate_only:
             return
+        if self.dynamic_file is not None:
+            try:
+                self.dynamic_file.save(new)
+            except OSError as exc:
+                raise AdminError(KAFKA_STORAGE_ERROR, f"Cannot keep the dynamic broker configs in "
+                                                      f"{self.dynamic_file.path}: {exc}") from None
         for key, apply in self.dynamic_broker.items():
             apply(parsed.get(key))
         self.dynamic_values = new

@@ -32,6 +32,7 @@ from shale.sidecar.server.authorization import authorize_handlers
 from shale.sidecar.server.security_sync import SharedSecurity
 from shale.sidecar.server.broker import Broker
 from shale.sidecar.server.channel import SASL_HANDLERS
+from shale.sidecar.server.dynamic_broker_configs import DynamicBrokerConfigs
 from shale.sidecar.server.inter_broker import InterBrokerClient
 from shale.sidecar.server.listener_security import listener_securities, split_settings
 from shale.sidecar.server.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
@@ -197,7 +198,8 @@ class StorageNode:
                                log_dir_moves=self.moves, dynamic_broker={} if self.replicas is None else {
                                    "leader.replication.throttled.rate": self.replicas.leader_quota.set_rate,
                                    "follower.replication.throttled.rate": self.replicas.follower_quota.set_rate},
-                               advertised=lambda: self.broker.advertised_at)
+                               advertised=lambda: self.broker.advertised_at,
+                               dynamic_file=DynamicBrokerConfigs.in_dir(self.log_dir.paths[0]))
         self.groups = GroupCoordinator(self.registry,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
                                        initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,

@@ -13,6 +13,8 @@ import re
 import urllib.request
 
 from confluent_kafka import Producer
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource as ConfluentResource,
+                                  ResourceType as ConfluentResourceType)
 from hypothesis import given, strategies as st
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
@@ -20,6 +22,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from fault_util import AckedLoad, check_acknowledged
 from node_util import start_replicated_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.replication.throttle import ReplicationQuota, names_replica
+from shale.sidecar.server.dynamic_broker_configs import FILE
 from shale.sidecar.topic_config import LONG_MAX
 
 
@@ -129,3 +132,46 @@ def test_a_throttled_move_does_not_hold_back_in_sync_replication(tmp_path, etcd)
         admin.close()
         cluster.stop()
 
+
+
+def test_a_dynamic_throttle_survives_a_restart_and_a_broken_file_is_reported(tmp_path, etcd):
+    """Kafka keeps per-broker dynamic configs in its metadata: a node SIGKILLed and restarted comes back with the
+    follower throttle set through the admin API (a move in progress stays throttled), and without it once it
+    was deleted. A file that cannot be parsed is named in an ERROR line and left as it is; the node starts
+    with its command line's values."""
+    cluster = start_replicated_cluster(tmp_path, etcd, 1)
+    node = cluster.servers[0]
+    kept = cluster.data_dir(0) / FILE
+
+    def follower_rate() -> tuple[str | None, float | None]:
+        admin = KafkaAdminClient(bootstrap_servers=node.bootstrap)
+        try:
+            shown = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, "0")],
+                                           config_filter="all")["broker"]["0"][FOLLOWER_RATE]
+        finally:
+            admin.close()
+        return shown["config_source"], metric(node.http_port, "shale_replication_throttled_rate_bytes",
+                                              'side="follower"')
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=node.bootstrap)
+        admin.alter_configs([ConfigResource(ConfigResourceType.BROKER, "0", configs={FOLLOWER_RATE: str(RATE)})])
+        admin.close()
+        assert json.loads(kept.read_text())["configs"] == {FOLLOWER_RATE: str(RATE)}
+        cluster.restart(0)  # SIGKILL, then start on the same data
+        assert follower_rate() == ("DYNAMIC_BROKER_CONFIG", RATE)
+
+        confluent_admin = AdminClient({"bootstrap.servers": node.bootstrap})  # kept alive until its answer
+        deleted = confluent_admin.incremental_alter_configs([ConfluentResource(
+            ConfluentResourceType.BROKER, "0", incremental_configs=[ConfigEntry(
+                FOLLOWER_RATE, None, incremental_operation=AlterConfigOpType.DELETE)])])
+        [done.result(30) for done in deleted.values()]
+        cluster.restart(0)
+        assert follower_rate()[0] == "DEFAULT_CONFIG" and json.loads(kept.read_text())["configs"] == {}
+
+        kept.write_text('{"configs": {"follower.replication.throttled.rate": ')  # torn by hand
+        cluster.restart(0)
+        assert follower_rate()[0] == "DEFAULT_CONFIG"
+        assert f"ERROR shale.sidecar.server.dynamic_broker_configs: {kept} cannot be read" in node.log()
+        assert kept.read_text() == '{"configs": {"follower.replication.throttled.rate": '  # left for a person
+    finally:
+        cluster.stop()
