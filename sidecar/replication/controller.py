@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Callable, Mapping, NamedTuple
 
 from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.replication import reassignment
+from shale.sidecar.replication import preferred_leader, reassignment
 from shale.sidecar.replication.control_store import ControlStore, SessionLost, StoreUnavailable, StoreView, Versioned
 from shale.sidecar.replication.election import NotEnoughLiveNodes, choose_replicas, decide
 from shale.sidecar.replication.records import UNKNOWN_INCARNATION, NodeRegistration, PartitionRecord
@@ -53,8 +53,9 @@ def new_incarnation() -> str:
 def alter_partition_error(based_on: PartitionRecord, new: PartitionRecord) -> str | None:
     """Why a leader's proposed ISR change is refused, or None: Kafka's controller checks of AlterPartition
     (`validateAlterPartitionData`) that do not depend on the store's version, which the CAS checks. A leader
-    also completes a reassignment this way (KIP-455), possibly handing the leadership to a target replica."""
-    if reassignment.is_completion(based_on, new):
+    also completes a reassignment this way (KIP-455), possibly handing the leadership to a target replica, and
+    hands it to the preferred replica (preferred_leader.py)."""
+    if reassignment.is_completion(based_on, new) or preferred_leader.is_handover(based_on, new):
         return None
     if (new.adding_replicas, new.removing_replicas) != (based_on.adding_replicas, based_on.removing_replicas):
         return "an ISR change may not change a reassignment"

@@ -23,7 +23,7 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log import Log
 from shale.sidecar.plural import plural
 from shale.sidecar.protocol.error_codes import NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
-from shale.sidecar.replication import reassignment
+from shale.sidecar.replication import preferred_leader, reassignment
 from shale.sidecar.replication.control_store import StoreView, Versioned
 from shale.sidecar.replication.controller import Wanted
 from shale.sidecar.replication.delayed_produce import DelayedProduces, Waiter
@@ -35,6 +35,15 @@ from shale.sidecar.server.topics import NodeAddress, TopicError, TopicRegistry
 
 logger = logging.getLogger(__name__)
 
+
+
+@dataclass(frozen=True)
+class LeaderRebalance:
+    """Kafka's `leader.imbalance.check.interval.seconds` and `leader.imbalance.per.broker.percentage`, in force
+    with `auto.leader.rebalance.enable`."""
+
+    interval_ms: int
+    imbalance_percentage: int
 
 class Leadership(Protocol):
     """What the manager needs of the controller (`controller.Controller`)."""
@@ -86,8 +95,10 @@ class ReplicaManager:
 
     def __init__(self, registry: TopicRegistry, *, replica_lag_time_max_ms: int = 30000,
                  default_replication_factor: int = 1, clock_ms: Callable[[], int] = monotonic_ms,
-                 leader_quota: ReplicationQuota | None = None, follower_quota: ReplicationQuota | None = None) -> None:
+                 leader_quota: ReplicationQuota | None = None, follower_quota: ReplicationQuota | None = None,
+                 leader_rebalance: LeaderRebalance | None = None) -> None:
         self.registry = registry
+        self.leader_rebalance = leader_rebalance  # None: leadership stays where elections put it
         # Kafka's replication throttles (throttle.py), and the bytes moved by reassignments (KIP-373's
         # ReassignmentBytesIn/OutPerSec): what followers of this node fetched as newcomers, what it sent to them.
         self.leader_quota = leader_quota or ReplicationQuota()
@@ -107,7 +118,7 @@ class ReplicaManager:
         self.partitions: dict[TopicPartition, Partition] = {}
         self.view = StoreView(revision="")
         self._wanted: dict[TopicPartition, Wanted] = {}
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._refused: dict[TopicPartition, str] = {}  # replicas whose log cannot be created here, and why
         registry.before_delete.append(self._before_delete)
 
@@ -461,14 +472,47 @@ class ReplicaManager:
             except Exception:  # noqa: BLE001 - the next round tries again; a dead task would freeze the ISR
                 logger.exception("node %d: the ISR check failed", self.node_id)
 
+    def rebalance_leaders(self) -> None:
+        """Kafka's auto leader rebalance for the partitions this node leads (preferred_leader.py): where the
+        preferred replica's node prefers more than its share of partitions it does not lead, hand it the
+        leadership if it is in the ISR."""
+        if self.leader_rebalance is None or self.controller is None or not self.controller.may_lead():
+            return
+        wanting = preferred_leader.imbalanced((v.record for v in self.view.partitions.values()), self.view,
+                                              self.leader_rebalance.imbalance_percentage)
+        now = self.clock_ms()
+        for p in list(self.partitions.values()):
+            record = p.state.record
+            if p.state.role is not Role.LEADER or p.state.pending is not None or record is None \
+                    or not record.replicas or record.replicas[0] not in wanting:
+                continue
+            new = preferred_leader.handover(record, self.view)
+            if new is None:
+                continue
+            pending = p.state.propose(new, now)
+            logger.info("%s: leader %d hands the leadership to its preferred replica %d (leader epoch %d -> %d)",
+                        p.tp, self.node_id, new.leader, record.leader_epoch, new.leader_epoch)
+            self.controller.propose(p.tp, pending.based_on, new)
+
+    async def _rebalance_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.rebalance_leaders()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                logger.exception("node %d: the preferred leader check failed", self.node_id)
+
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._check_isr_forever())
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._check_isr_forever()))
+        if self.leader_rebalance is not None:
+            self._tasks.append(loop.create_task(self._rebalance_forever(self.leader_rebalance.interval_ms / 1000)))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
         self.delayed.fail_all(NOT_LEADER_OR_FOLLOWER)
 
 

@@ -53,7 +53,7 @@ from shale.sidecar.replication.controller import Controller, new_incarnation
 from shale.sidecar.replication.follower import holds_unreplicated
 from shale.sidecar.replication.records import ListenerAddress, NodeRegistration
 from shale.sidecar.replication.replica_fetcher import FetcherConfig, ReplicaFetchers
-from shale.sidecar.replication.replica_manager import ReplicaManager
+from shale.sidecar.replication.replica_manager import LeaderRebalance, ReplicaManager
 from shale.sidecar.replication.throttle import ReplicationQuota
 from shale.sidecar.server.topics import NodeAddress, TopicRegistry
 from shale.sidecar.topic_config import TopicConfig
@@ -182,7 +182,10 @@ class StorageNode:
                 self.registry, replica_lag_time_max_ms=config.replica_lag_time_max_ms,
                 default_replication_factor=config.default_replication_factor,
                 leader_quota=quota(config.leader_replication_throttled_rate),
-                follower_quota=quota(config.follower_replication_throttled_rate))
+                follower_quota=quota(config.follower_replication_throttled_rate),
+                leader_rebalance=LeaderRebalance(config.leader_imbalance_check_interval_seconds * 1000,
+                                                 config.leader_imbalance_per_broker_percentage)
+                if config.auto_leader_rebalance_enable else None)
             self.registry.replication = self.replicas
         self.maintenance = Maintenance(self.log_dir, self.registry, self.server_config)
         self.moves = LogDirMoves(self.log_dir, self.maintenance, run_exclusive=self._on_loop,

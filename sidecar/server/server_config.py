@@ -97,6 +97,15 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("replica.lag.time.max.ms", LONG, 30000, Range(1),
               "How long a follower may go without catching up to the leader's log end before the leader "
               "removes it from the ISR."),
+    ConfigKey("auto.leader.rebalance.enable", BOOLEAN, True, None,
+              "Hand a partition's leadership back to its preferred replica (the first of its assignment) once "
+              "it is in the ISR again, when its node leads too few of the partitions it prefers (Kafka's "
+              "auto leader rebalance; docs/replication.md, \"Preferred leaders\")."),
+    ConfigKey("leader.imbalance.check.interval.seconds", LONG, 300, Range(1),
+              "How often a leader checks whether to hand partitions to their preferred replicas."),
+    ConfigKey("leader.imbalance.per.broker.percentage", INT, 10, Range(0),
+              "The share (percent) of the partitions a node prefers but does not lead above which their "
+              "leadership is handed back to it."),
     ConfigKey("unclean.leader.election.enable", BOOLEAN, False, None,
               "The default of the topic config of the same name: whether a replica outside the ISR may lead "
               "when no ISR member is live, losing what it lacks."),
@@ -194,6 +203,9 @@ class ServerConfig:
     broker_session_timeout_ms: int
     broker_heartbeat_interval_ms: int
     replica_lag_time_max_ms: int
+    auto_leader_rebalance_enable: bool
+    leader_imbalance_check_interval_seconds: int
+    leader_imbalance_per_broker_percentage: int
     unclean_leader_election_enable: bool
     default_replication_factor: int
     offsets_topic_replication_factor: int
