@@ -13,10 +13,10 @@ manager) those answer what the store's records say: leaders and epochs, acks=all
 parked until the ISR has the records, followers' fetches read to the log end;
 without one every partition here has its single replica. The other APIs come from components (group coordinator, admin, producer ids) as
 a table of handlers, `async (request, connection) -> response body`.  Responses
-are written in request order per connection (a FIFO of handler tasks), and, as
-Kafka's processor mutes a connection while its request is in flight, a request
-is started only once the one before it is done: a Fetch or an acks=all Produce
-that waits holds the requests pipelined behind it (read, not yet handled).
+are written in request order per connection (a FIFO of handler tasks), and at
+most MAX_HANDLING_PER_CONNECTION of a connection's requests are handled at once
+(Kafka's processor mutes a connection while its one request is in flight): the
+requests pipelined behind them are read and wait their turn.
 A request with nothing ahead of it is handled as its frame arrives, its handler
 started in place (`eager`): one that does not wait is answered then and there,
 with no task and no further event-loop iteration.
