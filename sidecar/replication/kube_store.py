@@ -25,10 +25,13 @@ Inside Kubernetes the API server (and the etcd behind it) is the consensus engin
 
 Every call is bounded by `timeout_s` with urllib3's retries off, and the API server's failures (connection,
 timeout, 5xx, 429, and refusals such as RBAC's 403 that leave this node unable to act) are StoreUnavailable.
-`wait_for_change` polls: a view every `poll_s`, returning when its revision — a digest of the records'
-resourceVersions, the Leases' holders and which nodes are live by the local clock — differs. Polling, not a
-watch, because a session's expiry is no event on the server at all: only re-reading and re-judging sees it.
-The verbs used, all on `leases` (the chart's storage Role): get, list, create, patch, delete.
+`wait_for_change` returns when the view's revision — a digest of the records' resourceVersions, the Leases'
+holders and which nodes are live by the local clock — may have moved: on a watch event from the view's list
+resourceVersion (kube_watch.py), except a live session's renewal, which changes no view; and when the first
+live session could be judged expired, since an expiry is no event on the server at all (only re-reading and
+re-judging sees it). An idle node so holds one watch and lists nothing between the controller's reads.
+The verbs used, all on `leases` (the chart's storage Role): get, list, watch, create, patch, delete; without
+`watch` (an older Role) the wait falls back to polling a view every 250 ms, with a warning.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from kubernetes.client.exceptions import ApiException
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import (SessionLost, StoreUnavailable, StoreView, UnreadableRecords,
                                                      Versioned, session_ttl_seconds)
+from shale.sidecar.replication.kube_watch import LeaseWatch
 from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord, RecordError
 from shale.sidecar.replication.topic_record import TopicRecord
 
@@ -61,7 +65,8 @@ PARTITION_ANNOTATION = "shale.dev/partition"
 RECORD_ANNOTATION = "shale.dev/record"
 TOPIC_RECORD_ANNOTATION = "shale.dev/topic-record"
 DEFAULT_TIMEOUT_S = 1.0
-DEFAULT_POLL_S = 0.25
+POLL_S = 0.25  # without the watch verb only
+WATCH_S = 60  # the API server ends each watch after this; the next wait opens another
 _CLUSTER_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
 _T = TypeVar("_T")
 
@@ -87,9 +92,25 @@ class LeaseObserver:
             return True
         return now - seen[1] < duration_s
 
+    def expires_at(self, name: str, duration_s: float) -> float:
+        """When a Lease judged live now is judged dead if nothing changes it."""
+        return self._seen[name][1] + duration_s
+
     def forget_except(self, names: set[str]) -> None:
         for name in self._seen.keys() - names:
             del self._seen[name]
+
+
+@dataclass(frozen=True)
+class _Basis:
+    """What a wait needs of the last view: a watch from `resource_version` (its list's) misses no change after
+    it; an event that only renews one of the `live` sessions (Lease name → holder) changes no view, until
+    `next_expiry`, when the first of them could be judged dead."""
+
+    revision: str
+    resource_version: str
+    live: dict[str, str]
+    next_expiry: float
 
 
 @dataclass
@@ -104,7 +125,7 @@ class KubeStore:
     """The control store in namespace `namespace` of a Kubernetes API server; used from one thread."""
 
     def __init__(self, api: kubernetes.client.ApiClient, namespace: str, cluster_id: str,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, poll_s: float = DEFAULT_POLL_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if not _CLUSTER_ID.fullmatch(cluster_id):
             raise ValueError(f"cluster id {cluster_id!r}: Kubernetes names need lowercase letters, digits and '-', "
                              "at most 40 characters")
@@ -113,11 +134,14 @@ class KubeStore:
         self._api = kubernetes.client.ApiClient(configuration)
         self._leases = kubernetes.client.CoordinationV1Api(self._api)
         self.namespace, self.cluster_id = namespace, cluster_id
-        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self.timeout_s = timeout_s
         self._selector = f"{CLUSTER_LABEL}={cluster_id}"
         self._observer = LeaseObserver()
         self._unreadable = UnreadableRecords("Kubernetes")
         self._session: _Session | None = None
+        self._basis: _Basis | None = None  # of the last view
+        self._watch: LeaseWatch | None = None
+        self._watch_refused = False
 
     # Sessions.
     def open_session(self, me: NodeRegistration, ttl_ms: int) -> None:
@@ -250,6 +274,8 @@ class KubeStore:
         topics: dict[str, Versioned[TopicRecord]] = {}
         topics_complete = True
         digest = hashlib.sha256()
+        live: dict[str, str] = {}
+        next_expiry = float("inf")
         for lease in leases.items:
             name, version = lease.metadata.name, lease.metadata.resource_version
             annotations = lease.metadata.annotations or {}
@@ -281,8 +307,12 @@ class KubeStore:
             if self._observer.is_live(name, marker, spec.lease_duration_seconds or 0, now):
                 nodes[node.node_id] = node
                 digest.update(f"n {node.node_id} {node.incarnation}\n".encode())
+                live[name] = spec.holder_identity
+                next_expiry = min(next_expiry, self._observer.expires_at(name, spec.lease_duration_seconds or 0))
         self._observer.forget_except({lease.metadata.name for lease in leases.items})
-        return StoreView(digest.hexdigest(), nodes, partitions, topics, topics_complete)
+        revision = digest.hexdigest()
+        self._basis = _Basis(revision, leases.metadata.resource_version, live, next_expiry)
+        return StoreView(revision, nodes, partitions, topics, topics_complete)
 
     def _node_of(self, lease: Any, text: str) -> NodeRegistration:
         where = f"Lease {self.namespace}/{lease.metadata.name}"
@@ -301,12 +331,60 @@ class KubeStore:
         return tp, PartitionRecord.from_json(annotations.get(RECORD_ANNOTATION, ""), where)
 
     def wait_for_change(self, revision: str, timeout_s: float) -> None:
+        """Until an event that may move the view past `revision`, a live session's expiry, or `timeout_s`. The
+        watch stays open across calls for the same revision (the controller waits in 100 ms slices)."""
+        basis = self._basis
+        if basis is None or basis.revision != revision:
+            if self.view().revision != revision:
+                return
+            basis = self._basis
+        if self._watch_refused:
+            return self._poll(revision, timeout_s)
+        watch = self._watch
+        if watch is not None and watch.revision != revision:
+            watch.close()  # a newer view was read: watch from its list
+            watch = None
+        if watch is None:
+            watch = self._watch = LeaseWatch.start(revision, lambda: self._open_watch(basis.resource_version),
+                                                   self._wakes)
+        if watch.ended.wait(max(0.0, min(timeout_s, basis.next_expiry - time.monotonic()))):
+            watch.close()
+            self._watch = None
+            if isinstance(watch.failure, ApiException) and watch.failure.status == 403:
+                self._watch_refused = True
+                logger.warning("Kubernetes: watching Leases in %s is refused (403): the storage Role lacks the "
+                               "'watch' verb (an older chart?); polling a view every %.2f s instead",
+                               self.namespace, POLL_S)
+
+    def _wakes(self, event: dict) -> bool:
+        """Whether a watch event may change the view (the watch thread asks): anything but a renewal of a
+        session the last view counts live (same Lease, same holder), and a bookmark."""
+        if event.get("type") == "BOOKMARK":
+            return False
+        if event.get("type") != "MODIFIED":
+            return True  # ADDED, DELETED, ERROR (410 Gone: the resourceVersion is too old)
+        lease = event.get("object") or {}
+        metadata, spec = lease.get("metadata") or {}, lease.get("spec") or {}
+        basis = self._basis
+        name = metadata.get("name")
+        return not (basis is not None and NODE_ANNOTATION in (metadata.get("annotations") or {})
+                    and name in basis.live and basis.live[name] == spec.get("holderIdentity"))
+
+    def _open_watch(self, resource_version: str) -> Any:
+        """The watch request (in the watch's thread): the connection bounded like every call, the stream by the
+        server's `timeoutSeconds` and, should the server vanish without a word, a read timeout past it."""
+        return self._leases.list_namespaced_lease(
+            self.namespace, label_selector=self._selector, watch=True, resource_version=resource_version,
+            timeout_seconds=WATCH_S, allow_watch_bookmarks=False, _preload_content=False,
+            _request_timeout=(self.timeout_s, WATCH_S + 10))
+
+    def _poll(self, revision: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while self.view().revision == revision:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            time.sleep(min(self.poll_s, remaining))
+            time.sleep(min(POLL_S, remaining))
 
     # Writes.
     def create_partition(self, tp: TopicPartition, record: PartitionRecord) -> bool:
@@ -377,6 +455,9 @@ class KubeStore:
         return True
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         self._api.close()
 
     # Names and bodies.

@@ -230,8 +230,8 @@ def test_rbac_is_least_privilege(default_objects):
         ("", "secrets"): [(["create", "get", "patch"], None), (["get"], [SECRETS["clients-ca"]])],
     }
     # KubeStore's calls (tests/replication/test_kube_store.py runs them under this Role): Leases only.
-    assert granted["storage"] == {("coordination.k8s.io", "leases"): [(["create", "delete", "get", "list", "patch"],
-                                                                       None)]}
+    assert granted["storage"] == {("coordination.k8s.io", "leases"): [
+        (["create", "delete", "get", "list", "patch", "watch"], None)]}
     accounts = {"operator": one(default_objects, "ServiceAccount", OPERATOR)["metadata"]["name"],
                 "storage": one(default_objects, "ServiceAccount", STORAGE_SA)["metadata"]["name"]}
     for binding in by_kind(default_objects, "RoleBinding") + by_kind(default_objects, "ClusterRoleBinding"):

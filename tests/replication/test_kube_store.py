@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from apiserver_util import release_objects
 from chart_util import by_kind
-from kube_apiserver import ApiServer
+from kube_apiserver import ADMIN, ApiServer
 from node_util import wait_for
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import SessionLost, StoreUnavailable
@@ -175,11 +176,8 @@ def test_unreadable_objects_are_skipped_loudly_and_kept(kube_api, namespace, cap
     assert leases.read_namespaced_lease("broken", namespace).metadata.annotations["shale.dev/record"] == "{not json"
 
 
-def test_the_storage_role_of_the_chart_is_enough_and_configmaps_are_out_of_reach(kube_api, namespace):
-    """The chart's storage Role (helm/shale/templates/rbac-storage.yaml), bound to a service account: a whole
-    session and record life works with it, and the operator's ConfigMaps cannot be touched."""
-    replicating = release_objects(namespace, {"storage": {"replication": {"enabled": True}}})
-    [role] = [r for r in by_kind(replicating, "Role") if r["metadata"]["name"].endswith("-leases")]
+def _bound_token(kube_api: ApiServer, namespace: str, role: dict) -> str:
+    """A service account of `namespace` bound to `role` (created here), and its token."""
     api = kube_api.client()
     rbac = kubernetes.client.RbacAuthorizationV1Api(api)
     rbac.create_namespaced_role(namespace, role)
@@ -189,12 +187,25 @@ def test_the_storage_role_of_the_chart_is_enough_and_configmaps_are_out_of_reach
         "metadata": {"name": "storage"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                                      "name": role["metadata"]["name"]},
         "subjects": [{"kind": "ServiceAccount", "name": "storage", "namespace": namespace}]})
+    return kube_api.service_account_token(namespace, "storage")
+
+
+def test_the_storage_role_of_the_chart_is_enough_and_configmaps_are_out_of_reach(kube_api, namespace, caplog):
+    """The chart's storage Role (helm/shale/templates/rbac-storage.yaml), bound to a service account: a whole
+    session and record life works with it, waits included, and the operator's ConfigMaps cannot be touched."""
+    replicating = release_objects(namespace, {"storage": {"replication": {"enabled": True}}})
+    [role] = [r for r in by_kind(replicating, "Role") if r["metadata"]["name"].endswith("-leases")]
+    token = _bound_token(kube_api, namespace, role)
+    core = kubernetes.client.CoreV1Api(kube_api.client())
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "shale-topics"}, "data": {"a.yaml": "x"}})
-    token = kube_api.service_account_token(namespace, "storage")
     store = KubeStore(kube_api.client(token), namespace, "c1")
     store.open_session(node(1, "a"), 2000)
     store.keepalive()
-    assert store.create_partition(TP, RECORD)
+    view = store.view()
+    threading.Timer(0.3, lambda: store_of(kube_api, namespace).create_partition(TP, RECORD)).start()
+    store.wait_for_change(view.revision, 30.0)  # woken by the watch the Role allows
+    wait_for(lambda: TP in store.view().partitions, what="the partition record")
+    assert "polling" not in caplog.text
     version = store.view().partitions[TP].version
     assert store.update_partition(TP, RECORD.changed(isr=(1, 2)), version)
     store.delete_partition(TP)
@@ -205,6 +216,25 @@ def test_the_storage_role_of_the_chart_is_enough_and_configmaps_are_out_of_reach
         mine.patch_namespaced_config_map("shale-topics", namespace, {"data": {"a.yaml": "overwritten"}})
     assert refused.value.status == 403
     assert core.read_namespaced_config_map("shale-topics", namespace).data == {"a.yaml": "x"}
+
+
+def store_of(kube_api: ApiServer, namespace: str) -> KubeStore:
+    return KubeStore(kube_api.client(), namespace, "c1")
+
+
+def test_a_role_without_watch_falls_back_to_polling_with_a_warning(kube_api, namespace, caplog):
+    """A Role from before the watch (no `watch` verb): the refused watch is named once, and waits still end on
+    changes, by polling."""
+    role = {"metadata": {"name": "old-leases"}, "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                                           "verbs": ["get", "list", "create", "patch", "delete"]}]}
+    store = KubeStore(kube_api.client(_bound_token(kube_api, namespace, role)), namespace, "c1")
+    for partition in range(3):
+        tp = TopicPartition(TP.topic, partition)
+        view = store.view()
+        threading.Timer(0.3, lambda tp=tp: store_of(kube_api, namespace).create_partition(tp, RECORD)).start()
+        store.wait_for_change(view.revision, 30.0)
+        wait_for(lambda tp=tp: tp in store.view().partitions, what=f"the record of {tp}")
+    assert caplog.text.count("the storage Role lacks the 'watch' verb") == 1
 
 
 def test_a_node_without_rights_gets_a_clear_store_unavailable(kube_api, namespace):
@@ -249,3 +279,40 @@ def test_open_store_finds_the_api_server_as_kubectl_does(kube_api, namespace, tm
         store.close_session()
     finally:
         store.close()
+
+
+def _lease_requests(kube_api: ApiServer, namespace: str, verb: str) -> int:
+    """How many `verb` requests on the namespace's Leases the API server has completed (its audit log)."""
+    return sum(1 for event in kube_api.responses(ADMIN)
+               if event["verb"] == verb and event.get("objectRef", {}).get("resource") == "leases"
+               and event["objectRef"].get("namespace") == namespace)
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_wait_lists_nothing_while_live_nodes_renew(kube_api, namespace):
+    """Waiting as the controller waits (slices of 100 ms) through 3 s in which another node renews its session
+    every 200 ms: one watch, and no list until something changes. Polling listed every Lease of the cluster
+    twice per slice — 60 lists in these 3 s, per node, and as many objects each as the cluster has partitions."""
+    renewer, waiter = KubeStore(kube_api.client(), namespace, "c1"), KubeStore(kube_api.client(), namespace, "c1")
+    renewer.open_session(node(2, "b"), 3000)
+    assert waiter.create_partition(TP, RECORD)
+    view = waiter.view()
+    assert view.is_live(2, "b")
+    lists_before = _lease_requests(kube_api, namespace, "list")
+    stop = time.monotonic() + 3.0
+    next_renewal = 0.0
+    while time.monotonic() < stop:
+        if time.monotonic() >= next_renewal:
+            renewer.keepalive()
+            next_renewal = time.monotonic() + 0.2
+        waiter.wait_for_change(view.revision, 0.1)
+    renewer.keepalive()
+    wait_for(lambda: _lease_requests(kube_api, namespace, "patch") >= 16, what="the renewals in the audit log")
+    assert _lease_requests(kube_api, namespace, "list") == lists_before
+    writer = KubeStore(kube_api.client(), namespace, "c1")  # a real change still wakes the waiter at once
+    assert writer.update_partition(TP, RECORD.changed(isr=(1, 2)), view.partitions[TP].version)
+    waiter.wait_for_change(view.revision, 30.0)
+    assert waiter.view().revision != view.revision
+    # A watch is audited when it ends (this one ended with the change): one for the whole wait.
+    wait_for(lambda: _lease_requests(kube_api, namespace, "watch") >= 1, what="the watch in the audit log")
+    assert _lease_requests(kube_api, namespace, "watch") == 1
