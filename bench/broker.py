@@ -17,9 +17,9 @@ settings for both servers. Per round and server, on a fresh topic:
 2. consume: a consumer `assign()`s the partition at the beginning (no group membership, no commits)
    and `consume()`s until it has all N records; each record's offset and value are checked. librdkafka's
    fetch defaults (1 MiB per partition, 50 MiB per request).
-3. latency (after the rounds, on its own topic): one record at a time, `linger.ms=0`,
-   `max.in.flight=1`, `acks=all`; the time from `produce()` to its delivery report, p50 and p99, and the
-   server's CPU time per record (the fixed cost of a request).
+3. latency (after the rounds and an `os.sync()`, on its own topic; each server in two halves, A B B A):
+   one record at a time, `linger.ms=0`, `max.in.flight=1`, `acks=all`; the time from `produce()` to its
+   delivery report, p50 and p99, and the server's CPU time per record (the fixed cost of a request).
 4. fetch wake-up (on its own topic): a consumer waits at the end of the partition with a Fetch parked at
    the server; one record at a time, the time from `produce()` to the consumer receiving it, p50 and p99.
 
@@ -439,6 +439,21 @@ def produce_latency(server: ServerProcess, topic: str, count: int, values: list[
     return Latency(out, cpu)
 
 
+def alternating_latency(servers: dict[str, ServerProcess], order: list[str], count: int,
+                        values: list[bytes]) -> dict[str, Latency]:
+    """`produce_latency` of each server in two halves, A B B A, after the rounds' writes reached the disk.
+
+    Measured one server after the other right after the rounds, the first one shared the cores with the
+    kernel's writeback of the gigabytes the rounds had written (Shale's files; Tansu keeps its records in
+    memory) and always went first."""
+    os.sync()
+    halves: dict[str, list[Latency]] = {name: [] for name in order}
+    for name in [*order, *order[::-1]]:
+        halves[name].append(produce_latency(servers[name], "latency", max(count // 2, 1), values))
+    return {name: Latency([s for h in parts for s in h.seconds], sum(h.server_cpu_s for h in parts))
+            for name, parts in halves.items()}
+
+
 def fetch_wakeup_latency(server: ServerProcess, topic: str, count: int, values: list[bytes],
                          warmup: int = LATENCY_WARMUP) -> list[float]:
     """Seconds from `produce()` of one record to a consumer, whose fetch waits at the server, receiving it.
@@ -645,8 +660,9 @@ def run(records: int, rounds: int, latency_records: int, out_dir: str = OUT_DIR,
                     f"server CPU {p.server_cpu_share:.2f}, {p.server_ms_per_mb:.2f} ms/MB), consume {c.mb_per_s:.0f} MB/s "
                     f"({c.records_per_s:,.0f} records/s, server CPU {c.server_cpu_share:.2f}, "
                     f"{c.server_ms_per_mb:.2f} ms/MB)")
+        latencies = alternating_latency(servers, order, latency_records, values)
         for name in order:
-            lat = produce_latency(servers[name], "latency", latency_records, values)
+            lat = latencies[name]
             res.systems[name].latency_s, res.systems[name].latency_cpu_us = lat.seconds, lat.cpu_us_per_record
             wake = fetch_wakeup_latency(servers[name], "wakeup", max(latency_records // 3, 1), values)
             res.systems[name].wakeup_s = wake
@@ -876,9 +892,10 @@ goes first, each on a fresh one-partition topic:
   partition, 50 MiB per request, `fetch.wait.max.ms` 500), a local queue that holds the whole run.
 - **server CPU**: CPU time of the server process (all threads, user + system) per MB moved, and per wall
   second of the phase (1.00 = one core busy throughout).
-- **latency**: {res.latency_records:,} records one at a time (after {LATENCY_WARMUP} not counted), `linger.ms=0`,
-  `max.in.flight=1`, `acks=all`: `produce()` to delivery report; and the server's CPU time (user + system)
-  over those records, per record.
+- **latency**: {res.latency_records:,} records one at a time (in two halves per server, A B B A, after an
+  `os.sync()` so that the rounds' writeback does not share the cores with the first; {LATENCY_WARMUP} not
+  counted before each), `linger.ms=0`, `max.in.flight=1`, `acks=all`: `produce()` to delivery report; and the
+  server's CPU time (user + system) over those records, per record.
 - **fetch wake-up**: {max(res.latency_records // 3, 1):,} records one at a time (after {LATENCY_WARMUP}) to a
   consumer `assign()`ed at the end of the partition, whose Fetch waits at the server (`fetch.wait.max.ms`
   500): `produce()` to the consumer's `poll()` returning the record.
