@@ -765,9 +765,10 @@ class AdminApis:
                 if res.resource_type == RESOURCE_TOPIC:
                     await self._alter_topic(res.resource_name, res.configs, compute, bool(body.validate_only), conn)
                 elif res.resource_type == RESOURCE_BROKER:
-                    if res.resource_name != "":
+                    if res.resource_name != "":  # a legacy AlterConfigs with no configs removes them all, as Kafka's
                         self._check_broker_name(res.resource_name)
-                    if res.configs:
+                        self._alter_broker(res.resource_name, res.configs, compute, bool(body.validate_only))
+                    elif res.configs:  # refused: the cluster-wide default is not served
                         self._alter_broker(res.resource_name, res.configs, compute, bool(body.validate_only))
                 else:
                     raise AdminError(INVALID_REQUEST, f"Unknown resource type {res.resource_type}")

@@ -161,6 +161,15 @@ def test_a_dynamic_throttle_survives_a_restart_and_a_broken_file_is_reported(tmp
         assert follower_rate() == ("DYNAMIC_BROKER_CONFIG", RATE)
 
         confluent_admin = AdminClient({"bootstrap.servers": node.bootstrap})  # kept alive until its answer
+        # A legacy AlterConfigs replaces the node's whole set: with no configs, it removes them all.
+        [done.result(30) for done in confluent_admin.alter_configs(
+            [ConfluentResource(ConfluentResourceType.BROKER, "0", set_config={})]).values()]
+        assert follower_rate()[0] == "DEFAULT_CONFIG" and json.loads(kept.read_text())["configs"] == {}
+        admin = KafkaAdminClient(bootstrap_servers=node.bootstrap)
+        admin.alter_configs([ConfigResource(ConfigResourceType.BROKER, "0", configs={FOLLOWER_RATE: str(RATE)})])
+        admin.close()
+        assert follower_rate() == ("DYNAMIC_BROKER_CONFIG", RATE)
+
         deleted = confluent_admin.incremental_alter_configs([ConfluentResource(
             ConfluentResourceType.BROKER, "0", incremental_configs=[ConfigEntry(
                 FOLLOWER_RATE, None, incremental_operation=AlterConfigOpType.DELETE)])])
