@@ -13,9 +13,10 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import socket
 import threading
 from dataclasses import dataclass, field
+
+from shale.sidecar.replication.watch_reader import stop_reader
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +75,7 @@ class WatchStream:
     def close(self) -> None:
         """Stop the stream; its thread ends as the socket is shut down under its read."""
         self._closed = True
-        sock = self.connection.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # closed already by the thread
+        stop_reader(self.connection.sock)
         self.ended.set()
 
     def _read(self, pending: bytes) -> None:

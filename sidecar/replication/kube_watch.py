@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from shale.sidecar.replication.watch_reader import stop_reader
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +48,7 @@ class LeaseWatch:
         """Stop the stream: its thread ends as the socket is shut down under its read."""
         self._closed = True
         connection = getattr(self._response, "connection", None)  # None once the thread released it
-        sock = getattr(connection, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # closed already by the thread
+        stop_reader(getattr(connection, "sock", None))
         self.ended.set()
 
     def _read(self, open_stream: Callable[[], Any], wakes: Callable[[dict], bool]) -> None:
