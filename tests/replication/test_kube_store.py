@@ -316,3 +316,29 @@ def test_an_idle_wait_lists_nothing_while_live_nodes_renew(kube_api, namespace):
     # A watch is audited when it ends (this one ended with the change): one for the whole wait.
     wait_for(lambda: _lease_requests(kube_api, namespace, "watch") >= 1, what="the watch in the audit log")
     assert _lease_requests(kube_api, namespace, "watch") == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_watch_cut_by_the_api_server_wakes_the_waiter_and_the_next_wait_watches_again(kube_api, namespace):
+    """The API server SIGKILLed under an open watch: the wait ends at once (not after its 60 s) and the caller's
+    next view names the outage; once the server is back, a wait watches again and a change wakes it."""
+    store = store_of(kube_api, namespace)
+    assert store.create_partition(TP, RECORD)
+    view = store.view()
+    waiting = threading.Thread(target=store.wait_for_change, args=(view.revision, 60.0))
+    waiting.start()
+    time.sleep(0.5)  # the watch is open (a wait of 0.5 s would have returned already: it did not)
+    assert waiting.is_alive()
+    kube_api.kill_apiserver()
+    try:
+        waiting.join(30)
+        assert not waiting.is_alive(), "the wait did not end when its watch was cut"
+        with pytest.raises(StoreUnavailable):
+            store.view()
+    finally:
+        kube_api.start_apiserver()
+    view = store.view()
+    threading.Timer(0.3, lambda: store_of(kube_api, namespace).update_partition(
+        TP, RECORD.changed(isr=(1, 2)), view.partitions[TP].version)).start()
+    store.wait_for_change(view.revision, 60.0)
+    assert store.view().partitions[TP].record.isr == (1, 2)
