@@ -94,7 +94,7 @@ are in C (a loop of `SSL_read_ex` over a buffer, or kernel TLS on a kernel that 
 Why the goal is out of reach on this machine (2026-11-25, load average < 1): the clients' own TLS takes about the
 whole of the goal's budget. The ceiling column is the ratio a server whose TLS cost nothing but the cipher would
 reach beside these clients on the shared cores (from the run's own CPU per MB; the client's varies from run to
-run, so does the ceiling: 68–72 % in the first full run that day, 68 % and 77 % in one with uvloop).
+run, so does the ceiling: 70–72 % in the first full run that day, 68–77 % in one with uvloop).
 With the server pinned to one core and the client to the other, as on two machines, throughput follows the
 slower of the two, and in that layout (one full run by hand) the client was the slower: its CPU per MB went
 from 1.66 to 3.26–3.77 ms producing and from 1.39 to 1.84–1.93 consuming. That caps produce at 44–51 % whatever
