@@ -15,8 +15,8 @@ endef
 # apt-get install, with an `apt-get update` first only when the package lists are too old to find it.
 APT_INSTALL = apt-get install -y --no-install-recommends $(1) || (apt-get update && apt-get install -y --no-install-recommends $(1))
 
-# setup.py compiles the cleaner's C loops (sidecar/log/_cleaner_kernel.c); a change to either reinstalls.
-$(BIN)/.installed: pyproject.toml setup.py sidecar/log/_cleaner_kernel.c
+# setup.py compiles the cleaner's C loops and the codec's C interpreter; a change to any of them reinstalls.
+$(BIN)/.installed: pyproject.toml setup.py sidecar/log/_cleaner_kernel.c sidecar/protocol/_codec_kernel.c
 	$(call step,creating the virtual environment $(VENV) with $(PYTHON),$(PYTHON) -m venv $(VENV),venv)
 	$(call step,installing Shale and its pinned Python dependencies into $(VENV) (pip; a few minutes on a fresh machine; compiles sidecar/log/_cleaner_kernel.c),$(BIN)/pip install --upgrade pip && $(BIN)/pip install -e '.[test]',pip)
 	@touch $@

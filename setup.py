@@ -1,8 +1,9 @@
 """Only the compiled part of the build; everything else is in pyproject.toml.
 
-`pip install -e .` (and `make test`) compiles the cleaner's hot loops with the machine's C
-compiler. The module is optional at run time: without it the cleaner runs its pure-Python
-loops (sidecar/log/cleaner_kernel.py), but the test suite requires it to be built.
+`pip install -e .` (and `make test`) compiles the cleaner's hot loops and the codec's schema
+interpreter with the machine's C compiler. Both modules are optional at run time: without them
+the cleaner runs its pure-Python loops (sidecar/log/cleaner_kernel.py) and the codec its generated
+Python (sidecar/protocol/generated_codec.py), but the test suite requires them to be built.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,11 @@ setup(
             "shale.sidecar.log._cleaner_kernel",
             sources=["sidecar/log/_cleaner_kernel.c"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-        )
+        ),
+        Extension(
+            "shale.sidecar.protocol._codec_kernel",
+            sources=["sidecar/protocol/_codec_kernel.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        ),
     ],
 )

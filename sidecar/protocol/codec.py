@@ -19,9 +19,10 @@ Kafka's own JSON message definitions (``kafka/protocol/schemas/resources``).
 Nothing here is written per API version.  Record sets (Produce/Fetch
 ``records``) are carried as raw ``bytes`` and never decoded.
 
-Two paths, the same bytes and values: frames and dict bodies go through the
-functions `generated_codec` writes from those schemas per API and version (one
-pass, no intermediate objects); whatever they leave (a value of an unexpected
+Three paths, the same bytes and values: frames and dict bodies go through the
+C interpreter of the programs `compiled_codec` builds from those schemas per API
+and version, then through the functions `generated_codec` writes from them (one
+pass, no intermediate objects); whatever both leave (a value of an unexpected
 type, an unknown field, a malformed frame) goes to kafka-python's own codec,
 the reference (``reference_decode_request``, ``reference_encode_response``,
 ``reference_encode_response_parts``), which also names every error.
@@ -118,7 +119,7 @@ from kafka.protocol.sasl import (
 )
 
 from shale.sidecar.log.varint import encode_uvarint
-from shale.sidecar.protocol import generated_codec
+from shale.sidecar.protocol import compiled_codec, generated_codec
 
 __all__ = [
     "API_NAMES", "SUPPORTED_VERSIONS", "Request",
@@ -323,28 +324,40 @@ def _generated(built: dict, table: dict, build, api_key: int, api_version: int):
     return found
 
 
-_DECODERS: dict[tuple[int, int], Any] = {}  # (api key, version) -> generated request decoder
-_ENCODERS: dict[tuple[int, int], Any] = {}  # (api key, version) -> generated response encoder
+def _request_decoders(cls: type, version: int) -> tuple:
+    """The decoders to try in turn: the compiled one (when built), then the generated Python."""
+    generated = generated_codec.request_decoder(cls, version)
+    return (compiled_codec.request_decoder(cls, version), generated) if compiled_codec.available else (generated,)
+
+
+def _response_encoders(cls: type, version: int) -> tuple:
+    """(the compiled encoder or None, the generated one): see `encode_response`."""
+    compiled = compiled_codec.response_encoder(cls, version) if compiled_codec.available else None
+    return compiled, generated_codec.response_encoder(cls, version)
+
+
+_DECODERS: dict[tuple[int, int], Any] = {}  # (api key, version) -> the request decoders to try in turn
+_ENCODERS: dict[tuple[int, int], Any] = {}  # (api key, version) -> (compiled, generated) response encoders
 
 
 def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     """Decode one request frame (without the 4-byte size prefix): :func:`reference_decode_request`'s result,
-    from the generated decoder when it reads the frame, from the reference otherwise (errors included)."""
+    from the first fast decoder (compiled, then generated) that reads the frame, from the reference otherwise
+    (errors included)."""
     if isinstance(frame, bytes) or (isinstance(frame, memoryview) and frame.format == "B" and frame.c_contiguous):
         data = frame  # as received: no new view per request
     else:
         data = memoryview(frame).cast("B")
     if len(data) >= _FIXED_HEADER.size:
         api_key, api_version, correlation_id = _FIXED_HEADER.unpack_from(data, 0)
-        decoder = _DECODERS.get((api_key, api_version)) or _generated(
-            _DECODERS, _REQUESTS, generated_codec.request_decoder, api_key, api_version)
-        if decoder is not None:
+        decoders = _DECODERS.get((api_key, api_version)) or _generated(
+            _DECODERS, _REQUESTS, _request_decoders, api_key, api_version)
+        for decoder in decoders or ():
             try:
                 body, header = decoder(data)
-            except Exception:  # noqa: BLE001 - the reference decides, and names the error
-                pass
-            else:
-                return Request(api_key, api_version, correlation_id, header.client_id, body, header.unknown_tags)
+            except Exception:  # noqa: BLE001 - the next decoder, and at last the reference, decides
+                continue
+            return Request(api_key, api_version, correlation_id, header.client_id, body, header.unknown_tags)
     return reference_decode_request(frame)
 
 
@@ -435,11 +448,19 @@ def encode_response(api_key: int, api_version: int, correlation_id: int,
     """:func:`reference_encode_response`'s bytes: a dict body through the generated encoder when it takes it,
     anything else (and what it leaves) through the reference."""
     if body.__class__ is dict:
-        encoder = _ENCODERS.get((api_key, api_version)) or _generated(
-            _ENCODERS, _RESPONSES, generated_codec.response_encoder, api_key, api_version)
-        if encoder is not None:
+        encoders = _ENCODERS.get((api_key, api_version)) or _generated(
+            _ENCODERS, _RESPONSES, _response_encoders, api_key, api_version)
+        if encoders is not None:
+            compiled, generated = encoders
+            if compiled is not None:
+                try:
+                    out = compiled(body, correlation_id, framed)
+                    if out.__class__ is bytes:  # else a record set outside the body: the reference's
+                        return out
+                except Exception:  # noqa: BLE001 - the generated encoder, then the reference, decides
+                    pass
             try:
-                parts = encoder(body, correlation_id)
+                parts = generated(body, correlation_id)
                 if framed:
                     parts[0] = _SIZE.pack(sum(map(len, parts)))  # an external record set has no len(): reference
                 return b"".join(parts)
@@ -519,13 +540,21 @@ def _swap_external(value: Any, found: list) -> Any:
 
 def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any], *,
                           framed: bool = False) -> list:
-    """:func:`reference_encode_response_parts`'s pieces, from the generated encoder when it takes the body."""
+    """:func:`reference_encode_response_parts`'s pieces, from the compiled or generated encoder when it takes the
+    body."""
     if body.__class__ is dict:
-        encoder = _ENCODERS.get((api_key, api_version)) or _generated(
-            _ENCODERS, _RESPONSES, generated_codec.response_encoder, api_key, api_version)
-        if encoder is not None:
+        encoders = _ENCODERS.get((api_key, api_version)) or _generated(
+            _ENCODERS, _RESPONSES, _response_encoders, api_key, api_version)
+        if encoders is not None:
+            compiled, generated = encoders
+            if compiled is not None:
+                try:
+                    out = compiled(body, correlation_id, framed)
+                    return [out] if out.__class__ is bytes else _pieces(out, framed)
+                except Exception:  # noqa: BLE001 - the generated encoder, then the reference, decides
+                    pass
             try:
-                return _pieces(encoder(body, correlation_id), framed)
+                return _pieces(generated(body, correlation_id), framed)
             except Exception:  # noqa: BLE001 - the reference decides, and names the error
                 pass
     return reference_encode_response_parts(api_key, api_version, correlation_id, body, framed=framed)

@@ -80,3 +80,25 @@ def valid_frames(draw, api_key: int | None = None, version: int | None = None) -
     frame = bytes(request.encode(header=True, framed=True))
     assert struct.unpack_from(">i", frame)[0] == len(frame) - 4
     return api_key, version, correlation_id, client_id, frame[4:]
+
+
+def assert_same_value(fast, ref, where: str = "body", *, views: bool = False) -> None:
+    """Equal as the handlers see them: same class and version, every field of the schema, tags and unknown tags.
+    With `views`, a bytes field's value is a memoryview of the same bytes (a response decoded without copies)."""
+    if isinstance(ref, list):
+        assert isinstance(fast, list) and len(fast) == len(ref), where
+        for i, (a, b) in enumerate(zip(fast, ref)):
+            assert_same_value(a, b, f"{where}[{i}]", views=views)
+        return
+    if views and type(ref) is bytes:
+        assert type(fast) is memoryview and fast == ref, (where, fast, ref)
+        return
+    if not hasattr(ref, "_struct"):
+        assert type(fast) is type(ref) and fast == ref, (where, fast, ref)
+        return
+    assert type(fast) is type(ref), where
+    assert fast._version == ref._version, where
+    assert (fast.tags or set()) == (ref.tags or set()), where
+    assert fast.unknown_tags == ref.unknown_tags, where
+    for name in ref._struct.fields:
+        assert_same_value(getattr(fast, name), getattr(ref, name), f"{where}.{name}", views=views)

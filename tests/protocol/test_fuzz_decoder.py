@@ -3,7 +3,8 @@
 The server closes a connection on ProtocolError; any other exception would escape its connection task,
 and a hang would stall the connection's event loop. Valid frames come from kafka-python's request classes
 (the bytes its client writes), with field values drawn from each message's own schema, for every API and
-version the codec supports; an unmutated frame must decode and re-encode to the same bytes.
+version the codec supports; an unmutated frame must decode and re-encode to the same bytes. The C decoder
+(`compiled_codec`) is also held to the generated Python one on the same damaged frames.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shale.sidecar.protocol import codec
-from schema_values import ALL_VERSIONS, SCALARS, valid_frames
+from shale.sidecar.protocol import codec, compiled_codec, generated_codec
+from schema_values import ALL_VERSIONS, SCALARS, assert_same_value, valid_frames
 
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -94,6 +95,31 @@ def test_valid_frames_roundtrip(api_key, version, data):
 def test_mutated_frames_decode_or_raise_protocol_error(api_key, data):
     *_, frame = data.draw(valid_frames(api_key))
     _decode_or_protocol_error(data.draw(mutated(frame)))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("api_key", sorted(codec.SUPPORTED_VERSIONS))
+@settings(FUZZ, max_examples=120)
+@given(data=st.data())
+def test_mutated_frames_decode_in_c_as_in_the_generated_python(api_key, data):
+    """The C decoder against the generated one on the same damaged frame: what the generated decoder reads, the C
+    one reads to equal values or leaves to it (raises); what the generated one refuses, the C one refuses too."""
+    key, version, *_, frame = data.draw(valid_frames(api_key))
+    frame = data.draw(mutated(frame))
+    cls = codec.request_class(key)
+    try:
+        expected = generated_codec.request_decoder(cls, version)(frame)
+    except Exception:  # noqa: BLE001 - any refusal: the C decoder must refuse as well
+        expected = None
+    try:
+        got = compiled_codec.request_decoder(cls, version)(frame)
+    except Exception:  # noqa: BLE001
+        got = None
+    if expected is None:
+        assert got is None, "the C decoder read a frame the generated one refuses"
+    elif got is not None:
+        assert_same_value(got[0], expected[0])
+        assert_same_value(got[1], expected[1], "header")
 
 
 @pytest.mark.timeout(300)

@@ -1,9 +1,11 @@
-"""The generated codec (`generated_codec`) against the reference (kafka-python's, `codec.reference_*`).
+"""The compiled codec (`compiled_codec`, C) and the generated one (`generated_codec`, Python) against the
+reference (kafka-python's, `codec.reference_*`).
 
 For every API and version served: request frames as kafka-python's client writes them decode to equal values
 (the same data classes, field by field, tagged and unknown tags included) and response bodies as handlers
 write them (dicts, fields left out for their defaults, nulls, empty arrays, tagged fields) encode to the same
-bytes. The generated functions are called directly, so a fallback to the reference cannot hide a difference.
+bytes. The compiled and generated functions are called directly, so a fallback to the next path cannot hide
+a difference.
 """
 
 from __future__ import annotations
@@ -17,33 +19,15 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer.fetch import FetchRequest
 
-from schema_values import ALL_VERSIONS, SCALARS, struct_dicts, valid_frames
-from shale.sidecar.protocol import client_codec, codec, generated_codec
+from schema_values import ALL_VERSIONS, SCALARS, assert_same_value, struct_dicts, valid_frames
+from shale.sidecar.protocol import client_codec, codec, compiled_codec, generated_codec
 
 PROPERTY = settings(deadline=None, max_examples=12,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def assert_same_value(fast, ref, where: str = "body", *, views: bool = False) -> None:
-    """Equal as the handlers see them: same class and version, every field of the schema, tags and unknown tags.
-    With `views`, a bytes field's value is a memoryview of the same bytes (a response decoded without copies)."""
-    if isinstance(ref, list):
-        assert isinstance(fast, list) and len(fast) == len(ref), where
-        for i, (a, b) in enumerate(zip(fast, ref)):
-            assert_same_value(a, b, f"{where}[{i}]", views=views)
-        return
-    if views and type(ref) is bytes:
-        assert type(fast) is memoryview and fast == ref, (where, fast, ref)
-        return
-    if not hasattr(ref, "_struct"):
-        assert type(fast) is type(ref) and fast == ref, (where, fast, ref)
-        return
-    assert type(fast) is type(ref), where
-    assert fast._version == ref._version, where
-    assert (fast.tags or set()) == (ref.tags or set()), where
-    assert fast.unknown_tags == ref.unknown_tags, where
-    for name in ref._struct.fields:
-        assert_same_value(getattr(fast, name), getattr(ref, name), f"{where}.{name}", views=views)
+def test_the_compiled_codec_is_built():
+    assert compiled_codec.available, "the C codec is not built (pip install -e . compiles it)"
 
 
 def with_header_tags(frame: bytes, client_id: str | None, tags: list[tuple[int, bytes]]) -> bytes:
@@ -69,11 +53,12 @@ def test_requests_decode_to_the_reference_values(api_key, version, data):
                                   unique_by=lambda t: t[0]))
         frame = with_header_tags(frame, client_id, sorted(tags))
     ref = codec.reference_decode_request(frame)
-    body, header = generated_codec.request_decoder(cls, ver)(memoryview(frame))
-    assert_same_value(body, ref.body)
-    assert_same_value(header, ref.body._header, "header")
-    assert body._header is header
-    assert (header.correlation_id, header.client_id) == (correlation_id, client_id)
+    for decoder in (generated_codec.request_decoder(cls, ver), compiled_codec.request_decoder(cls, ver)):
+        body, header = decoder(memoryview(frame))
+        assert_same_value(body, ref.body)
+        assert_same_value(header, ref.body._header, "header")
+        assert body._header is header
+        assert (header.correlation_id, header.client_id) == (correlation_id, client_id)
     # and through the public entry point, which builds the Request
     fast = codec.decode_request(frame)
     assert (fast.api_key, fast.api_version, fast.correlation_id, fast.client_id, fast.header_tags) == (
@@ -107,10 +92,11 @@ def test_known_tagged_fields_of_a_request_decode_into_their_fields():
                        max_wait_ms=5, min_bytes=1, topics=[])
     req.with_header(correlation_id=5, client_id="t")
     frame = bytes(req.encode(header=True))
-    body, _ = generated_codec.request_decoder(FetchRequest, 15)(frame)
-    assert body.cluster_id == "c1" and body.replica_state.replica_id == 3 and body.tags == {"cluster_id",
-                                                                                            "replica_state"}
-    assert_same_value(body, codec.reference_decode_request(frame).body)
+    for decoder in (generated_codec.request_decoder(FetchRequest, 15), compiled_codec.request_decoder(FetchRequest, 15)):
+        body, _ = decoder(frame)
+        assert body.cluster_id == "c1" and body.replica_state.replica_id == 3 and body.tags == {"cluster_id",
+                                                                                                "replica_state"}
+        assert_same_value(body, codec.reference_decode_request(frame).body)
 
 
 @pytest.mark.parametrize("cut", [1, 3, 11, 25])
@@ -121,6 +107,8 @@ def test_a_truncated_frame_is_left_to_the_reference(cut):
     frame = bytes(req.encode(header=True))[:-cut]
     with pytest.raises(Exception):
         generated_codec.request_decoder(FetchRequest, 12)(frame)
+    with pytest.raises(compiled_codec.Unhandled, match="truncated"):
+        compiled_codec.request_decoder(FetchRequest, 12)(frame)
     with pytest.raises(codec.MalformedFrameError, match="correlation_id=5"):
         codec.decode_request(frame)
 
@@ -142,6 +130,9 @@ def test_responses_encode_to_the_reference_bytes(api_key, version, data):
     parts = generated_codec.response_encoder(codec.response_class(api_key), version)(body, correlation_id)
     assert parts[0] == b""
     assert b"".join(parts) == ref
+    compiled = compiled_codec.response_encoder(codec.response_class(api_key), version)
+    assert compiled(body, correlation_id, False) == ref
+    assert compiled(body, correlation_id, True) == struct.pack(">i", len(ref)) + ref
     framed = codec.encode_response(api_key, version, correlation_id, body, framed=True)
     assert framed == struct.pack(">i", len(ref)) + ref
 
@@ -172,9 +163,11 @@ def test_responses_decode_to_the_reference_values(api_key, version, data):
         memoryview(frame), body_start(api_key, version))
     assert ref_end == len(frame)
     views = data.draw(st.booleans())
-    fast, end = generated_codec.response_decoder(cls, version, views)(data_view, body_start(api_key, version))
-    assert end == len(frame)
-    assert_same_value(fast, ref, views=views)
+    for decoder in (generated_codec.response_decoder(cls, version, views),
+                    compiled_codec.response_decoder(cls, version, views)):
+        fast, end = decoder(data_view, body_start(api_key, version))
+        assert end == len(frame)
+        assert_same_value(fast, ref, views=views)
 
 
 def test_a_response_decoded_with_views_holds_no_copy_of_its_records():
@@ -183,15 +176,17 @@ def test_a_response_decoded_with_views_holds_no_copy_of_its_records():
     frame = bytearray(codec.encode_response(1, 12, 3, {"responses": [{"topic": "t", "partitions": [
         {"partition_index": 0, "records": b"abc"}, {"partition_index": 1, "records": None}]}]}))
     cls = codec.response_class(1)
-    copied, _ = generated_codec.response_decoder(cls, 12)(memoryview(frame), 5)
-    viewed, _ = generated_codec.response_decoder(cls, 12, True)(memoryview(frame), 5)
-    a, b = viewed.responses[0].partitions
-    assert a.records.obj is frame and bytes(a.records) == b"abc" and b.records is None
-    at = frame.index(b"abc")
-    frame[at:at + 3] = b"xyz"
-    assert bytes(a.records) == b"xyz"
-    kept = copied.responses[0].partitions[0].records
-    assert type(kept) is bytes and kept == b"abc"
+    for module in (generated_codec, compiled_codec):
+        data = bytearray(frame)
+        copied, _ = module.response_decoder(cls, 12)(memoryview(data), 5)
+        viewed, _ = module.response_decoder(cls, 12, True)(memoryview(data), 5)
+        a, b = viewed.responses[0].partitions
+        assert a.records.obj is data and bytes(a.records) == b"abc" and b.records is None
+        at = data.index(b"abc")
+        data[at:at + 3] = b"xyz"
+        assert bytes(a.records) == b"xyz"
+        kept = copied.responses[0].partitions[0].records
+        assert type(kept) is bytes and kept == b"abc"
 
 
 @pytest.mark.parametrize("version", [9, 10, 11])
@@ -205,6 +200,7 @@ def test_tagged_fields_nulls_and_empty_arrays_of_a_produce_response(version):
         "throttle_time_ms": 0, "node_endpoints": [{"node_id": 2, "host": "h", "port": 9092, "rack": None}]}
     ref = codec.reference_encode_response(0, version, 77, body)
     assert b"".join(generated_codec.response_encoder(codec.response_class(0), version)(body, 77)) == ref
+    assert compiled_codec.response_encoder(codec.response_class(0), version)(body, 77) == ref
     back = codec.response_class(0).decode(ref, version=version, header=True)
     first, second = back.responses[0].partition_responses
     assert first.error_message is None and second.error_message == "" and first.record_errors == []
@@ -240,6 +236,8 @@ def test_metadata_omitted_authorized_operations_and_topic_ids():
 def test_bodies_the_generated_encoder_leaves_get_the_reference_answer(body):
     with pytest.raises(Exception):
         generated_codec.response_encoder(codec.response_class(0), 9)(body, 1)
+    with pytest.raises(Exception):
+        compiled_codec.response_encoder(codec.response_class(0), 9)(body, 1)
     try:
         expected = codec.reference_encode_response(0, 9, 1, body)
     except codec.ProtocolError as exc:
@@ -265,3 +263,5 @@ def test_fetch_parts_are_cut_as_the_reference_cuts_them(version, sizes, framed):
     fast = codec.encode_response_parts(1, version, 3, body, framed=framed)
     shape = lambda parts: [p if isinstance(p, bytes) else ("external", p.data) for p in parts]  # noqa: E731
     assert shape(fast) == shape(ref)
+    compiled = compiled_codec.response_encoder(codec.response_class(1), version)(body, 3, framed)
+    assert shape(codec._pieces(compiled, framed)) == shape(ref)
