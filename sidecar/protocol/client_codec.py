@@ -5,12 +5,14 @@ same kafka-python classes, built from Kafka's JSON definitions, that `codec.py` 
 version ranges are enforced, so a node only ever sends what a node of the same build can decode. A dict body is
 encoded by `generated_codec.request_encoder` (the same bytes, a fraction of the time: a follower sends one Fetch
 per leader append); whatever it leaves goes to kafka-python's encoder, which names the error. A response is
-decoded by `generated_codec.response_decoder` (asked to, it leaves bytes fields such as a Fetch answer's
-records as views into the frame); a frame it cannot read goes to kafka-python's decoder, which names the error.
+decoded by `compiled_codec.response_decoder` (C), then `generated_codec.response_decoder` (asked to, both
+leave bytes fields such as a Fetch answer's records as views into the frame); a frame neither reads goes to
+kafka-python's decoder, which names the error.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from dataclasses import dataclass
@@ -26,7 +28,8 @@ from shale.sidecar.protocol.codec import (
     request_class,
     response_class,
 )
-from shale.sidecar.protocol.generated_codec import KIP511_HEADER_APIS, request_encoder, response_decoder
+from shale.sidecar.protocol import compiled_codec, generated_codec
+from shale.sidecar.protocol.generated_codec import KIP511_HEADER_APIS, request_encoder
 
 _SIZE = struct.Struct(">i")
 _HEADER_PREFIX = 4096  # a response header is a correlation id and (flexible) a few tagged fields
@@ -70,6 +73,15 @@ def reference_encode_request(api_key: int, api_version: int, correlation_id: int
         raise ProtocolError(api_key, api_version, correlation_id, f"cannot encode request: {exc!r}") from exc
 
 
+@functools.cache
+def _response_decoders(cls: type, api_version: int, views: bool) -> tuple:
+    """The decoders to try in turn: the compiled one (when built), then the generated Python."""
+    generated = generated_codec.response_decoder(cls, api_version, views)
+    if not compiled_codec.available:
+        return (generated,)
+    return compiled_codec.response_decoder(cls, api_version, views), generated
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
     correlation_id: int
@@ -105,9 +117,13 @@ def decode_response(api_key: int, api_version: int, frame: bytes | bytearray | m
                 head = io.BytesIO(bytes(data))  # header tags beyond the prefix: decode it whole
                 cls.parse_header(head, version=api_version)
             start = head.tell()
-        try:
-            body, end = response_decoder(cls, api_version, views)(data, start)
-        except Exception:  # noqa: BLE001 - the reference decides, and names the error
+        for decoder in _response_decoders(cls, api_version, views):
+            try:
+                body, end = decoder(data, start)
+                break
+            except Exception:  # noqa: BLE001 - the next decoder, and at last the reference, decides
+                pass
+        else:
             reference = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible,
                                                          data_class=cls)
             body, end = reference(data, start)
