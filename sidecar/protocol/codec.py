@@ -443,29 +443,42 @@ def _build(data_class: type, values: Mapping[str, Any], version: int | None) -> 
     return data_class(version=version, **kwargs)
 
 
+def _fast_encoding(api_key: int, api_version: int, correlation_id: int, body: Any, framed: bool) -> bytes | list | None:
+    """A dict body through the compiled encoder (the whole response as bytes, or parts around record sets left in
+    files), else through the generated one (parts); None when both leave it to the reference. Parts start with
+    an empty placeholder for the size prefix."""
+    if body.__class__ is not dict:
+        return None
+    encoders = _ENCODERS.get((api_key, api_version)) or _generated(
+        _ENCODERS, _RESPONSES, _response_encoders, api_key, api_version)
+    if encoders is None:
+        return None
+    compiled, generated = encoders
+    if compiled is not None:
+        try:
+            return compiled(body, correlation_id, framed)
+        except Exception:  # noqa: BLE001 - the generated encoder, then the reference, decides
+            pass
+    try:
+        return generated(body, correlation_id)
+    except Exception:  # noqa: BLE001 - the reference decides, and names the error
+        return None
+
+
 def encode_response(api_key: int, api_version: int, correlation_id: int,
                     body: Any, *, framed: bool = False) -> bytes:
-    """:func:`reference_encode_response`'s bytes: a dict body through the generated encoder when it takes it,
-    anything else (and what it leaves) through the reference."""
-    if body.__class__ is dict:
-        encoders = _ENCODERS.get((api_key, api_version)) or _generated(
-            _ENCODERS, _RESPONSES, _response_encoders, api_key, api_version)
-        if encoders is not None:
-            compiled, generated = encoders
-            if compiled is not None:
-                try:
-                    out = compiled(body, correlation_id, framed)
-                    if out.__class__ is bytes:  # else a record set outside the body: the reference's
-                        return out
-                except Exception:  # noqa: BLE001 - the generated encoder, then the reference, decides
-                    pass
-            try:
-                parts = generated(body, correlation_id)
-                if framed:
-                    parts[0] = _SIZE.pack(sum(map(len, parts)))  # an external record set has no len(): reference
-                return b"".join(parts)
-            except Exception:  # noqa: BLE001 - the reference decides, and names the error
-                pass
+    """:func:`reference_encode_response`'s bytes: a dict body through the compiled or generated encoder when it
+    takes it, anything else (and what they leave) through the reference."""
+    out = _fast_encoding(api_key, api_version, correlation_id, body, framed)
+    if out.__class__ is bytes:
+        return out
+    if out is not None:
+        try:
+            if framed:
+                out[0] = _SIZE.pack(sum(map(len, out)))  # an external record set has no len(): the reference's
+            return b"".join(out)
+        except TypeError:
+            pass
     return reference_encode_response(api_key, api_version, correlation_id, body, framed=framed)
 
 
@@ -542,21 +555,11 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
                           framed: bool = False) -> list:
     """:func:`reference_encode_response_parts`'s pieces, from the compiled or generated encoder when it takes the
     body."""
-    if body.__class__ is dict:
-        encoders = _ENCODERS.get((api_key, api_version)) or _generated(
-            _ENCODERS, _RESPONSES, _response_encoders, api_key, api_version)
-        if encoders is not None:
-            compiled, generated = encoders
-            if compiled is not None:
-                try:
-                    out = compiled(body, correlation_id, framed)
-                    return [out] if out.__class__ is bytes else _pieces(out, framed)
-                except Exception:  # noqa: BLE001 - the generated encoder, then the reference, decides
-                    pass
-            try:
-                return _pieces(generated(body, correlation_id), framed)
-            except Exception:  # noqa: BLE001 - the reference decides, and names the error
-                pass
+    out = _fast_encoding(api_key, api_version, correlation_id, body, framed)
+    if out.__class__ is bytes:
+        return [out]
+    if out is not None:
+        return _pieces(out, framed)
     return reference_encode_response_parts(api_key, api_version, correlation_id, body, framed=framed)
 
 
