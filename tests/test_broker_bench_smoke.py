@@ -29,13 +29,14 @@ def test_whole_run_produces_figures(bench, tmp_path):
         assert len(system.produce) == len(system.consume) == 2
         assert len(system.latency_s) == 30 and min(system.latency_s) > 0 and system.latency_cpu_us >= 0
         assert len(system.wakeup_s) == 10 and min(system.wakeup_s) > 0
+    assert res.systems[bench.SHALE].raw_cpu_us > 0 and res.floor.raw_cpu_us > 0  # phase 5, against the C floor
     assert len(res.paired("produce")) == len(res.paired("consume")) == 2
     assert res.ratio("produce") > 0 and res.ratio("consume") > 0
     assert not os.listdir(out), "the benchmark leaves no data behind"
 
     text = bench.table(res)
     assert "produce 3,000 × 1 KiB" in text and "consume 3,000 × 1 KiB" in text and "p99 ms" in text
-    assert "server CPU µs per record" in text and "Fetch wake-up" in text
+    assert "server CPU µs per record" in text and "Fetch wake-up" in text and "floor_server.c" in text
     assert "Shale/Tansu" in bench.summary(res)
     assert "of Tansu" in bench.interpretation(res)
     doc = tmp_path / "performance.md"
