@@ -971,6 +971,11 @@ goes first, each on a fresh one-partition topic:
 - **fetch wake-up**: {max(res.latency_records // 3, 1):,} records one at a time (after {LATENCY_WARMUP}) to a
   consumer `assign()`ed at the end of the partition, whose Fetch waits at the server (`fetch.wait.max.ms`
   500): `produce()` to the consumer's `poll()` returning the record.
+- **kernel floor**: {res.latency_records:,} one-record Produce v9 frames (`acks=all`, after {LATENCY_WARMUP}), each
+  sent from a blocking socket once the answer to the one before is read, to Shale and to
+  `bench/floor_server.c` (in two halves, A B B A): a C server making the same system calls per request as
+  Shale (`epoll_wait`, `recv`, `pwrite` of the frame, `send` of a canned answer) and nothing else; the
+  server's CPU time per request.
 - The goal column judges the ratio of the medians; "per round" gives Shale / Tansu of the two runs of each
   round, which ran one after the other.
 
