@@ -44,11 +44,12 @@ def test_root_folders_load_no_code_from_the_root(wheel_venv):
 def test_installed_packages_come_from_site_packages(wheel_venv):
     run = wheel_venv.run("python", "-c", "import shale.sidecar.server.node as n, shale.operator.crd as c, "
                          "shale.pipeline.latest as p, shale.sidecar.log._cleaner_kernel as k, "
+                         "shale.sidecar.protocol._codec_kernel as ck, "
                          "shale.sidecar.security.sasl as s; print(n.__file__, c.__file__, p.__file__, k.__file__, "
-                         "s.__file__)")
+                         "ck.__file__, s.__file__)")
     assert run.returncode == 0, run.stderr
     files = run.stdout.split()
-    assert len(files) == 5 and all(f.startswith(str(wheel_venv.site_packages)) for f in files), files
+    assert len(files) == 6 and all(f.startswith(str(wheel_venv.site_packages)) for f in files), files
 
 
 def test_shale_commands_from_the_root(wheel_venv, tmp_path):
