@@ -673,7 +673,7 @@ class Results:
     load: tuple[float, float] = (0.0, 0.0)
     profile: dict[str, str] = field(default_factory=dict)  # phase -> py-spy summary of shale serve
     client: str = ""
-    floor: SystemResult = field(default_factory=lambda: SystemResult(FLOOR))  # bench/floor_server.c (phase 5)
+    floor_cpu_us: float = 0.0  # bench/floor_server.c's CPU per one-record Produce from a blocking socket (phase 5)
 
     def ratio(self, kind: str, attr: str = "mb_per_s") -> float:
         return self.systems[SHALE].median(kind, attr) / self.systems[TANSU].median(kind, attr)
@@ -724,14 +724,13 @@ def run(records: int, rounds: int, latency_records: int, out_dir: str = OUT_DIR,
                 f"{percentile(lat.seconds, 99) * 1e3:.2f} ms, server CPU {lat.cpu_us_per_record:.0f} µs per record; "
                 f"fetch wake-up p50 {percentile(wake, 50) * 1e3:.2f} ms, p99 {percentile(wake, 99) * 1e3:.2f} ms")
         servers[FLOOR] = start_floor(work)
-        res.floor = SystemResult(FLOOR, servers[FLOOR].version)
         raw = {SHALE: [], FLOOR: []}
         for name in (SHALE, FLOOR, FLOOR, SHALE):
             raw[name].append(raw_produce_cpu(servers[name], "latency", max(latency_records // 2, 1), values[0]))
         res.systems[SHALE].raw_cpu_us = statistics.mean(raw[SHALE])
-        res.floor.raw_cpu_us = statistics.mean(raw[FLOOR])
+        res.floor_cpu_us = statistics.mean(raw[FLOOR])
         say(f"  raw one-record Produce: server CPU {res.systems[SHALE].raw_cpu_us:.0f} µs per request for Shale, "
-            f"{res.floor.raw_cpu_us:.0f} µs for the floor")
+            f"{res.floor_cpu_us:.0f} µs for the floor")
         if profile:
             say("profiling shale serve (py-spy) over one more produce and consume ...")
             shale = servers[SHALE]
@@ -800,7 +799,7 @@ def table(res: Results) -> str:
     for p in (50, 99):
         a, b = percentile(s.wakeup_s, p) * 1e3, percentile(t.wakeup_s, p) * 1e3
         lines.append(f"| p{p} ms | {a:.2f} | {b:.2f} | {a / b:.2f} |")
-    f = res.floor.raw_cpu_us
+    f = res.floor_cpu_us
     lines += [
         "",
         "| One-record Produce v9 from a blocking socket | Shale | floor (`bench/floor_server.c`) | Shale − floor |",
@@ -839,7 +838,7 @@ def interpretation(res: Results) -> str:
     goal_cpu = (f"goal of {CPU_GOAL_US} µs met" if s.latency_cpu_us <= CPU_GOAL_US else
                 f"**above the goal of {CPU_GOAL_US} µs by {s.latency_cpu_us - CPU_GOAL_US:.0f} µs**")
     goal_lat = "goal met" if max(lat50, lat99) <= 1 else "**goal not met**"
-    floor, own = res.floor.raw_cpu_us, max(s.raw_cpu_us - res.floor.raw_cpu_us, 1.0)
+    floor, own = res.floor_cpu_us, max(s.raw_cpu_us - res.floor_cpu_us, 1.0)
     wake = (percentile(s.wakeup_s, 50) * 1e3, percentile(s.wakeup_s, 99) * 1e3,
             percentile(t.wakeup_s, 50) * 1e3, percentile(t.wakeup_s, 99) * 1e3)
     return "\n".join([

@@ -24,10 +24,8 @@
 #include <string.h>
 
 #if defined(__GNUC__) || defined(__clang__)
-#define LIKELY(x) __builtin_expect(!!(x), 1)
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
-#define LIKELY(x) (x)
 #define UNLIKELY(x) (x)
 #endif
 
@@ -41,15 +39,15 @@ enum {
 enum { TAGS_NONE = 0, TAGS_READ = 1, TAGS_EMPTY = 2 };
 
 /* Struct program members. */
-enum { S_CLASS, S_VERSION, S_NULLABLE, S_NAMES, S_FIELDS, S_TAGGED, S_SINGLE, S_BASE_SLOTS, S_LEN };
+enum { S_CLASS, S_VERSION, S_NULLABLE, S_NAMES, S_FIELDS, S_TAGGED, S_SINGLE, S_BASE_SLOTS };
 /* Field program members. */
-enum { F_NAME, F_KIND, F_SUB, F_DEFAULT, F_SLOT, F_LEN };
+enum { F_NAME, F_KIND, F_SUB, F_DEFAULT, F_SLOT };
 /* A tagged field: (tag, uvarint of the tag, field program). */
 enum { T_TAG, T_TAG_BYTES, T_FIELD };
 
 static PyObject *Unhandled;      /* _codec_kernel.Unhandled, a ValueError: left to the generated codec */
 static PyObject *REQUIRED;       /* a field without a schema default: a missing key is an error */
-static PyObject *UUID_CLASS;     /* uuid.UUID, set by compiled_codec.py */
+static PyObject *UUID_CLASS;     /* uuid.UUID, what UUID fields decode into */
 static PyObject *str_version, *str_tags, *str_unknown_tags, *str_header, *str_bytes, *str_size, *str_empty;
 static PyObject *kw_bytes;       /* ("bytes",) */
 
@@ -176,7 +174,6 @@ static PyObject *decode_simple(int kind, Reader *r, int compact) {
         int zero = 1;
         for (int i = 0; i < 16; i++) zero &= p[i] == 0;
         if (zero) Py_RETURN_NONE;
-        if (UUID_CLASS == NULL) { unhandled("uuid.UUID not set"); return NULL; }
         PyObject *b = PyBytes_FromStringAndSize((const char *)p, 16);
         if (b == NULL) return NULL;
         PyObject *args[2] = {NULL, b};
@@ -675,12 +672,6 @@ done:
     return out;
 }
 
-static PyObject *set_uuid_class(PyObject *self, PyObject *cls) {
-    Py_XINCREF(cls);
-    Py_XSETREF(UUID_CLASS, cls);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
     {"decode_request", (PyCFunction)(void (*)(void))decode_request, METH_FASTCALL,
      "decode_request(header_prog, body_prog, flexible, frame) -> (body, header)"},
@@ -688,7 +679,6 @@ static PyMethodDef methods[] = {
      "decode_body(prog, flexible, views, frame, pos) -> (body, end)"},
     {"encode", (PyCFunction)(void (*)(void))encode, METH_FASTCALL,
      "encode(prog, flexible, head, body, framed) -> bytes or parts"},
-    {"set_uuid_class", set_uuid_class, METH_O, "the class UUID fields decode into"},
     {"slot_offset", (PyCFunction)(void (*)(void))slot_offset, METH_FASTCALL,
      "slot_offset(cls, name) -> offset of a writable object slot of cls's instances, or -1"},
     {NULL, NULL, 0, NULL},
@@ -711,7 +701,10 @@ PyMODINIT_FUNC PyInit__codec_kernel(void) {
     str_size = PyUnicode_InternFromString("size");
     str_empty = PyBytes_FromStringAndSize(NULL, 0);
     kw_bytes = PyTuple_Pack(1, str_bytes);
-    if (Unhandled == NULL || REQUIRED == NULL || str_empty == NULL || kw_bytes == NULL ||
+    PyObject *uuid = PyImport_ImportModule("uuid");
+    UUID_CLASS = uuid == NULL ? NULL : PyObject_GetAttrString(uuid, "UUID");
+    Py_XDECREF(uuid);
+    if (Unhandled == NULL || REQUIRED == NULL || str_empty == NULL || kw_bytes == NULL || UUID_CLASS == NULL ||
         PyModule_AddObjectRef(m, "Unhandled", Unhandled) < 0 || PyModule_AddObjectRef(m, "REQUIRED", REQUIRED) < 0) {
         Py_DECREF(m);
         return NULL;

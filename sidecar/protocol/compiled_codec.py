@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import struct
-import uuid
 from typing import Any, Callable
 
 from kafka.protocol.api_header import RequestHeader
@@ -46,10 +45,6 @@ __all__ = ["available", "request_decoder", "response_decoder", "response_encoder
 
 _SIMPLE = {Int8: KIND_INT8, Int16: KIND_INT16, UnsignedInt16: KIND_UINT16, Int32: KIND_INT32, Int64: KIND_INT64,
            Float64: KIND_FLOAT64, Boolean: KIND_BOOL, BitField: KIND_BITFIELD, UUID: KIND_UUID, Bytes: KIND_BYTES}
-
-if _kernel is not None:
-    _kernel.set_uuid_class(uuid.UUID)
-
 
 def _simple_kind(field) -> int:
     t = _codec_type(field)
@@ -100,7 +95,7 @@ def _struct(sf, data_class: type, version: int) -> tuple:
         if program[3] is _kernel.REQUIRED:
             raise TypeError(f"tagged field {f.name} has no default")
         tagged.append((f.tag, _uvarint(f.tag), program))
-    nullable = bool(sf.nullable_for_version_q(version)) if hasattr(sf, "nullable_for_version_q") else False
+    nullable = bool(sf.nullable_for_version_q(version))
     base = tuple(_kernel.slot_offset(data_class, name) for name in ("_version", "tags", "unknown_tags"))
     return (data_class, version, nullable, frozenset(sf.fields), fields, tuple(tagged),
             fields[0] if len(fields) == 1 else None, base)
