@@ -19,7 +19,9 @@ def bench():
 
 def test_whole_run_produces_figures(bench, tmp_path):
     out = tmp_path / "out"
+    cpus = os.sched_getaffinity(0)
     res = bench.run(3000, rounds=2, latency_records=30, out_dir=str(out), say=lambda *a: None)
+    assert os.sched_getaffinity(0) == cpus, "phase 5 gives the client its CPUs back after pinning it"
     assert set(res.systems) == {bench.SHALE, bench.TANSU}
     for system in res.systems.values():
         assert system.version
@@ -29,7 +31,8 @@ def test_whole_run_produces_figures(bench, tmp_path):
         assert len(system.produce) == len(system.consume) == 2
         assert len(system.latency_s) == 30 and min(system.latency_s) > 0 and system.latency_cpu_us >= 0
         assert len(system.wakeup_s) == 10 and min(system.wakeup_s) > 0
-    assert res.systems[bench.SHALE].raw_cpu_us > 0 and res.floor_cpu_us > 0  # phase 5, against the C floor
+    for where in bench.PLACEMENTS:  # phase 5: each server and the C floor, client and server apart and on one core
+        assert res.floor_cpu_us[where] > 0 and all(s.raw_cpu_us[where] > 0 for s in res.systems.values())
     assert len(res.paired("produce")) == len(res.paired("consume")) == 2
     assert res.ratio("produce") > 0 and res.ratio("consume") > 0
     assert not os.listdir(out), "the benchmark leaves no data behind"
@@ -37,6 +40,7 @@ def test_whole_run_produces_figures(bench, tmp_path):
     text = bench.table(res)
     assert "produce 3,000 × 1 KiB" in text and "consume 3,000 × 1 KiB" in text and "p99 ms" in text
     assert "server CPU µs per record" in text and "Fetch wake-up" in text and "floor_server.c" in text
+    assert f"client and server {bench.ONE_CORE}" in text and "Where the client runs" in bench.interpretation(res)
     assert "Shale/Tansu" in bench.summary(res)
     assert "of Tansu" in bench.interpretation(res)
     doc = tmp_path / "performance.md"
