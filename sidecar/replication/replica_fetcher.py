@@ -36,6 +36,7 @@ from shale.sidecar.replication.follower import (
     apply_reset,
     start_following,
 )
+from shale.sidecar.replication.fetch_session_handler import FetchSessionHandler
 from shale.sidecar.replication.records import NodeRegistration
 from shale.sidecar.replication.response_frames import ResponseFrames
 from shale.sidecar.server.server_config import ServerConfig
@@ -158,6 +159,7 @@ class _LeaderLink:
         self.wake = asyncio.Event()
         self.stopped = False  # checked after every wait: nothing a stopped link received is applied
         self.unreachable: str | None = None  # the last connection error, logged once per episode
+        self.session: FetchSessionHandler[TopicPartition] = FetchSessionHandler()
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"replica-fetcher-{node.node_id}")
 
     async def _run(self) -> None:
@@ -192,6 +194,7 @@ class _LeaderLink:
                 except LeaderUnreachable as exc:
                     if self.stopped:
                         return
+                    self.session.failed()
                     if self.unreachable is None:
                         logger.warning("replica fetcher: cannot reach leader %s; partitions %s back off %d ms and "
                                        "retry", exc, ", ".join(str(s.tp) for s in states),
@@ -204,6 +207,7 @@ class _LeaderLink:
                 except Exception as exc:  # noqa: BLE001 - a bug must not end the fetching of every partition
                     if self.stopped:
                         return
+                    self.session.failed()
                     logger.exception("replica fetcher of leader node %d: unexpected error; partitions %s back off",
                                      self.node.node_id, ", ".join(str(s.tp) for s in ready))
                     self.owner.back_off([s for s in ready if self.owner.is_current(s)], repr(exc))
@@ -212,8 +216,9 @@ class _LeaderLink:
 
     async def _fetch(self, states: list[FollowState]) -> None:
         cfg = self.owner.config
+        # Every partition of this round, as the session holds it; the leader may answer any of them.
         sent: dict[TopicPartition, tuple[FollowState, int]] = {}
-        topics: dict[str, list[dict]] = {}
+        fields: dict[TopicPartition, dict] = {}
         throttle, held = self.owner.throttle, []
         for state in states:
             if throttle is not None and throttle.follower_held_back(state.tp):
@@ -223,32 +228,42 @@ class _LeaderLink:
             if log is None:
                 continue
             sent[state.tp] = (state, state.fetch_offset)
-            topics.setdefault(state.tp.topic, []).append({
+            fields[state.tp] = {
                 "partition": state.tp.partition,
                 "current_leader_epoch": state.leader_epoch,
                 "fetch_offset": state.fetch_offset,
                 "last_fetched_epoch": NO_EPOCH if state.last_fetched_epoch is None else state.last_fetched_epoch,
                 "log_start_offset": log.log_start_offset,
                 "partition_max_bytes": cfg.max_bytes,
-            })
+            }
         if held:
             until = asyncio.get_running_loop().time() + cfg.backoff_ms / 1000
             for state in held:
                 state.delayed_until = until
         if not sent:
             return
+        # An incremental fetch session (KIP-227): only new and changed partitions go on the wire.
+        plan = self.session.build(fields)
         body = {
             "replica_id": self.owner.node_id, "max_wait_ms": cfg.wait_max_ms, "min_bytes": cfg.min_bytes,
-            "max_bytes": cfg.response_max_bytes, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-            "topics": [{"topic": t, "partitions": parts} for t, parts in topics.items()],
-            "forgotten_topics_data": [], "rack_id": "",
+            "max_bytes": cfg.response_max_bytes, "isolation_level": 0, "session_id": plan.session_id,
+            "session_epoch": plan.epoch, "topics": _by_topic({tp: fields[tp] for tp in plan.send}),
+            "forgotten_topics_data": [{"topic": t["topic"], "partitions": [p["partition"] for p in t["partitions"]]}
+                                      for t in _by_topic({tp: {"partition": tp.partition} for tp in plan.forgotten})],
+            "rack_id": "",
         }
         # The records stay in the connection's buffer: every partition is applied (appended) before the next request.
         response = await self.conn.request(FETCH, FETCH_VERSION, body, cfg.wait_max_ms / 1000, views=True)
         if self.stopped:
             return
-        if response.error_code != error_codes.NONE:
-            self.owner.back_off([s for s, _ in sent.values()], f"Fetch: {error_codes.name_of(response.error_code)}")
+        answered = [TopicPartition(t.topic, d.partition_index) for t in response.responses for d in t.partitions]
+        if not self.session.handle(plan, response.error_code, response.session_id, answered):
+            if response.error_code not in (error_codes.FETCH_SESSION_ID_NOT_FOUND,
+                                           error_codes.INVALID_FETCH_SESSION_EPOCH):
+                # A session error is answered by a full fetch at once; anything else backs the round off.
+                self.owner.back_off([s for s, _ in sent.values()],
+                                    f"Fetch: {error_codes.name_of(response.error_code)}" if response.error_code
+                                    else "Fetch: an answer that does not match its session")
             return
         appended = False
         for topic in response.responses:
@@ -444,3 +459,11 @@ class ReplicaFetchers:
         if link is not None and not self.states_of(node):
             del self._links[node]
             link.stop()
+
+
+def _by_topic(partitions: dict[TopicPartition, dict]) -> list[dict]:
+    """Fetch's topic list: the partitions' request fields grouped by topic."""
+    topics: dict[str, list[dict]] = {}
+    for tp, fields in partitions.items():
+        topics.setdefault(tp.topic, []).append(fields)
+    return [{"topic": topic, "partitions": parts} for topic, parts in topics.items()]

@@ -71,6 +71,7 @@ from shale.sidecar.protocol.error_codes import (
     REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND, OFFSET_NOT_AVAILABLE, UNKNOWN_LEADER_EPOCH,
     FENCED_LEADER_EPOCH, LISTENER_NOT_FOUND, TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
+from shale.sidecar.replication.fetch_session import FINAL_EPOCH, INITIAL_EPOCH, FetchSessionCache
 from shale.sidecar.replication.partition import NO_EPOCH
 from shale.sidecar.replication.records import NO_LEADER
 from shale.sidecar.replication.replica_manager import ReplicaManager
@@ -255,8 +256,15 @@ class Broker:
         queued_max_request_bytes: int = -1,
         replicas: ReplicaManager | None = None,
         listeners: Sequence[ListenerSecurity] | None = None,
+        fetch_session_slots: int = 1000,
+        consumer_fetch_sessions: bool = True,
     ) -> None:
         self.registry = registry
+        # max.incremental.fetch.session.cache.slots: the fetch sessions of followers and consumers (KIP-227)
+        self.fetch_sessions = FetchSessionCache(fetch_session_slots)
+        # False under an authorizer: the topics a consumer's session reads without naming them would not be
+        # authorized again (Kafka re-checks each), so consumers fetch without sessions there.
+        self.consumer_fetch_sessions = consumer_fetch_sessions
         # With a control store: leadership, epochs and the high watermark come from the replica manager
         # (docs/replication.md); without one (None) every partition here has one replica, as before.
         self.replicas = replicas
@@ -933,21 +941,30 @@ class Broker:
         deadline = loop.time() + max(body.max_wait_ms, 0) / 1000
         min_bytes = max(body.min_bytes, 0)
         follower = self.replicas is not None and body.replica_id >= 0
+        # What to read: the request's partitions, or for an incremental fetch every partition of its session.
+        epoch = body.session_epoch
+        if epoch == INITIAL_EPOCH and body.replica_id < 0 and not self.consumer_fetch_sessions:
+            epoch = FINAL_EPOCH  # answered in full, without a session
+        context = self.fetch_sessions.context(
+            body.session_id, epoch, [(t.topic, t.partitions) for t in body.topics],
+            [(t.topic, p) for t in body.forgotten_topics_data for p in t.partitions], body.replica_id >= 0,
+            int(loop.time() * 1000))
         first = True
         while True:
             # Reading and parking are one synchronous step (appends run on this loop too), so no append falls
             # between them; a poke made by this very read (a follower's position raising the high watermark)
             # does not wake it back.
-            responses, total, errors = self._fetch_once(body, first)
+            responses, total, errors = self._fetch_once(body, context.topics, first)
             first = False
-            if total >= min_bytes or errors or loop.time() >= deadline:
+            if total >= min_bytes or errors or loop.time() >= deadline or context.error:
                 break
-            hosted = {TopicPartition(t.topic, p.partition) for t in body.topics for p in t.partitions
-                      if self._hosts(t.topic, p.partition)}
+            hosted = {TopicPartition(topic, p.partition) for topic, partitions in context.topics for p in partitions
+                      if self._hosts(topic, p.partition)}
             if not hosted:
                 break
             await self._park(hosted, deadline, follower)
-        return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0, "responses": responses}
+        error, session_id, responses = context.answer(responses, int(loop.time() * 1000))
+        return {"throttle_time_ms": 0, "error_code": error, "session_id": session_id, "responses": responses}
 
     def _hosts(self, topic: str | None, partition: int) -> bool:
         """A replica of the partition is here (a fetch of it may wait for appends)."""
@@ -955,30 +972,31 @@ class Broker:
             return self.registry.local_log(topic, partition) is not None
         return topic is not None and TopicPartition(topic, partition) in self.replicas.partitions
 
-    def _fetch_once(self, body, first: bool) -> tuple[list, int, bool]:
+    def _fetch_once(self, body, topics: list[tuple[str, list[Any]]], first: bool) -> tuple[list, int, bool]:
+        """One read of `topics` ((topic, the request's partitions) in answer order) under `body`'s limits."""
         budget = body.max_bytes if body.max_bytes > 0 else MAX_FRAME_BYTES
         read_committed = body.isolation_level == 1
         total = 0
         errors = False
         responses = []
-        for t in body.topics:
+        for topic, partitions in topics:
             parts = []
-            for p in t.partitions:
+            for p in partitions:
                 out = {"partition_index": p.partition, "error_code": NONE, "high_watermark": -1,
                        "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                        "records": b""}
                 parts.append(out)
                 if self.replicas is None:
-                    log = self.registry.local_log(t.topic, p.partition)
+                    log = self.registry.local_log(topic, p.partition)
                     if log is None:
-                        out["error_code"] = self._partition_error(t.topic, p.partition)
+                        out["error_code"] = self._partition_error(topic, p.partition)
                         errors = True
                         continue
                     hw = log.high_watermark
                     lso = log.last_stable_offset
                     max_offset = lso if read_committed else hw
                 else:
-                    log, max_offset = self._replicated_fetch(body.replica_id, TopicPartition(t.topic, p.partition),
+                    log, max_offset = self._replicated_fetch(body.replica_id, TopicPartition(topic, p.partition),
                                                              p, read_committed, first, out)
                     if log is None:
                         errors = True
@@ -995,7 +1013,7 @@ class Broker:
                         if found is not None and found.size >= SENDFILE_MIN_BYTES:
                             try:
                                 out["records"] = FileRange(found.segment.dup_fd(), found.position, found.size,
-                                                            f"{t.topic}-{p.partition} {found.segment.log_path}")
+                                                            f"{topic}-{p.partition} {found.segment.log_path}")
                             except OSError as exc:  # out of descriptors: the bytes go inline instead
                                 if exc.errno not in _OUT_OF_RESOURCES:
                                     raise
@@ -1009,9 +1027,9 @@ class Broker:
                         out["records"] = found.read()
                     total += found.size
                     if self.replicas is not None and body.replica_id >= 0:  # throttles, reassignment bytes
-                        self.replicas.sent_to_follower(TopicPartition(t.topic, p.partition), body.replica_id,
+                        self.replicas.sent_to_follower(TopicPartition(topic, p.partition), body.replica_id,
                                                        found.size)
-            responses.append({"topic": t.topic, "partitions": parts})
+            responses.append({"topic": topic, "partitions": parts})
         if self.replicas is not None and errors:
             self._point_to_leaders((TopicPartition(t["topic"], part["partition_index"]), part)
                                    for t in responses for part in t["partitions"])

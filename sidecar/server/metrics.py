@@ -416,6 +416,7 @@ class NodeCollector(Collector):
         yield from _request_families(self.requests)
         yield from _security_families(self.security)
         yield from _limit_families(getattr(self.node, "broker", None))
+        yield from _fetch_session_families(getattr(self.node, "broker", None))
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -668,6 +669,18 @@ class NodeMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _fetch_session_families(broker) -> Iterator[Metric]:
+    """Kafka's FetchSessionCache gauges: the incremental fetch sessions of followers and consumers (KIP-227)."""
+    sessions = broker.fetch_sessions if broker is not None else None
+    yield GaugeMetricFamily("shale_fetch_sessions", "Incremental fetch sessions held for followers and consumers "
+                            "(max.incremental.fetch.session.cache.slots at most).",
+                            value=len(sessions) if sessions else 0)
+    yield GaugeMetricFamily("shale_fetch_session_partitions", "Partitions over all incremental fetch sessions.",
+                            value=sessions.partitions_cached() if sessions else 0)
+    yield CounterMetricFamily("shale_fetch_session_evictions", "Fetch sessions dropped to make room for another.",
+                              value=sessions.evictions if sessions else 0)
 
 
 def _limit_families(broker) -> Iterator[Metric]:

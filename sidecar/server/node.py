@@ -229,6 +229,8 @@ class StorageNode:
                              observe=self.metrics.observe_request,
                              max_request_bytes=self.server_config.socket_request_max_bytes,
                              queued_max_request_bytes=self.server_config.queued_max_request_bytes,
+                             fetch_session_slots=self.server_config.max_incremental_fetch_session_cache_slots,
+                             consumer_fetch_sessions=not self.authorizing,
                              replicas=self.replicas, listeners=self.listeners,
                              handlers={**SASL_HANDLERS, **self.admin.handlers(), **self.groups.handlers(),
                                        **Reassignments(self.registry, store_topics, self._store_view).handlers(),

@@ -123,6 +123,10 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("transaction.state.log.min.isr", INT, 2, Range(1),
               "min.insync.replicas of __transaction_state: a coordinator's write is answered only once that many "
               "replicas have it (at most the replication factor)."),
+    ConfigKey("max.incremental.fetch.session.cache.slots", INT, 1000, Range(0),
+              "Incremental fetch sessions (KIP-227) a node keeps for the followers and consumers fetching from it; "
+              "a fetch that finds no slot is answered without one and fetches every partition each time "
+              "(docs/fetch-sessions.md)."),
     ConfigKey("replica.fetch.wait.max.ms", INT, 500, Range(0),
               "How long a follower's fetch waits at the leader for new data (the long poll)."),
     ConfigKey("replica.fetch.min.bytes", INT, 1, Range(1),
@@ -211,6 +215,7 @@ class ServerConfig:
     offsets_topic_replication_factor: int
     transaction_state_log_replication_factor: int
     transaction_state_log_min_isr: int
+    max_incremental_fetch_session_cache_slots: int
     replica_fetch_wait_max_ms: int
     replica_fetch_min_bytes: int
     replica_fetch_max_bytes: int

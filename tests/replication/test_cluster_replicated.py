@@ -186,6 +186,11 @@ def _metrics(server) -> dict[tuple[str, frozenset], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def _fetch_sessions(server) -> tuple[float, float]:
+    metrics = _metrics(server)
+    return metrics[("shale_fetch_sessions", frozenset())], metrics[("shale_fetch_session_partitions", frozenset())]
+
+
 def test_status_and_metrics_show_each_replicas_role_isr_and_lag(tmp_path, etcd):
     cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("watched", 1, replicas=3,
                                                                           config={"min.insync.replicas": 3}))
@@ -222,6 +227,36 @@ def test_status_and_metrics_show_each_replicas_role_isr_and_lag(tmp_path, etcd):
         metrics = _metrics(leader)
         assert metrics[("shale_partition_under_replicated", labels)] == 1.0
         assert metrics[("shale_partition_under_min_isr", labels)] == 1.0
+    finally:
+        cluster.stop()
+
+
+def test_followers_fetch_through_one_session_per_leader_and_stay_byte_identical(tmp_path, etcd):
+    """Each follower keeps one incremental fetch session (KIP-227) with each leader it fetches from, holding
+    every partition it follows there; records produced through the sessions reach every replica unchanged."""
+    cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("sessions", 6, replicas=3,
+                                                                          config={"min.insync.replicas": 3}))
+    try:
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 0})
+        acked: list = []
+        for wave in range(3):  # several rounds: each answer carries only the partitions that changed
+            for i in range(60):
+                producer.produce("sessions", value=b"s%d-%d" % (wave, i), partition=(i * 7 + wave) % 6,
+                                 on_delivery=lambda err, msg: acked.append((err, msg.partition(), msg.offset(),
+                                                                            msg.value())))
+            assert producer.flush(30) == 0
+        assert [a for a in acked if a[0] is not None] == []
+        for p in range(6):
+            check_acknowledged(cluster, "sessions", p, [(q, o, v) for _, q, o, v in acked if q == p])
+        for n, server in cluster.servers.items():
+            # Every partition this node leads, __consumer_offsets' included: its two followers fetch it here.
+            led = [(topic, d["partition"]) for topic, doc in _status(server)["topics"].items()
+                   for d in doc["partitions"] if (d.get("replica") or {}).get("role") == "leader"]
+            want = (2 if led else 0, 2 * len(led))  # both followers' sessions, each with every partition led here
+            deadline = time.monotonic() + 30  # a follower opens its session with its first fetch after a change
+            while (got := _fetch_sessions(server)) != want and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert got == want, f"node {n} leads {led}: (fetch sessions, their partitions)"
     finally:
         cluster.stop()
 
