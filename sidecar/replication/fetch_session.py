@@ -96,8 +96,10 @@ class FetchContext:
 class FetchSessionCache:
     """The leader's sessions: at most `slots`, least recently used first (Kafka's FetchSessionCache, unsharded)."""
 
-    def __init__(self, slots: int = 1000, rng: random.Random | None = None) -> None:
+    def __init__(self, slots: int = 1000, *, consumer_sessions: bool = True, rng: random.Random | None = None) -> None:
         self.slots = slots
+        # False: only followers get sessions; a consumer's full fetch finds no slot and is answered sessionless.
+        self.consumer_sessions = consumer_sessions
         self._rng = rng or random.SystemRandom()
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()  # by last use, oldest first
         self.evictions = 0  # sessions dropped to make room (Kafka's IncrementalFetchSessionEvictionsPerSec)
@@ -155,7 +157,8 @@ class FetchSessionCache:
                 key = (t["topic"], out["partition_index"])
                 cached = partitions[key] = CachedPartition(requested[key])
                 cached.must_answer(out)
-        if not partitions or not self._make_room(follower, len(partitions), now_ms):
+        if not partitions or not (follower or self.consumer_sessions) or not self._make_room(follower, len(partitions),
+                                                                                               now_ms):
             return NONE, INVALID_SESSION_ID, responses
         session_id = self._new_id()
         self._sessions[session_id] = FetchSession(session_id, follower, partitions, now_ms, now_ms)

@@ -57,8 +57,8 @@ class FetchSessionHandler(Generic[K]):
             # An unknown session starts over; any other session error replaces this one with a full fetch.
             self._restart(INVALID_SESSION_ID if error_code == FETCH_SESSION_ID_NOT_FOUND else self.session_id)
             return False
-        keys = set(answered)
-        if (keys != set(self._sent)) if plan.full else not keys <= set(self._sent):
+        keys, session = set(answered), self._sent.keys()
+        if (keys != session) if plan.full else not keys <= session:
             # A full answer names every partition asked; an incremental one only partitions of the session.
             self._restart(INVALID_SESSION_ID if plan.full else self.session_id)
             return False

@@ -244,12 +244,14 @@ class _LeaderLink:
             return
         # An incremental fetch session (KIP-227): only new and changed partitions go on the wire.
         plan = self.session.build(fields)
+        forgotten: dict[str, list[int]] = {}
+        for tp in plan.forgotten:
+            forgotten.setdefault(tp.topic, []).append(tp.partition)
         body = {
             "replica_id": self.owner.node_id, "max_wait_ms": cfg.wait_max_ms, "min_bytes": cfg.min_bytes,
             "max_bytes": cfg.response_max_bytes, "isolation_level": 0, "session_id": plan.session_id,
             "session_epoch": plan.epoch, "topics": _by_topic({tp: fields[tp] for tp in plan.send}),
-            "forgotten_topics_data": [{"topic": t["topic"], "partitions": [p["partition"] for p in t["partitions"]]}
-                                      for t in _by_topic({tp: {"partition": tp.partition} for tp in plan.forgotten})],
+            "forgotten_topics_data": [{"topic": t, "partitions": ps} for t, ps in forgotten.items()],
             "rack_id": "",
         }
         # The records stay in the connection's buffer: every partition is applied (appended) before the next request.

@@ -71,7 +71,7 @@ from shale.sidecar.protocol.error_codes import (
     REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND, OFFSET_NOT_AVAILABLE, UNKNOWN_LEADER_EPOCH,
     FENCED_LEADER_EPOCH, LISTENER_NOT_FOUND, TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
-from shale.sidecar.replication.fetch_session import FINAL_EPOCH, INITIAL_EPOCH, FetchSessionCache
+from shale.sidecar.replication.fetch_session import FetchSessionCache
 from shale.sidecar.replication.partition import NO_EPOCH
 from shale.sidecar.replication.records import NO_LEADER
 from shale.sidecar.replication.replica_manager import ReplicaManager
@@ -260,11 +260,10 @@ class Broker:
         consumer_fetch_sessions: bool = True,
     ) -> None:
         self.registry = registry
-        # max.incremental.fetch.session.cache.slots: the fetch sessions of followers and consumers (KIP-227)
-        self.fetch_sessions = FetchSessionCache(fetch_session_slots)
-        # False under an authorizer: the topics a consumer's session reads without naming them would not be
-        # authorized again (Kafka re-checks each), so consumers fetch without sessions there.
-        self.consumer_fetch_sessions = consumer_fetch_sessions
+        # max.incremental.fetch.session.cache.slots: the fetch sessions of followers and consumers (KIP-227).
+        # consumer_fetch_sessions is False under an authorizer: the topics a consumer's session reads without
+        # naming them would not be authorized again (Kafka re-checks each), so consumers fetch without sessions.
+        self.fetch_sessions = FetchSessionCache(fetch_session_slots, consumer_sessions=consumer_fetch_sessions)
         # With a control store: leadership, epochs and the high watermark come from the replica manager
         # (docs/replication.md); without one (None) every partition here has one replica, as before.
         self.replicas = replicas
@@ -942,13 +941,12 @@ class Broker:
         min_bytes = max(body.min_bytes, 0)
         follower = self.replicas is not None and body.replica_id >= 0
         # What to read: the request's partitions, or for an incremental fetch every partition of its session.
-        epoch = body.session_epoch
-        if epoch == INITIAL_EPOCH and body.replica_id < 0 and not self.consumer_fetch_sessions:
-            epoch = FINAL_EPOCH  # answered in full, without a session
         context = self.fetch_sessions.context(
-            body.session_id, epoch, [(t.topic, t.partitions) for t in body.topics],
+            body.session_id, body.session_epoch, [(t.topic, t.partitions) for t in body.topics],
             [(t.topic, p) for t in body.forgotten_topics_data for p in t.partitions], body.replica_id >= 0,
             int(loop.time() * 1000))
+        if context.error:  # an unknown session or a stale epoch: nothing is read
+            return {"throttle_time_ms": 0, "error_code": context.error, "session_id": 0, "responses": []}
         first = True
         while True:
             # Reading and parking are one synchronous step (appends run on this loop too), so no append falls
@@ -956,7 +954,7 @@ class Broker:
             # does not wake it back.
             responses, total, errors = self._fetch_once(body, context.topics, first)
             first = False
-            if total >= min_bytes or errors or loop.time() >= deadline or context.error:
+            if total >= min_bytes or errors or loop.time() >= deadline:
                 break
             hosted = {TopicPartition(topic, p.partition) for topic, partitions in context.topics for p in partitions
                       if self._hosts(topic, p.partition)}

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import yaml
 from kafka.admin import KafkaAdminClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from clients_util import raw_batches
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from node_util import ServeProcess, scrape_metrics, topic_manifest, wait_for, write_manifests
 from test_log_dir_moves import COMPACTED, produce_duplicates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
@@ -91,13 +90,6 @@ def test_sigkill_mid_copy_then_restart_completes_the_move(tmp_path):
         wait_for(lambda: orders_0(node)["size_bytes"] < 600_000, timeout=60, what="the log to shrink")
 
 
-def scrape(node: ServeProcess) -> dict[tuple[str, frozenset], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
 def _series(name: str, labels: dict[str, str]) -> str:
     target = {"job": "shale-storage", "namespace": "kafka", "instance": "10.1.0.5:8080", "pod": "shale-storage-0"}
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in {**target, **labels}.items()) + "}"
@@ -106,7 +98,7 @@ def _series(name: str, labels: dict[str, str]) -> str:
 def test_wedged_move_fires_the_stuck_cleaning_alert(tmp_path):
     with serve(tmp_path, "--override", "replica.alter.log.dirs.io.max.bytes.per.second=1") as node:
         source, target, move = start_held_move(node, tmp_path)
-        metrics = scrape(node)
+        metrics = scrape_metrics(node.http_port)
         orders = {"topic": "orders", "partition": "0"}
         paused = metrics[("shale_cleaning_state", frozenset({**orders, "state": "paused"}.items()))]
         seconds = metrics[("shale_cleaning_state_seconds", frozenset(orders.items()))]
@@ -142,7 +134,7 @@ def test_wedged_move_fires_the_stuck_cleaning_alert(tmp_path):
         # The way out: the move cancelled (back to its current dir), the pause goes, the log shrinks again.
         alter(node, source)
         wait_for(lambda: orders_0(node)["move"]["state"] == "cancelled", what="the cancel")
-        metrics = scrape(node)
+        metrics = scrape_metrics(node.http_port)
         assert metrics[("shale_cleaning_state", frozenset({**orders, "state": "paused"}.items()))] == 0.0
         assert metrics[("shale_log_dir_future_replicas", frozenset({"log_dir": str(target)}.items()))] == 0.0
         wait_for(lambda: orders_0(node)["size_bytes"] < 600_000, timeout=60, what="the log to shrink")

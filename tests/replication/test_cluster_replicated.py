@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from fault_util import check_acknowledged
-from node_util import NodeThread, ServeProcess, start_replicated_cluster, topic_manifest, wait_for, write_manifests
+from node_util import (NodeThread, ServeProcess, fetch_sessions, scrape_metrics, start_replicated_cluster,
+                       topic_manifest, wait_for, write_manifests)
 from shale.sidecar.log.records import decode_batch
 
 
@@ -175,22 +176,6 @@ def _status(server) -> dict:
         return json.load(response)
 
 
-def _metrics(server) -> dict[tuple[str, frozenset], float]:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def _fetch_sessions(server) -> tuple[float, float]:
-    metrics = _metrics(server)
-    return metrics[("shale_fetch_sessions", frozenset())], metrics[("shale_fetch_session_partitions", frozenset())]
-
-
 def test_status_and_metrics_show_each_replicas_role_isr_and_lag(tmp_path, etcd):
     cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("watched", 1, replicas=3,
                                                                           config={"min.insync.replicas": 3}))
@@ -211,7 +196,7 @@ def test_status_and_metrics_show_each_replicas_role_isr_and_lag(tmp_path, etcd):
             assert sorted(replica["isr"]) == [0, 1, 2] and replica["in_sync"] is True
             assert replica["under_replicated"] is False and replica["under_min_isr"] is False
             metrics = wait_for(lambda: (lambda m: m if m[("shale_log_high_watermark", labels)] == 30 else None)(
-                _metrics(server)), what=f"node {n}'s high watermark to reach 30")
+                scrape_metrics(server.http_port)), what=f"node {n}'s high watermark to reach 30")
             assert metrics[("shale_replica_leader", labels)] == (1.0 if n == state.leader else 0.0)
             assert metrics[("shale_replica_in_sync", labels)] == 1.0
             assert metrics[("shale_node_session_valid", frozenset())] == 1.0
@@ -224,7 +209,7 @@ def test_status_and_metrics_show_each_replicas_role_isr_and_lag(tmp_path, etcd):
             _status(leader)["topics"]["watched"]["partitions"][0]["replica"]), timeout=30,
             what="the leader to report the partition under-replicated")
         assert follower not in shrunk["isr"] and shrunk["under_min_isr"] is True  # min.insync.replicas=3
-        metrics = _metrics(leader)
+        metrics = scrape_metrics(leader.http_port)
         assert metrics[("shale_partition_under_replicated", labels)] == 1.0
         assert metrics[("shale_partition_under_min_isr", labels)] == 1.0
     finally:
@@ -254,7 +239,7 @@ def test_followers_fetch_through_one_session_per_leader_and_stay_byte_identical(
                    for d in doc["partitions"] if (d.get("replica") or {}).get("role") == "leader"]
             want = (2 if led else 0, 2 * len(led))  # both followers' sessions, each with every partition led here
             deadline = time.monotonic() + 30  # a follower opens its session with its first fetch after a change
-            while (got := _fetch_sessions(server)) != want and time.monotonic() < deadline:
+            while (got := fetch_sessions(server.http_port)) != want and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert got == want, f"node {n} leads {led}: (fetch sessions, their partitions)"
     finally:

@@ -164,6 +164,13 @@ def test_full_cache_answers_sessionless():
     assert handler.handle(plan, NONE, 0, [("t", 0)]) and handler.build({("t", 0): Req(0)}).full
 
 
+def test_without_consumer_sessions_only_followers_get_one():
+    """A node under an authorizer: a consumer's full fetch is answered in full with no session, as with no slot."""
+    cache = FetchSessionCache(consumer_sessions=False)
+    assert _open(cache, {0: 1}, follower=False) == 0 and len(cache) == 0
+    assert _open(cache, {0: 1}, follower=True) > 0 and len(cache) == 1
+
+
 def test_follower_session_evicts_a_consumer_session_and_idle_sessions_go():
     cache = FetchSessionCache(slots=1)
     consumer = _open(cache, {0: 1, 1: 1, 2: 1}, follower=False)

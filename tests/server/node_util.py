@@ -12,11 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 
@@ -64,6 +66,20 @@ def write_manifests(path: Path, *topics: dict) -> Path:
     tmp.write_text(yaml.safe_dump_all(list(topics)))
     os.replace(tmp, path)  # atomically, as an editor or a ConfigMap update does
     return path
+
+
+def scrape_metrics(http_port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a node's /metrics, keyed by (sample name, labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def fetch_sessions(http_port: int) -> tuple[float, float]:
+    """A node's incremental fetch sessions and the partitions they hold (docs/fetch-sessions.md)."""
+    metrics = scrape_metrics(http_port)
+    return metrics[("shale_fetch_sessions", frozenset())], metrics[("shale_fetch_session_partitions", frozenset())]
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):

@@ -342,9 +342,9 @@ def _librdkafka_sends_uncompressed(client: str, codec: str, raw_batch: bytes) ->
     librdkafka (rd_kafka_msgset_writer_compress) throws the compressed form away when it is larger
     than the records, as a one-record batch with a null value is. Its snappy is raw, unframed.
     """
+    if client not in LIBRDKAFKA_CLIENTS:
+        return False
     records = raw_batch[BATCH_OVERHEAD:]
-    if client not in LIBRDKAFKA_CLIENTS or codec == "none":
-        return codec == "none"
     compressed = (cramjam.snappy.compress_raw(records) if codec == "snappy"
                   else compress(CODEC_IDS[codec], records))
     return len(compressed) > len(records)

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import socket
 import time
-import urllib.request
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
-from prometheus_client.parser import text_string_to_metric_families
 
 from clients_util import build, read_frame, request_frame
-from node_util import ServeProcess, topic_manifest, write_manifests, wait_for
+from node_util import ServeProcess, fetch_sessions, topic_manifest, wait_for, write_manifests
 
 TOPIC = "sessioned"
 PARTITIONS = 3
@@ -74,20 +72,13 @@ def _produce(port: int, partition: int, count: int) -> None:
         producer.close()
 
 
-def _sessions(node: ServeProcess) -> tuple[float, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/metrics", timeout=10) as response:
-        samples = {s.name: s.value for f in text_string_to_metric_families(response.read().decode())
-                   for s in f.samples}
-    return samples["shale_fetch_sessions"], samples["shale_fetch_session_partitions"]
-
-
 def test_a_session_answers_only_the_partitions_that_changed(node):
     fetcher = Fetcher(node.port)
     try:
         full = fetcher.fetch(0, 0, {p: 0 for p in range(PARTITIONS)})
         assert full.error_code == 0 and full.session_id > 0
         assert _answered(full) == {p: (0, 0) for p in range(PARTITIONS)}  # a full answer names every partition
-        assert _sessions(node) == (1, PARTITIONS)
+        assert fetch_sessions(node.http_port) == (1, PARTITIONS)
         _produce(node.port, 1, 2)
         # No partition named: the session's three are read at their cached offsets; only partition 1 changed.
         changed = fetcher.fetch(full.session_id, 1, {}, max_wait_ms=5000)
@@ -103,7 +94,7 @@ def test_a_session_answers_only_the_partitions_that_changed(node):
         woken = fetcher.fetch(full.session_id, 3, {}, max_wait_ms=5000)
         assert list(_answered(woken)) == [0]
         forgot = fetcher.fetch(full.session_id, 4, {0: 1}, forgotten=(2,))
-        assert forgot.error_code == 0 and _sessions(node) == (1, PARTITIONS - 1)
+        assert forgot.error_code == 0 and fetch_sessions(node.http_port) == (1, PARTITIONS - 1)
     finally:
         fetcher.close()
 
@@ -156,7 +147,7 @@ def test_kafka_python_consumer_reads_every_record_through_a_session(node):
             while sum(map(len, got.values())) < 5 * (wave + 1) and time.monotonic() < deadline:
                 for tp, records in consumer.poll(timeout_ms=200).items():
                     got[tp.partition] += [r.value for r in records]
-            assert wait_for(lambda: _sessions(node)[0] == 1, what="the consumer's fetch session")
+            assert wait_for(lambda: fetch_sessions(node.http_port)[0] == 1, what="the consumer's fetch session")
         assert got == {0: [b"v%d" % i for i in range(5)], 1: [b"v%d" % i for i in range(5)],
                        2: [b"v%d" % i for i in range(5)] * 2}
     finally:
@@ -173,7 +164,7 @@ def test_under_an_authorizer_consumers_fetch_without_a_session(tmp_path):
         _produce(node.port, 0, 1)
         full = fetcher.fetch(0, 0, {0: 0, 1: 0})
         assert (full.error_code, full.session_id) == (0, 0)
-        assert _answered(full)[0][0] > 0 and _sessions(node) == (0, 0)
+        assert _answered(full)[0][0] > 0 and fetch_sessions(node.http_port) == (0, 0)
     finally:
         fetcher.close()
         assert node.terminate() == 0, node.log()[-3000:]
