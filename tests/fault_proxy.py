@@ -7,13 +7,14 @@ and can cut exactly those — a network partition between two nodes — while cl
 
 A cut either *freezes* the connections (nothing is forwarded either way and nothing is lost: what TCP does
 while a link is down and retransmissions are pending; healed, they flow again) or *resets* them (both sides
-closed at once, as a firewall's RST would). New connections that turn out to carry a cut follower's fetches
+closed at once with an RST, as a firewall's would). New connections that turn out to carry a cut follower's fetches
 are cut as soon as their first Fetch arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -69,6 +70,15 @@ class _Link:
     def close(self) -> None:
         for writer in (self.client, self.upstream):
             writer.transport.abort()
+
+    def reset(self) -> None:
+        """Close both sides with an RST, always: a plain close sends a FIN when no unread data is left, so
+        whether a peer saw a reset or an orderly end would depend on timing."""
+        for writer in (self.client, self.upstream):
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close()
 
 
 class FaultProxy:
@@ -144,7 +154,7 @@ class FaultProxy:
             return
         self.cut_count += 1
         if how == RESET:
-            link.close()
+            link.reset()
             self.links.discard(link)
         else:
             link.flowing.clear()
