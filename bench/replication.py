@@ -20,7 +20,8 @@ bench/broker.py's `produce` and `produce_latency`, so the figures compare with t
    `[0, 1, 2]`), a fresh topic each. Node 0 leads both, so the same process takes the writes. The CPU time of
    every node (user + system, /proc/<pid>/stat) over each phase gives CPU per MB of the leader and of each
    follower: a follower's is the CPU per replicated MB.
-3. latency: one record in flight, `linger.ms=0`: RF 1 `acks=1`, RF 3 `acks=all`, RF 3 `acks=1`; p50 / p99.
+3. latency: one record in flight, `linger.ms=0`: RF 1 `acks=1`, RF 3 `acks=all`, RF 3 `acks=1`; p50 / p99. The
+   memory phase's P partitions stay on the cluster (idle, each follower fetching its share from the leaders).
 4. profile (`--profile`, always in a full run): py-spy on the leader and on one follower during one more RF 3
    produce phase.
 5. failover: a producer thread writes one record at a time (`acks=all`, idempotent, `max.in.flight` 1) to an
@@ -849,7 +850,9 @@ What is measured (details in the docstring of `bench/replication.py`):
   watermark must equal the records sent (no retried request appended twice). The phases are kept short
   (seconds) so that rounds alternate often on a machine whose load moves; longer ones run too (see below).
 - **latency**: {res.latency_records:,} records one at a time (after {LATENCY_WARMUP}), `linger.ms=0`, `max.in.flight=1`:
-  `produce()` to the delivery report; the CPU column is all three nodes' per record.
+  `produce()` to the delivery report; the CPU column is all three nodes' per record. The memory phase's
+  {res.memory.partitions} idle partitions stay on the cluster meanwhile (their followers' fetches share
+  the nodes).
 - **failover**: a producer writes one record at a time (`acks=all`, idempotent, `max.in.flight=1`, every other
   setting librdkafka's default) to an RF 3 partition with `min.insync.replicas={MIN_ISR}`; its leader is SIGKILLed; the
   time runs from the kill to the acknowledgement of the first record sent after it (one round trip more than

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import select
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Protocol
 
@@ -159,6 +160,7 @@ class _LeaderLink:
         self.wake = asyncio.Event()
         self.stopped = False  # checked after every wait: nothing a stopped link received is applied
         self.unreachable: str | None = None  # the last connection error, logged once per episode
+        self.unreachable_since: float | None = None  # time.monotonic() when the episode began
         self.session: FetchSessionHandler[TopicPartition] = FetchSessionHandler()
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"replica-fetcher-{node.node_id}")
 
@@ -190,12 +192,13 @@ class _LeaderLink:
                     if self.unreachable is not None:
                         logger.info("leader node %d at %s:%d reachable again", self.node.node_id, self.node.host,
                                     self.node.port)
-                        self.unreachable = None
+                        self.unreachable = self.unreachable_since = None
                 except LeaderUnreachable as exc:
                     if self.stopped:
                         return
                     self.session.failed()
                     if self.unreachable is None:
+                        self.unreachable_since = time.monotonic()
                         logger.warning("replica fetcher: cannot reach leader %s; partitions %s back off %d ms and "
                                        "retry", exc, ", ".join(str(s.tp) for s in states),
                                        self.owner.config.backoff_ms)
@@ -329,12 +332,17 @@ class ReplicaFetchers:
     def __init__(self, node_id: int, logs: Callable[[TopicPartition], Log | None],
                  config: FetcherConfig | None = None,
                  on_refused: Callable[[NodeRegistration], None] | None = None,
-                 connect: Connector = asyncio.open_connection, throttle: FollowerThrottle | None = None) -> None:
+                 connect: Connector = asyncio.open_connection, throttle: FollowerThrottle | None = None,
+                 session_timeout_ms: int | None = None) -> None:
         self.node_id = node_id
         self.throttle = throttle  # follower.replication.throttled.rate (None: never held back)
         # Opens a connection to a leader's inter-broker listener (TLS and SASL: server/inter_broker.py).
         self.connect = connect
-        self.config = config or FetcherConfig.from_server_config(ServerConfig.from_mapping({}))
+        defaults = ServerConfig.from_mapping({}) if config is None or session_timeout_ms is None else None
+        self.config = config or FetcherConfig.from_server_config(defaults)
+        # `broker.session.timeout.ms`: how long a lost connection counts as news of the leader's death (`lost`).
+        self.session_timeout_s = (defaults.broker_session_timeout_ms if session_timeout_ms is None
+                                  else session_timeout_ms) / 1000
         # Told of a leader whose address refuses connections (the controller ends its session early).
         self.on_refused = on_refused
         self._logs = logs
@@ -384,9 +392,17 @@ class ReplicaFetchers:
 
     def lost(self, leader: NodeRegistration) -> bool:
         """True while the connection to this leader process is down (closed, refused, timed out) and not yet
-        reopened: Metadata then names no leader for its partitions (`ReplicaManager.announced_leader`)."""
+        reopened, for at most `broker.session.timeout.ms`: Metadata then names no leader for its partitions
+        (`ReplicaManager.announced_leader`). The loss is news the store cannot have yet: a dead leader's session
+        has not expired. Past that time a leader the store still names live is renewing its session — alive,
+        cut off from this node only (a network partition) — and this node names it again, as every other does;
+        else a client that asks only this node would never learn the leader."""
         link = self._links.get(leader)
-        return link is not None and (link.unreachable is not None or link.conn.peer_closed())
+        if link is None:
+            return False
+        if link.unreachable_since is not None:
+            return time.monotonic() - link.unreachable_since < self.session_timeout_s
+        return link.conn.peer_closed()
 
     def lag(self, tp: TopicPartition) -> int | None:
         """Offsets between the leader's high watermark and our log end at the last answer (None: none yet)."""

@@ -10,7 +10,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from fault_proxy import FREEZE
+from fault_proxy import FREEZE, RESET
 from fault_util import CLIENTS, AckedLoad
 from node_util import start_replicated_cluster, topic_manifest, wait_for
 
@@ -25,8 +25,9 @@ def shrinks_of(log: str, replica: int) -> list[str]:
             if str(replica) in m.group(2).split(", ") and str(replica) not in m.group(3).split(", ")]
 
 
+@pytest.mark.parametrize("cut", [FREEZE, RESET])
 @pytest.mark.parametrize("client", CLIENTS)
-def test_follower_cut_off_is_shrunk_out_and_rejoins_once_healed(tmp_path, etcd, client):
+def test_follower_cut_off_is_shrunk_out_and_rejoins_once_healed(tmp_path, etcd, client, cut):
     cluster = start_replicated_cluster(tmp_path, etcd, 3, TOPIC, extra=LAG_MAX, proxies=True)
     load = AckedLoad(client, cluster.bootstrap, "load")
     try:
@@ -34,7 +35,7 @@ def test_follower_cut_off_is_shrunk_out_and_rejoins_once_healed(tmp_path, etcd, 
         state = cluster.wait_for_isr("load", 0)
         leader, follower = state.leader, next(r for r in state.replicas if r != state.leader)
         wait_for(lambda: follower in cluster.proxies[leader].replicas_seen(), what=f"node {follower}'s fetches")
-        cluster.proxies[leader].cut_replica(follower, FREEZE)
+        cluster.proxies[leader].cut_replica(follower, cut)
         others = tuple(r for r in state.replicas if r != follower)
         shrunk = cluster.wait_for_isr("load", 0, isr=others)
         assert shrunk.leader == leader and shrunk.leader_epoch == state.leader_epoch  # no election, only the ISR

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -396,6 +397,35 @@ def test_a_leader_gone_from_its_port_is_lost_and_reported_refused_until_it_is_ba
         await until(lambda: not fetchers.lost(node(leader)), "the leader to count as reachable again")
         await fetchers.close()
         await leader.stop()
+    run(scenario())
+
+
+def test_a_leader_cut_off_from_this_node_only_is_named_again_once_its_session_would_have_expired(tmp_path):
+    """A network cut between this follower and a live leader (every connection reset at its first request,
+    tests/fault_proxy.py's RESET): lost for at most `broker.session.timeout.ms` — a dead leader's session has
+    expired by then, so a leader the store still names live is alive — and not again in the same episode, while
+    the fetcher goes on failing. Before, this node's Metadata named no leader for as long as the cut lasted."""
+    async def scenario():
+        async def reset_at_first_request(reader, writer):
+            await reader.read(1)
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+
+        cut = await asyncio.start_server(reset_at_first_request, "127.0.0.1", 0)
+        leader = NodeRegistration(1, "a", "127.0.0.1", cut.sockets[0].getsockname()[1])
+        fetchers = ReplicaFetchers(3, {TP: new_log(tmp_path / "f")}.get, FAST, session_timeout_ms=500)
+        fetchers.follow(TP, leader, 0)
+        await until(lambda: fetchers.lost(leader), "the reset connection to count as lost")
+        lost_at = time.monotonic()
+        await until(lambda: not fetchers.lost(leader), "the loss to stop counting")
+        assert time.monotonic() - lost_at >= 0.4
+        failures = fetchers.states()[TP].error
+        assert failures and failures.startswith("node 1 at 127.0.0.1")
+        for _ in range(3):  # reconnections go on failing (FAST backs off 50 ms): the leader stays named
+            await asyncio.sleep(0.1)
+            assert not fetchers.lost(leader)
+        await fetchers.close()
+        cut.close()
     run(scenario())
 
 

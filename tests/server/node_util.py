@@ -325,11 +325,15 @@ class ReplicatedCluster:
                         newer_than: int = -1, timeout: float = 30.0) -> PartitionState:
         """Until every running node names one leader (not in `excluding`, epoch above `newer_than`) for the
         partition, and that leader says the same of itself."""
+        seen: list[object] = ["nothing yet"]  # the last views, for the timeout's message
+
         def agreed() -> PartitionState | None:
             try:
                 views = {s.node_id: self.metadata(topic, via=s.node_id).get(partition) for s in self.running()}
-            except AssertionError:
+            except AssertionError as exc:
+                seen[0] = exc
                 return None
+            seen[0] = views
             states = set(views.values())
             if len(states) != 1:
                 return None
@@ -338,7 +342,10 @@ class ReplicatedCluster:
                 and state.leader_epoch > newer_than and state.leader in views
             return state if ok else None
 
-        return wait_for(agreed, timeout, interval=0.1, what=f"one leader of {topic}-{partition}")
+        try:
+            return wait_for(agreed, timeout, interval=0.1, what=f"one leader of {topic}-{partition}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the nodes' last views: {seen[0]}") from None
 
     def wait_for_isr(self, topic: str, partition: int, isr: tuple[int, ...] | None = None,
                      timeout: float = 60.0) -> PartitionState:
