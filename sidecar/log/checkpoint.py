@@ -13,7 +13,7 @@ import os
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from .atomic_file import atomic_write
 
@@ -30,8 +30,10 @@ class CheckpointError(ValueError):
     """A checkpoint or metadata file that does not parse; the message names the file and line."""
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class TopicPartition:
+class TopicPartition(NamedTuple):
+    """A partition's name. A tuple, not a dataclass: it keys the dicts every fetch and produce looks partitions
+    up in (a session's dozens per fetch), and a tuple's hash and equality run in C, not in Python."""
+
     topic: str
     partition: int
 

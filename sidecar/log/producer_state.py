@@ -217,6 +217,8 @@ class ProducerStateManager:
         (Kafka's firstUnstableOffset after onHighWatermarkUpdated); None when there is none."""
         while self._unreplicated and self._unreplicated[0][1] < high_watermark:
             self._unreplicated.popleft()
+        if not self._ongoing and not self._unreplicated:  # no transaction: every fetch of every partition asks
+            return None
         return min([*self._ongoing.values(), *(first for first, _ in self._unreplicated)], default=None)
 
     @property
