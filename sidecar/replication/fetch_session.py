@@ -10,7 +10,7 @@ an incremental fetch reads every partition of its session and answers only the c
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -103,6 +103,8 @@ class FetchSessionCache:
         self._rng = rng or random.SystemRandom()
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()  # by last use, oldest first
         self.evictions = 0  # sessions dropped to make room (Kafka's IncrementalFetchSessionEvictionsPerSec)
+        # Session errors answered, by code: a fetcher that lost an answer (or a session) and did not start over.
+        self.errors: Counter[int] = Counter()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -125,10 +127,10 @@ class FetchSessionCache:
                 return FetchContext(topics)
             return FetchContext(topics, _answer=lambda responses, now: self._open(topics, responses, follower, now))
         session = self._sessions.get(session_id)
-        if session is None:
-            return FetchContext([], FETCH_SESSION_ID_NOT_FOUND)
-        if session.epoch != epoch:
-            return FetchContext([], INVALID_FETCH_SESSION_EPOCH)
+        if session is None or session.epoch != epoch:
+            error = FETCH_SESSION_ID_NOT_FOUND if session is None else INVALID_FETCH_SESSION_EPOCH
+            self.errors[error] += 1
+            return FetchContext([], error)
         for topic, partitions in topics:
             for p in partitions:
                 cached = session.partitions.get((topic, p.partition))

@@ -29,6 +29,7 @@ from shale.sidecar.log.cleaner_manager import CleaningState, PartitionCleaning
 from shale.sidecar.log.log import StorageFailure, now_ms
 from shale.sidecar.log.open_files import SEGMENT_FILES
 from shale.sidecar.log.pause_owners import KINDS
+from shale.sidecar.protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, name_of
 from shale.sidecar.server.manifests import HELD_REASONS
 
 logger = logging.getLogger(__name__)
@@ -681,6 +682,12 @@ def _fetch_session_families(broker) -> Iterator[Metric]:
                             value=sessions.partitions_cached() if sessions else 0)
     yield CounterMetricFamily("shale_fetch_session_evictions", "Fetch sessions dropped to make room for another.",
                               value=sessions.evictions if sessions else 0)
+    errors = CounterMetricFamily("shale_fetch_session_errors", "Fetches answered with a session error: an unknown "
+                                 "session, or a stale epoch (a fetcher that lost an answer and did not start over).",
+                                 labels=["error"])
+    for code in (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH):
+        errors.add_metric([name_of(code)], sessions.errors[code] if sessions else 0)
+    yield errors
 
 
 def _limit_families(broker) -> Iterator[Metric]:

@@ -120,6 +120,7 @@ def test_stale_epoch_is_refused_without_changing_the_session():
     assert ctx.answer([], 2) == (INVALID_FETCH_SESSION_EPOCH, 0, [])
     session = cache.get(session_id)
     assert session.epoch == 2 and session.partitions["t", 0].request == Req(0)
+    assert cache.errors == {INVALID_FETCH_SESSION_EPOCH: 1}  # shale_fetch_session_errors_total
 
 
 def test_unknown_session_is_refused_and_the_fetcher_starts_over():
@@ -128,7 +129,7 @@ def test_unknown_session_is_refused_and_the_fetcher_starts_over():
     plan = handler.build({("t", 0): Req(0)})
     assert not plan.full
     ctx = cache.context(plan.session_id, plan.epoch, [], [], True, 0)
-    assert ctx.error == FETCH_SESSION_ID_NOT_FOUND
+    assert ctx.error == FETCH_SESSION_ID_NOT_FOUND and cache.errors == {FETCH_SESSION_ID_NOT_FOUND: 1}
     assert not handler.handle(plan, ctx.error, 0, [])
     assert (handler.session_id, handler.epoch) == (0, INITIAL_EPOCH)
     assert handler.build({("t", 0): Req(0)}).full
@@ -151,6 +152,7 @@ def test_lost_answer_resets_to_a_full_fetch_that_replaces_the_session():
     error, new_sid, responses = ctx.answer([{"topic": "t", "partitions": [_out(0, 3), _out(1, 3)]}], 2)
     assert handler.handle(plan, error, new_sid, _answered(responses))
     assert new_sid not in (0, sid) and handler.session_id == new_sid and handler.epoch == 1
+    assert not cache.errors  # the fetcher started over by itself: no error answered
 
 
 def test_full_cache_answers_sessionless():
