@@ -53,7 +53,8 @@ NO_EPOCH = -1
 
 @dataclass(frozen=True, slots=True)
 class FetcherConfig:
-    """Kafka's replica fetcher settings (`replica.fetch.*`, `replica.socket.timeout.ms`)."""
+    """Kafka's replica fetcher settings (`replica.fetch.*`, `replica.socket.timeout.ms`), and the node's
+    `broker.session.timeout.ms`: how long a lost connection counts as news of the leader's death (`lost`)."""
 
     wait_max_ms: int  # the long poll at the leader
     min_bytes: int
@@ -61,12 +62,13 @@ class FetcherConfig:
     response_max_bytes: int  # per fetch, over all partitions of one leader
     backoff_ms: int  # after a partition error or a lost connection
     socket_timeout_ms: int  # connecting, and an answer beyond the long poll
+    session_timeout_ms: int  # a lost leader connection hides the leader from Metadata at most this long
 
     @classmethod
     def from_server_config(cls, config: ServerConfig) -> FetcherConfig:
         return cls(config.replica_fetch_wait_max_ms, config.replica_fetch_min_bytes, config.replica_fetch_max_bytes,
                    config.replica_fetch_response_max_bytes, config.replica_fetch_backoff_ms,
-                   config.replica_socket_timeout_ms)
+                   config.replica_socket_timeout_ms, config.broker_session_timeout_ms)
 
 
 # (host, port) -> an open (and, on a secured listener, authenticated) connection to a leader
@@ -332,17 +334,12 @@ class ReplicaFetchers:
     def __init__(self, node_id: int, logs: Callable[[TopicPartition], Log | None],
                  config: FetcherConfig | None = None,
                  on_refused: Callable[[NodeRegistration], None] | None = None,
-                 connect: Connector = asyncio.open_connection, throttle: FollowerThrottle | None = None,
-                 session_timeout_ms: int | None = None) -> None:
+                 connect: Connector = asyncio.open_connection, throttle: FollowerThrottle | None = None) -> None:
         self.node_id = node_id
         self.throttle = throttle  # follower.replication.throttled.rate (None: never held back)
         # Opens a connection to a leader's inter-broker listener (TLS and SASL: server/inter_broker.py).
         self.connect = connect
-        defaults = ServerConfig.from_mapping({}) if config is None or session_timeout_ms is None else None
-        self.config = config or FetcherConfig.from_server_config(defaults)
-        # `broker.session.timeout.ms`: how long a lost connection counts as news of the leader's death (`lost`).
-        self.session_timeout_s = (defaults.broker_session_timeout_ms if session_timeout_ms is None
-                                  else session_timeout_ms) / 1000
+        self.config = config or FetcherConfig.from_server_config(ServerConfig.from_mapping({}))
         # Told of a leader whose address refuses connections (the controller ends its session early).
         self.on_refused = on_refused
         self._logs = logs
@@ -401,7 +398,7 @@ class ReplicaFetchers:
         if link is None:
             return False
         if link.unreachable_since is not None:
-            return time.monotonic() - link.unreachable_since < self.session_timeout_s
+            return time.monotonic() - link.unreachable_since < self.config.session_timeout_ms / 1000
         return link.conn.peer_closed()
 
     def lag(self, tp: TopicPartition) -> int | None:

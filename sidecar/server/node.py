@@ -389,7 +389,7 @@ class StorageNode:
         self.fetchers = ReplicaFetchers(self.options.node_id, self.log_dir.logs.get,
                                         FetcherConfig.from_server_config(config),
                                         on_refused=self.controller.leader_refused, connect=self.inter_broker.connect,
-                                        throttle=self.replicas, session_timeout_ms=config.broker_session_timeout_ms)
+                                        throttle=self.replicas)
         self.replicas.attach(self.controller, self.fetchers)
         self.replicas.topics_changed()
         self.replicas.start()

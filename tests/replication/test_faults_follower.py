@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from fault_proxy import FREEZE, RESET
 from fault_util import CLIENTS, AckedLoad
-from node_util import scrape_metrics, start_replicated_cluster, topic_manifest, wait_for
+from node_util import fetch_session_errors, start_replicated_cluster, topic_manifest, wait_for
 
 TOPIC = topic_manifest("load", 1, replicas=3, config={"min.insync.replicas": 2})
 LAG_MAX = ("--override", "replica.lag.time.max.ms=3000")
@@ -50,10 +50,8 @@ def test_follower_cut_off_is_shrunk_out_and_rejoins_once_healed(tmp_path, etcd, 
         assert cluster.proxies[leader].cut_count >= 1
         # The cut lost the answer to the fetch in flight; the follower started its session over by itself
         # (FetchSessionHandler.failed) instead of being told its epoch was stale.
-        errors = {dict(labels)["error"]: value for (name, labels), value in
-                  scrape_metrics(cluster.servers[leader].http_port).items()
-                  if name == "shale_fetch_session_errors_total"}
-        assert errors == {"FETCH_SESSION_ID_NOT_FOUND": 0, "INVALID_FETCH_SESSION_EPOCH": 0}
+        assert fetch_session_errors(cluster.servers[leader].http_port) == {"FETCH_SESSION_ID_NOT_FOUND": 0,
+                                                                         "INVALID_FETCH_SESSION_EPOCH": 0}
     finally:
         load.close()
         cluster.stop()

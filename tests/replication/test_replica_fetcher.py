@@ -413,7 +413,9 @@ def test_a_leader_cut_off_from_this_node_only_is_named_again_once_its_session_wo
 
         cut = await asyncio.start_server(reset_at_first_request, "127.0.0.1", 0)
         leader = NodeRegistration(1, "a", "127.0.0.1", cut.sockets[0].getsockname()[1])
-        fetchers = ReplicaFetchers(3, {TP: new_log(tmp_path / "f")}.get, FAST, session_timeout_ms=500)
+        fetchers = ReplicaFetchers(3, {TP: new_log(tmp_path / "f")}.get,
+                                   fetcher_config(**{"broker.session.timeout.ms": 500,
+                                                     "broker.heartbeat.interval.ms": 100}))
         fetchers.follow(TP, leader, 0)
         await until(lambda: fetchers.lost(leader), "the reset connection to count as lost")
         lost_at = time.monotonic()
@@ -509,7 +511,8 @@ def test_the_fetcher_settings_are_kafkas_by_default_but_the_backoff_and_follow_t
     async def scenario():
         fetchers = ReplicaFetchers(3, {}.get)
         assert fetchers.config == FetcherConfig(wait_max_ms=500, min_bytes=1, max_bytes=1048576,
-                                                response_max_bytes=10485760, backoff_ms=100, socket_timeout_ms=30000)
+                                                response_max_bytes=10485760, backoff_ms=100, socket_timeout_ms=30000,
+                                                session_timeout_ms=2000)
         await fetchers.close()
     run(scenario())
     assert fetcher_config(**{"replica.fetch.response.max.bytes": 4096}).response_max_bytes == 4096

@@ -82,6 +82,12 @@ def fetch_sessions(http_port: int) -> tuple[float, float]:
     return metrics[("shale_fetch_sessions", frozenset())], metrics[("shale_fetch_session_partitions", frozenset())]
 
 
+def fetch_session_errors(http_port: int) -> dict[str, float]:
+    """The session errors a node answered, by error name (`shale_fetch_session_errors_total`)."""
+    return {dict(labels)["error"]: value for (name, labels), value in scrape_metrics(http_port).items()
+            if name == "shale_fetch_session_errors_total"}
+
+
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:
