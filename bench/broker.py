@@ -22,11 +22,13 @@ settings for both servers. Per round and server, on a fresh topic:
    delivery report, p50 and p99, and the server's CPU time per record (the fixed cost of a request).
 4. fetch wake-up (on its own topic): a consumer waits at the end of the partition with a Fetch parked at
    the server; one record at a time, the time from `produce()` to the consumer receiving it, p50 and p99.
-5. the kernel's floor (A B C C B A, twice): a blocking socket sends one Produce v9 frame of one record
-   (`acks=all`) and reads its answer, one at a time, to Shale, Tansu and `bench/floor_server.c`, a C server
+5. the floors (A B C D D C B A, twice): a blocking socket sends one Produce v9 frame of one record
+   (`acks=all`) and reads its answer, one at a time, to Shale, Tansu, `bench/floor_server.c`, a C server
    that makes the same system calls per request as Shale (epoll_wait, recv, pwrite of the frame, send of a
-   canned answer) and nothing else; the server's CPU time per request. Shale's minus the floor's is what its
-   own code costs per request. First with the client and server where the scheduler puts them (on an idle
+   canned answer) and nothing else, and `bench/floor_server.py`, which makes them through asyncio's event loop
+   and a BufferedProtocol as Shale does; the server's CPU time per request. The C floor is what any server
+   pays the kernel; the asyncio floor adds what the Python event loop costs; Shale's minus the asyncio floor's
+   is what its request handling costs. First with the client and server where the scheduler puts them (on an idle
    machine, two cores: each request wakes the server's idle core), then both pinned to one core (each request
    a direct switch between them), which shows what the wake-up itself costs each server.
 
@@ -112,8 +114,7 @@ CALLGRIND_FIGURES = ("Instructions per one-record Produce (callgrind, the server
 # A/B runs of this file's produce_latency against two `shale serve` trees, alternating, 2,000 records per round.
 COMPILED_FIGURES = ("Compiling the Python as it is does not help: the request path's twelve modules (connection, "
                     "broker, eager, codec, log, segment, records, the indexes, metrics, channel) compiled with "
-                    "Cython 3.3 as plain Python, 131 µs against 114 µs interpreted (4 rounds, medians); uvloop as "
-                    "the event loop, 105 µs against 107 µs (6 rounds), within the noise; mypyc (mypy 2.4, native "
+                    "Cython 3.3 as plain Python, 131 µs against 114 µs interpreted (4 rounds, medians); mypyc (mypy 2.4, native "
                     "classes but the weakly referenced LogSegment) on the six log modules: one `Log.append` of a one-record batch 10.6 µs against 9.9 µs "
                     "interpreted (in process, 20,000 appends, the `pwrite` alone 2.5 µs). `perf` (cpu-clock samples "
                     "of the server over 5,000 one-record Produces): 68 % in libpython, 28 % in the kernel, 3 % in "
@@ -135,8 +136,16 @@ PLACEMENT_FIGURES = ("With librdkafka as the client (the latency phase's produce
                      "even on one core. Pinned, the back-to-back Shale server never sleeps (0.00 voluntary context "
                      "switches per request, against 1.00 apart), and with the other core busy it does not either: "
                      "42–47 µs per request, user 30 and system 12–18.")
-SHALE, TANSU, FLOOR = "Shale", "Tansu", "floor"
+# uvloop in asyncio's place (2026-11-29, quiet machine): phase 5's raw_produce_cpu, 8 alternating rounds of 3,000
+# against two `shale serve` (one with uvloop's policy installed by a sitecustomize) and floor_server.py under either
+# loop.
+UVLOOP_FIGURES = ("uvloop in asyncio's place does not lower the loop's floor (`bench/floor_server.py` 45 µs against "
+                  "44, 8 alternating rounds of 3,000, medians) and leaves Shale within the noise (107 against 117 µs, "
+                  "lower in 4 of the 8 pairs; an earlier run the same morning 89 against 101, one of 2026-11-25 105 "
+                  "against 107), though it takes 23,000 instructions per Produce off: not adopted.")
+SHALE, TANSU, FLOOR, LOOP_FLOOR = "Shale", "Tansu", "floor", "asyncio floor"
 FLOOR_SOURCE = os.path.join(ROOT, "bench", "floor_server.c")
+LOOP_FLOOR_SOURCE = os.path.join(ROOT, "bench", "floor_server.py")
 
 PRODUCER_CONFIG = {  # throughput settings; delivery reports only for failures, so the client's Python stays small
     "acks": "all",
@@ -494,6 +503,17 @@ def start_floor(work: str) -> ServerProcess:
     return server
 
 
+def start_loop_floor(work: str) -> ServerProcess:
+    """bench/floor_server.py (the same system calls through asyncio, as `shale serve` makes them), on a free port."""
+    port, log_path = free_port(), os.path.join(work, "loop-floor.log")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, LOOP_FLOOR_SOURCE, str(port), os.path.join(work, "loop-floor.data")],
+                                stdout=log, stderr=log)
+    server = ServerProcess(LOOP_FLOOR, proc, port, log_path, version="bench/floor_server.py")
+    server.wait_listening()
+    return server
+
+
 @contextlib.contextmanager
 def placed(server: ServerProcess, where: str) -> Iterator[None]:
     """Run phase 5's client (this thread) and `server` (all its threads) as `where` says.
@@ -709,6 +729,7 @@ class Results:
     profile: dict[str, str] = field(default_factory=dict)  # phase -> py-spy summary of shale serve
     client: str = ""
     floor_cpu_us: dict[str, float] = field(default_factory=dict)  # phase 5: bench/floor_server.c's, by placement
+    loop_floor_cpu_us: dict[str, float] = field(default_factory=dict)  # phase 5: bench/floor_server.py's
 
     def ratio(self, kind: str, attr: str = "mb_per_s") -> float:
         return self.systems[SHALE].median(kind, attr) / self.systems[TANSU].median(kind, attr)
@@ -759,17 +780,19 @@ def run(records: int, rounds: int, latency_records: int, out_dir: str = OUT_DIR,
                 f"{percentile(lat.seconds, 99) * 1e3:.2f} ms, server CPU {lat.cpu_us_per_record:.0f} µs per record; "
                 f"fetch wake-up p50 {percentile(wake, 50) * 1e3:.2f} ms, p99 {percentile(wake, 99) * 1e3:.2f} ms")
         servers[FLOOR] = start_floor(work)
+        servers[LOOP_FLOOR] = start_loop_floor(work)
         for where in PLACEMENTS:
             raw: dict[str, list[float]] = collections.defaultdict(list)
-            for name in (SHALE, TANSU, FLOOR, FLOOR, TANSU, SHALE):
+            for name in (SHALE, TANSU, FLOOR, LOOP_FLOOR, LOOP_FLOOR, FLOOR, TANSU, SHALE):
                 with placed(servers[name], where):
                     raw[name].append(raw_produce_cpu(servers[name], "latency", max(latency_records // 2, 1),
                                                      values[0]))
             for name in order:
                 res.systems[name].raw_cpu_us[where] = statistics.mean(raw[name])
             res.floor_cpu_us[where] = statistics.mean(raw[FLOOR])
+            res.loop_floor_cpu_us[where] = statistics.mean(raw[LOOP_FLOOR])
             say(f"  raw one-record Produce, client and server {where}: server CPU per request "
-                + ", ".join(f"{name} {statistics.mean(raw[name]):.0f} µs" for name in (*order, FLOOR)))
+                + ", ".join(f"{name} {statistics.mean(raw[name]):.0f} µs" for name in (*order, FLOOR, LOOP_FLOOR)))
         if profile:
             say("profiling shale serve (py-spy) over one more produce and consume ...")
             shale = servers[SHALE]
@@ -841,12 +864,12 @@ def table(res: Results) -> str:
     lines += [
         "",
         "| One-record Produce v9 from a blocking socket: server CPU µs per request (user + system) | Shale | Tansu "
-        "| floor (`bench/floor_server.c`) | Shale − floor |",
-        "|---|---:|---:|---:|---:|",
+        "| floor (`bench/floor_server.c`) | asyncio floor (`bench/floor_server.py`) | Shale − asyncio floor |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for where in PLACEMENTS:
-        a, b, f = s.raw_cpu_us[where], t.raw_cpu_us[where], res.floor_cpu_us[where]
-        lines.append(f"| client and server {where} | {a:.0f} | {b:.0f} | {f:.0f} | {a - f:.0f} |")
+        a, b, f, lf = s.raw_cpu_us[where], t.raw_cpu_us[where], res.floor_cpu_us[where], res.loop_floor_cpu_us[where]
+        lines.append(f"| client and server {where} | {a:.0f} | {b:.0f} | {f:.0f} | {lf:.0f} | {a - lf:.0f} |")
     return "\n".join(lines)
 
 
@@ -879,7 +902,8 @@ def interpretation(res: Results) -> str:
     goal_cpu = (f"goal of {CPU_GOAL_US} µs met" if s.latency_cpu_us <= CPU_GOAL_US else
                 f"**above the goal of {CPU_GOAL_US} µs by {s.latency_cpu_us - CPU_GOAL_US:.0f} µs**")
     goal_lat = "goal met" if max(lat50, lat99) <= 1 else "**goal not met**"
-    floor, own = res.floor_cpu_us[APART], max(s.raw_cpu_us[APART] - res.floor_cpu_us[APART], 1.0)
+    floor, loop_floor = res.floor_cpu_us[APART], res.loop_floor_cpu_us[APART]
+    own = max(s.raw_cpu_us[APART] - loop_floor, 1.0)
     woken = {name: r.raw_cpu_us[APART] - r.raw_cpu_us[ONE_CORE] for name, r in ((SHALE, s), (TANSU, t))}
     woken[FLOOR] = floor - res.floor_cpu_us[ONE_CORE]
     wake = (percentile(s.wakeup_s, 50) * 1e3, percentile(s.wakeup_s, 99) * 1e3,
@@ -934,14 +958,17 @@ def interpretation(res: Results) -> str:
         f"(the last table): the kernel's floor, {floor:.0f} µs per request in this run for `bench/floor_server.c`, "
         "which makes the same four system calls per request as Shale and nothing else (the loopback `send` runs "
         "the client's receive path and wakes it in the server's time; a quiet machine also pays each wake-up from "
-        f"idle), and Shale's own {own:.0f} µs: Python spread over ~170 calls per request with no piece above a "
-        "third: `Log.append` (~33 % of the instructions), the handler and connection glue, asyncio's loop and "
-        "transport (~10 %; uvloop in its place takes 23,000 instructions per Produce off, not adopted: no "
-        "measurable CPU difference, and it changes the loop under every listener, TLS and sendfile), the codec "
-        "now ~6 %. Tansu answers in compiled code"
-        + (f"; the CPU goal leaves {CPU_GOAL_US - floor:.0f} µs per request to Shale's own code above the floor, "
-           f"{(CPU_GOAL_US - floor) / own:.0%} of what it takes now: the request path written in C, `Log.append` "
-           "included (compiling the Python as it is gains nothing)." if s.latency_cpu_us > CPU_GOAL_US else "."),
+        f"idle); the event loop's, {loop_floor:.0f} µs for `bench/floor_server.py`, the same calls made through "
+        "asyncio's loop and a `BufferedProtocol` as Shale makes them, handling nothing — "
+        f"{loop_floor - floor:.0f} µs of Python per request before any handling; and Shale's handling, "
+        f"{own:.0f} µs above that: Python spread over ~170 calls per request with no piece above a third: "
+        "`Log.append` (~33 % of the instructions), the handler and connection glue, the codec now ~6 %. "
+        f"{UVLOOP_FIGURES} Tansu answers in compiled code"
+        + (f"; the CPU goal leaves {CPU_GOAL_US - loop_floor:.0f} µs per request for all of Shale's handling on "
+           f"asyncio's loop, {max(CPU_GOAL_US - loop_floor, 0) / own:.0%} of what it takes now, with compiled "
+           "handling still paying the loop's Python and the interpreter's cold caches: the route to the goal is "
+           "a native request path that serves the data-path requests of plain connections without the "
+           "interpreter (docs/native-request-path.md)." if s.latency_cpu_us > CPU_GOAL_US else "."),
         f"- **Where the client runs changes a request's cost more than any code change above** (phase 5, the last "
         f"table): with the client pinned to the server's core, a one-record Produce costs Shale "
         f"{s.raw_cpu_us[ONE_CORE]:.0f} µs, Tansu {t.raw_cpu_us[ONE_CORE]:.0f} and the floor "
@@ -1024,9 +1051,10 @@ goes first, each on a fresh one-partition topic:
   consumer `assign()`ed at the end of the partition, whose Fetch waits at the server (`fetch.wait.max.ms`
   500): `produce()` to the consumer's `poll()` returning the record.
 - **kernel floor**: {res.latency_records:,} one-record Produce v9 frames (`acks=all`, after {LATENCY_WARMUP}), each
-  sent from a blocking socket once the answer to the one before is read, to Shale and to
-  `bench/floor_server.c` (in two halves, A B B A): a C server making the same system calls per request as
-  Shale (`epoll_wait`, `recv`, `pwrite` of the frame, `send` of a canned answer) and nothing else; the
+  sent from a blocking socket once the answer to the one before is read, to Shale, Tansu,
+  `bench/floor_server.c` — a C server making the same system calls per request as Shale (`epoll_wait`,
+  `recv`, `pwrite` of the frame, `send` of a canned answer) and nothing else — and `bench/floor_server.py`,
+  the same through asyncio's event loop and a `BufferedProtocol` (in two halves, A B C D D C B A); the
   server's CPU time per request.
 - The goal column judges the ratio of the medians; "per round" gives Shale / Tansu of the two runs of each
   round, which ran one after the other.

@@ -31,8 +31,9 @@ def test_whole_run_produces_figures(bench, tmp_path):
         assert len(system.produce) == len(system.consume) == 2
         assert len(system.latency_s) == 30 and min(system.latency_s) > 0 and system.latency_cpu_us >= 0
         assert len(system.wakeup_s) == 10 and min(system.wakeup_s) > 0
-    for where in bench.PLACEMENTS:  # phase 5: each server and the C floor, client and server apart and on one core
+    for where in bench.PLACEMENTS:  # phase 5: each server and both floors, client and server apart and on one core
         assert res.floor_cpu_us[where] > 0 and all(s.raw_cpu_us[where] > 0 for s in res.systems.values())
+        assert res.loop_floor_cpu_us[where] > 0
     assert len(res.paired("produce")) == len(res.paired("consume")) == 2
     assert res.ratio("produce") > 0 and res.ratio("consume") > 0
     assert not os.listdir(out), "the benchmark leaves no data behind"
@@ -40,6 +41,7 @@ def test_whole_run_produces_figures(bench, tmp_path):
     text = bench.table(res)
     assert "produce 3,000 × 1 KiB" in text and "consume 3,000 × 1 KiB" in text and "p99 ms" in text
     assert "server CPU µs per record" in text and "Fetch wake-up" in text and "floor_server.c" in text
+    assert "asyncio floor (`bench/floor_server.py`)" in text
     assert f"client and server {bench.ONE_CORE}" in text and "Where the client runs" in bench.interpretation(res)
     assert "Shale/Tansu" in bench.summary(res)
     assert "of Tansu" in bench.interpretation(res)
