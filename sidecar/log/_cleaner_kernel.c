@@ -1,6 +1,7 @@
 /*
  * The log engine's per-record hot loops in C: the cleaner's two passes (see cleaner_kernel.py, which
- * dispatches here) and the record-framing walk of produce validation (records.py).
+ * dispatches here), the record-framing walk of produce validation (records.py) and a leader's whole check and
+ * offset assignment of a produced record set (log.py: Log.append).
  *
  * Both functions work on the *uncompressed* records of one v2 batch (the bytes after
  * recordsCount) and on the OffsetMap's bytearray, with exactly offset_map.py's slot layout:
@@ -749,6 +750,38 @@ done:
  * Produce validation (records.py: check_record_framing): the same varint walk, no map.
  */
 
+/* True if exactly `count` well-formed records fill [p, end), each with a key if `require_key`, each timestamp
+ * (base_ts + delta) in [ts_lo, ts_hi]. */
+static int records_ok(const uint8_t *p, const uint8_t *end, Py_ssize_t count, int require_key, int64_t base_ts,
+                      int64_t ts_lo, int64_t ts_hi) {
+    if (count < 0)
+        return 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t length, ts_delta, offset_delta, n, ts;
+        const uint8_t *field;
+        if (read_varint(&p, end, 5, &length) || length <= 0 || length > end - p)
+            return 0;
+        const uint8_t *rend = p + length;
+        p++; /* attributes, unused */
+        if (read_varint(&p, rend, 10, &ts_delta) || read_varint(&p, rend, 5, &offset_delta))
+            return 0;
+        if (__builtin_add_overflow(base_ts, ts_delta, &ts) || ts < ts_lo || ts > ts_hi)
+            return 0;
+        if (read_nullable(&p, rend, &field, &n) || (require_key && n < 0))
+            return 0;
+        if (read_nullable(&p, rend, &field, &n) || read_varint(&p, rend, 5, &n) || n < 0)
+            return 0;
+        for (int64_t h = 0; h < n; h++) {
+            int64_t hk, hv;
+            if (read_nullable(&p, rend, &field, &hk) || hk < 0 || read_nullable(&p, rend, &field, &hv))
+                return 0;
+        }
+        if (p != rend)
+            return 0;
+    }
+    return p == end;
+}
+
 /* records_check(data, count, require_key, base_ts, ts_lo, ts_hi) -> True if exactly `count` well-formed
  * records fill `data`, each with a key if `require_key`, each timestamp (base_ts + delta) in [ts_lo, ts_hi].
  * Produce validation (Kafka's LogValidator) without building a Record per record: False only means
@@ -760,35 +793,95 @@ static PyObject *records_check(PyObject *self, PyObject *args) {
     long long base_ts, ts_lo, ts_hi;
     if (!PyArg_ParseTuple(args, "y*npLLL", &buf, &count, &require_key, &base_ts, &ts_lo, &ts_hi))
         return NULL;
-    const uint8_t *p = buf.buf, *end = p + buf.len;
-    int ok = count >= 0;
-    for (Py_ssize_t i = 0; ok && i < count; i++) {
-        int64_t length, ts_delta, offset_delta, n, ts;
-        const uint8_t *field;
-        ok = 0;
-        if (read_varint(&p, end, 5, &length) || length <= 0 || length > end - p)
-            break;
-        const uint8_t *rend = p + length;
-        p++; /* attributes, unused */
-        if (read_varint(&p, rend, 10, &ts_delta) || read_varint(&p, rend, 5, &offset_delta))
-            break;
-        if (__builtin_add_overflow((int64_t)base_ts, ts_delta, &ts) || ts < ts_lo || ts > ts_hi)
-            break;
-        if (read_nullable(&p, rend, &field, &n) || (require_key && n < 0))
-            break;
-        if (read_nullable(&p, rend, &field, &n) || read_varint(&p, rend, 5, &n) || n < 0)
-            break;
-        int64_t h = 0;
-        for (; h < n; h++) {
-            int64_t hk, hv;
-            if (read_nullable(&p, rend, &field, &hk) || hk < 0 || read_nullable(&p, rend, &field, &hv))
-                break;
-        }
-        ok = h == n && p == rend;
-    }
-    ok = ok && p == end;
+    const uint8_t *p = buf.buf;
+    int ok = records_ok(p, p + buf.len, count, require_key, base_ts, ts_lo, ts_hi);
     PyBuffer_Release(&buf);
     return PyBool_FromLong(ok);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * A leader's append of a produced record set (log.py: Log.append), the common case in one call.
+ */
+
+#define BATCH_OVERHEAD 61
+#define LOG_OVERHEAD 12
+#define ATTR_COMPRESSION 0x07
+#define ATTR_TRANSACTIONAL 0x10
+
+static inline int64_t be64s(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+/* prepare_produce(buf, next_offset, epoch, max_set_bytes, max_batch_bytes, require_key, ts_lo, ts_hi, crc32c)
+ *   -> (last_offset, max_timestamp, max_timestamp_offset, batches), or None.
+ *
+ * Checks a produced set of v2 batches as parse_batch_set and Log._validate do (framing, magic, CRC-32C through
+ * the `crc32c` function given, the size limits, records count against offset range, every record's framing,
+ * keys and CreateTime bounds) and, when every batch passes, gives them offsets from `next_offset` on and
+ * stamps `epoch` as each batch's partition leader epoch, in `buf` (a bytearray: the log's own copy). None,
+ * with `buf` untouched, whenever Python's path could decide otherwise or has more to do: a fault (Python names
+ * it), a batch with a producer id (producer state), a control, transactional, compressed or LogAppendTime
+ * batch, an empty set. */
+static PyObject *prepare_produce(PyObject *self, PyObject *args) {
+    PyObject *o_buf, *crc_fn;
+    long long next_offset, ts_lo, ts_hi;
+    int epoch, require_key;
+    Py_ssize_t max_set, max_batch;
+    if (!PyArg_ParseTuple(args, "YLinnpLLO", &o_buf, &next_offset, &epoch, &max_set, &max_batch, &require_key,
+                          &ts_lo, &ts_hi, &crc_fn))
+        return NULL;
+    uint8_t *data = (uint8_t *)PyByteArray_AS_STRING(o_buf);
+    const Py_ssize_t end = PyByteArray_GET_SIZE(o_buf);
+    if (end == 0 || end > max_set)
+        Py_RETURN_NONE;
+    Py_ssize_t pos = 0, batches = 0;
+    while (pos < end) { /* every check before any byte changes */
+        if (end - pos < BATCH_OVERHEAD)
+            Py_RETURN_NONE;
+        const uint8_t *h = data + pos;
+        const Py_ssize_t size = LOG_OVERHEAD + (int32_t)be32(h + 8);
+        const int attributes = (h[21] << 8) | h[22];
+        const int64_t last_delta = (int32_t)be32(h + 23), count = (int32_t)be32(h + 57);
+        if (size < BATCH_OVERHEAD || size > end - pos || size > max_batch || h[16] != 2 || count != last_delta + 1 ||
+            (attributes & (ATTR_COMPRESSION | ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL | ATTR_CONTROL)) ||
+            be64s(h + 43) != -1)
+            Py_RETURN_NONE;
+        if (!records_ok(h + BATCH_OVERHEAD, h + size, count, require_key, be64s(h + 27), ts_lo, ts_hi))
+            Py_RETURN_NONE;
+        PyObject *view = PyMemoryView_FromMemory((char *)h + 21, size - 21, PyBUF_READ);
+        if (view == NULL)
+            return NULL;
+        PyObject *crc = PyObject_CallOneArg(crc_fn, view);
+        Py_DECREF(view);
+        if (crc == NULL)
+            return NULL;
+        const unsigned long computed = PyLong_AsUnsignedLong(crc);
+        Py_DECREF(crc);
+        if (computed == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+        if (computed != be32(h + 17))
+            Py_RETURN_NONE;
+        pos += size;
+        batches++;
+    }
+    int64_t offset = next_offset, last = -1, max_ts = -1, max_ts_offset = -1;
+    for (pos = 0; pos < end;) {
+        uint8_t *h = data + pos;
+        const int64_t batch_max_ts = be64s(h + 35);
+        last = offset + (int32_t)be32(h + 23);
+        put_be64(h, (uint64_t)offset);
+        put_be32(h + 12, (uint32_t)epoch);
+        if (batch_max_ts > max_ts) {
+            max_ts = batch_max_ts;
+            max_ts_offset = last;
+        }
+        offset = last + 1;
+        pos += LOG_OVERHEAD + (int32_t)be32(h + 8);
+    }
+    return Py_BuildValue("(LLLn)", (long long)last, (long long)max_ts, (long long)max_ts_offset, batches);
 }
 
 /* records_columns(data, count, base_offset, base_ts, log_append, max_ts) -> (offsets, timestamps, keys,
@@ -890,6 +983,9 @@ static PyMethodDef methods[] = {
      "records_columns(data, count, base_offset, base_ts, log_append, max_ts) -> the records as five lists, or None."},
     {"records_check", records_check, METH_VARARGS,
      "records_check(data, count, require_key, base_ts, ts_lo, ts_hi) -> True if the records pass produce validation."},
+    {"prepare_produce", prepare_produce, METH_VARARGS,
+     "prepare_produce(buf, next_offset, epoch, max_set_bytes, max_batch_bytes, require_key, ts_lo, ts_hi, crc32c) -> "
+     "(last_offset, max_timestamp, max_timestamp_offset, batches) with offsets and epochs written into buf, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import crc32c
+
 from ..plural import plural
 from .atomic_file import fsync_dir
 from .checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError, EpochEntry, TopicPartition
@@ -49,9 +51,15 @@ from .records import (
     check_records,
     compute_crc,
     set_base_offset,
+    timestamp_bounds,
 )
 from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, LogSlice
 from .transaction_index import AbortedTxn
+
+try:  # a leader's common append in one C call, built with the cleaner's kernel; Log._assign's Python otherwise
+    from ._cleaner_kernel import prepare_produce as _prepare_produce
+except ImportError:  # pragma: no cover - a checkout without the compiled extension
+    _prepare_produce = None
 
 logger = logging.getLogger(__name__)
 
@@ -311,57 +319,27 @@ class Log:
             if self.storage_failure is not None and self.storage_failure.appends_stopped:
                 raise KafkaStorageError(f"{self.name} takes no appends until a restart: {self.storage_failure.reason}")
             now = self.clock()
-            parsed = parse_batch_set(data, self.name)
-            self._validate(data, parsed, now, assign_offsets)
-            # A follower's batches are written as the leader's bytes: copying them would be a second copy per MB.
-            buf = bytearray(data) if assign_offsets or leader_epoch is not None else data
-            offset = self.log_end_offset
             # Only the leader stamps LogAppendTime; a follower keeps the replicated bytes as they are.
             log_append = assign_offsets and self.config.message_timestamp_type == "LogAppendTime"
-            max_ts, max_ts_offset = -1, -1
-            first_offset = offset if assign_offsets else parsed.headers[0][1].base_offset
-            last_offset = -1
-            producer_batches: list[ProducerBatch] = []
-            epochs: list[EpochEntry] = []
-            for pos, h in parsed.headers:
-                if assign_offsets:
-                    set_base_offset(buf, offset, pos)
-                    base = offset
-                    offset += h.last_offset_delta + 1
-                else:
-                    base = h.base_offset
-                last = base + h.last_offset_delta
-                if not assign_offsets and last_offset >= last:
-                    # Kafka's OffsetsOutOfOrderException: a follower's batches must have increasing last offsets.
-                    raise InvalidRecordError(
-                        f"out of order offsets found in append to {self.name}: batch last offset {last} "
-                        f"follows {last_offset}"
-                    )
-                if leader_epoch is not None:
-                    struct.pack_into(">i", buf, pos + 12, leader_epoch)
-                elif assign_offsets and h.partition_leader_epoch != -1:
-                    # A single replica has no leader epoch: a producer's own value (librdkafka writes 0) must not
-                    # read as one when an unclean recovery rebuilds the cache from the batches, or these records
-                    # would pass for replicated ones that a follower may truncate (docs/replication.md).
-                    struct.pack_into(">i", buf, pos + 12, -1)
-                # A producer's own partition leader epoch means nothing to a single-replica leader.
-                epoch = leader_epoch if leader_epoch is not None else -1 if assign_offsets else h.partition_leader_epoch
-                if epoch >= 0:
-                    epochs.append(EpochEntry(epoch, base))
-                batch_max_ts = h.max_timestamp
-                if log_append:
-                    batch_max_ts = now
-                    # LogAppendTime changes bytes under the CRC, so (as in Kafka) the CRC is recomputed.
-                    struct.pack_into(">h", buf, pos + 21, h.attributes | TIMESTAMP_TYPE_BIT)
-                    struct.pack_into(">q", buf, pos + 35, now)
-                    struct.pack_into(">I", buf, pos + 17, compute_crc(memoryview(buf)[pos : pos + h.size]))
-                if batch_max_ts > max_ts:
-                    max_ts, max_ts_offset = batch_max_ts, last
-                last_offset = last
-                if h.producer_id >= 0:
-                    pb = ProducerBatch.of(h, base, batch_max_ts, memoryview(buf)[pos : pos + h.size], self.name)
-                    if pb is not None:
-                        producer_batches.append(pb)
+            prepared, buf = None, None
+            if assign_offsets and not log_append and _prepare_produce is not None:
+                # The common leader's append, checked and given its offsets by one C call (the same rules); it
+                # declines whatever Python's path below must decide or name, leaving the copy untouched.
+                buf = bytearray(data)
+                cfg = self.config
+                lo, hi = timestamp_bounds(self._timestamp_range(now))
+                prepared = _prepare_produce(buf, self.log_end_offset, -1 if leader_epoch is None else leader_epoch,
+                                            cfg.segment_bytes, cfg.max_message_bytes, cfg.compact, lo, hi,
+                                            crc32c.crc32c)
+            if prepared is not None:
+                first_offset = self.log_end_offset
+                last_offset, max_ts, max_ts_offset, batches = prepared
+                producer_batches: list[ProducerBatch] = []
+                stamped = leader_epoch is not None and leader_epoch >= 0  # every batch: one entry at the first
+                epochs = [EpochEntry(leader_epoch, first_offset)] if stamped else []
+            else:
+                buf, first_offset, last_offset, max_ts, max_ts_offset, batches, producer_batches, epochs = (
+                    self._assign(data, now, assign_offsets, leader_epoch, log_append, buf))
             if not assign_offsets and first_offset < self.log_end_offset:
                 raise InvalidRecordError(
                     f"out of order offsets: first offset {first_offset} is below the log end offset "
@@ -371,7 +349,7 @@ class Log:
             update = (self.producer_state.prepare(producer_batches, validate=assign_offsets) if producer_batches
                       else None)
             if update is not None and update.duplicates:
-                return self._duplicate(update.duplicates, len(parsed.headers))
+                return self._duplicate(update.duplicates, batches)
             epochs_before = self.leader_epoch_cache.entries if epochs else None
             if epochs or self.leader_epoch_cache.dirty:
                 try:  # a failed write changes neither the cache nor the log
@@ -414,7 +392,65 @@ class Log:
                 except OSError as e:  # the append is in the log; Kafka's client sees the flush's error too
                     raise self._storage_failed(e, f"flush after the append at offset {first_offset}") from e
             return AppendInfo(first_offset, last_offset, max_ts, max_ts_offset, now if log_append else -1,
-                              len(parsed.headers), len(buf))
+                              batches, len(buf))
+
+    def _assign(self, data: bytes | bytearray | memoryview, now: int, assign_offsets: bool, leader_epoch: int | None,
+                log_append: bool, copy: bytearray | None) -> tuple:
+        """Check `data` and make the bytes to write, in Python: (buf, first offset, last offset, max timestamp, its
+        offset, batches, producer batches, leader epoch entries). Everything a leader's append may meet (producer
+        ids, compression, LogAppendTime, faults to name) and every follower's append come here; `copy` is a copy of
+        `data` already made."""
+        parsed = parse_batch_set(data, self.name)
+        self._validate(data, parsed, now, assign_offsets)
+        # A follower's batches are written as the leader's bytes: copying them would be a second copy per MB.
+        buf = copy if copy is not None else bytearray(data) if assign_offsets or leader_epoch is not None else data
+        offset = self.log_end_offset
+        max_ts, max_ts_offset = -1, -1
+        first_offset = offset if assign_offsets else parsed.headers[0][1].base_offset
+        last_offset = -1
+        producer_batches: list[ProducerBatch] = []
+        epochs: list[EpochEntry] = []
+        for pos, h in parsed.headers:
+            if assign_offsets:
+                set_base_offset(buf, offset, pos)
+                base = offset
+                offset += h.last_offset_delta + 1
+            else:
+                base = h.base_offset
+            last = base + h.last_offset_delta
+            if not assign_offsets and last_offset >= last:
+                # Kafka's OffsetsOutOfOrderException: a follower's batches must have increasing last offsets.
+                raise InvalidRecordError(
+                    f"out of order offsets found in append to {self.name}: batch last offset {last} "
+                    f"follows {last_offset}"
+                )
+            if leader_epoch is not None:
+                struct.pack_into(">i", buf, pos + 12, leader_epoch)
+            elif assign_offsets and h.partition_leader_epoch != -1:
+                # A single replica has no leader epoch: a producer's own value (librdkafka writes 0) must not
+                # read as one when an unclean recovery rebuilds the cache from the batches, or these records
+                # would pass for replicated ones that a follower may truncate (docs/replication.md).
+                struct.pack_into(">i", buf, pos + 12, -1)
+            # A producer's own partition leader epoch means nothing to a single-replica leader.
+            epoch = leader_epoch if leader_epoch is not None else -1 if assign_offsets else h.partition_leader_epoch
+            if epoch >= 0:
+                epochs.append(EpochEntry(epoch, base))
+            batch_max_ts = h.max_timestamp
+            if log_append:
+                batch_max_ts = now
+                # LogAppendTime changes bytes under the CRC, so (as in Kafka) the CRC is recomputed.
+                struct.pack_into(">h", buf, pos + 21, h.attributes | TIMESTAMP_TYPE_BIT)
+                struct.pack_into(">q", buf, pos + 35, now)
+                struct.pack_into(">I", buf, pos + 17, compute_crc(memoryview(buf)[pos : pos + h.size]))
+            if batch_max_ts > max_ts:
+                max_ts, max_ts_offset = batch_max_ts, last
+            last_offset = last
+            if h.producer_id >= 0:
+                pb = ProducerBatch.of(h, base, batch_max_ts, memoryview(buf)[pos : pos + h.size], self.name)
+                if pb is not None:
+                    producer_batches.append(pb)
+        return (buf, first_offset, last_offset, max_ts, max_ts_offset, len(parsed.headers), producer_batches,
+                epochs)
 
     def _storage_failed(self, exc: Exception, action: str, stop_appends: bool = False) -> KafkaStorageError:
         """Record a write the filesystem refused and make the client's error; ERROR once per episode."""
@@ -453,13 +489,7 @@ class Log:
             raise RecordTooLargeError(
                 f"the append of {parsed.size} bytes to {self.name} is larger than segment.bytes ({cfg.segment_bytes})"
             )
-        # The CreateTime window, None when both bounds are left unlimited (Long.MAX_VALUE, the default).
-        ts_range = (
-            (now - cfg.message_timestamp_before_max_ms, now + cfg.message_timestamp_after_max_ms)
-            if cfg.message_timestamp_type == "CreateTime"
-            and min(cfg.message_timestamp_before_max_ms, cfg.message_timestamp_after_max_ms) < 2**63 - 1
-            else None
-        )
+        ts_range = self._timestamp_range(now)
         if not assign_offsets:
             # A follower appends what the leader accepted: Kafka runs no LogValidator and passes
             # ignoreRecordSize=true (appendAsFollower), so keys, timestamps and sizes are not rechecked.
@@ -482,6 +512,14 @@ class Log:
             control = h.is_control
             check_records(h, view[pos + BATCH_OVERHEAD : pos + size], at, require_key=compact and not control,
                           timestamp_range=None if control else ts_range)
+
+    def _timestamp_range(self, now: int) -> tuple[int, int] | None:
+        """The CreateTime window, None when both bounds are left unlimited (Long.MAX_VALUE, the default)."""
+        cfg = self.config
+        if cfg.message_timestamp_type != "CreateTime" or min(cfg.message_timestamp_before_max_ms,
+                                                                cfg.message_timestamp_after_max_ms) >= 2**63 - 1:
+            return None
+        return now - cfg.message_timestamp_before_max_ms, now + cfg.message_timestamp_after_max_ms
 
     def _maybe_roll(self, size: int, max_ts: int, first_offset: int, last_offset: int, now: int) -> None:
         seg = self.active_segment

@@ -309,6 +309,13 @@ def decode_columns(header: BatchHeader, body: bytes | memoryview, where: str = "
     )
 
 
+def timestamp_bounds(timestamp_range: tuple[int, int] | None) -> tuple[int, int]:
+    """A CreateTime window (None: unlimited) as the int64 bounds the C walks take; Python's ints do not overflow."""
+    if timestamp_range is None:
+        return _INT64_MIN, _INT64_MAX
+    return max(timestamp_range[0], _INT64_MIN), min(timestamp_range[1], _INT64_MAX)
+
+
 def check_records(
     header: BatchHeader,
     body: bytes | memoryview,
@@ -330,10 +337,7 @@ def check_records(
         data = decompress(header.compression, body) if header.attributes & COMPRESSION_MASK else body
     except CorruptRecordError as e:
         raise InvalidRecordError(f"batch at offset {header.base_offset}: {e}{_at(where)}") from None
-    if timestamp_range is None:
-        lo, hi = _INT64_MIN, _INT64_MAX
-    else:  # the C walk takes int64; Python's ints do not overflow
-        lo, hi = max(timestamp_range[0], _INT64_MIN), min(timestamp_range[1], _INT64_MAX)
+    lo, hi = timestamp_bounds(timestamp_range)
     if _records_check is not None and _records_check(
         data, header.records_count, require_key, header.base_timestamp, lo, hi
     ):
