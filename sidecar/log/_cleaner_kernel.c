@@ -816,15 +816,33 @@ static inline int64_t be64s(const uint8_t *p) {
 }
 
 /* prepare_produce(buf, next_offset, epoch, max_set_bytes, max_batch_bytes, require_key, ts_lo, ts_hi, crc32c)
- *   -> (last_offset, max_timestamp, max_timestamp_offset, batches), or None.
+ *   -> (last_offset, max_timestamp, max_timestamp_offset, batches, producer_batches), or None.
  *
  * Checks a produced set of v2 batches as parse_batch_set and Log._validate do (framing, magic, CRC-32C through
  * the `crc32c` function given, the size limits, records count against offset range, every record's framing,
  * keys and CreateTime bounds) and, when every batch passes, gives them offsets from `next_offset` on and
- * stamps `epoch` as each batch's partition leader epoch, in `buf` (a bytearray: the log's own copy). None,
- * with `buf` untouched, whenever Python's path could decide otherwise or has more to do: a fault (Python names
- * it), a batch with a producer id (producer state), a control, transactional, compressed or LogAppendTime
- * batch, an empty set. */
+ * stamps `epoch` as each batch's partition leader epoch, in `buf` (a bytearray: the log's own copy).
+ * `producer_batches` is None when no batch has a producer id, else a list with, per such batch, the fields of
+ * producer_state.ProducerBatch at the new offsets (producer id, epoch, base and last sequence, first and last
+ * offset, max timestamp, transactional); producer state itself stays in Python. None, with `buf` untouched,
+ * whenever Python's path could decide otherwise or has more to do: a fault (Python names it), a control,
+ * compressed or LogAppendTime batch, a transactional one without a producer id, a batch without records, an
+ * empty set. */
+/* The fields of producer_state.ProducerBatch for the batch at `h`, given `first` .. `last` as its offsets. */
+static PyObject *producer_batch(const uint8_t *h, int64_t first, int64_t last) {
+    const int64_t base_seq = (int32_t)be32(h + 53);
+    /* records.BatchHeader.last_sequence: Kafka's incrementSequence, wrapping past Int.MAX to 0 (Python's %) */
+    int64_t last_seq = -1;
+    if (base_seq != -1) {
+        last_seq = (base_seq + (last - first)) % 2147483648LL;
+        if (last_seq < 0)
+            last_seq += 2147483648LL;
+    }
+    return Py_BuildValue("(LiLLLLLO)", (long long)be64s(h + 43), (int)(int16_t)((h[51] << 8) | h[52]),
+                         (long long)base_seq, (long long)last_seq, (long long)first, (long long)last,
+                         (long long)be64s(h + 35), (((h[21] << 8) | h[22]) & ATTR_TRANSACTIONAL) ? Py_True : Py_False);
+}
+
 static PyObject *prepare_produce(PyObject *self, PyObject *args) {
     PyObject *o_buf, *crc_fn;
     long long next_offset, ts_lo, ts_hi;
@@ -837,37 +855,50 @@ static PyObject *prepare_produce(PyObject *self, PyObject *args) {
     const Py_ssize_t end = PyByteArray_GET_SIZE(o_buf);
     if (end == 0 || end > max_set)
         Py_RETURN_NONE;
+    PyObject *producers = NULL, *result = NULL;
     Py_ssize_t pos = 0, batches = 0;
-    while (pos < end) { /* every check before any byte changes */
+    int64_t offset = next_offset;
+    while (pos < end) { /* every check, and the producer batches, before any byte changes */
         if (end - pos < BATCH_OVERHEAD)
-            Py_RETURN_NONE;
+            goto decline;
         const uint8_t *h = data + pos;
         const Py_ssize_t size = LOG_OVERHEAD + (int32_t)be32(h + 8);
         const int attributes = (h[21] << 8) | h[22];
-        const int64_t last_delta = (int32_t)be32(h + 23), count = (int32_t)be32(h + 57);
-        if (size < BATCH_OVERHEAD || size > end - pos || size > max_batch || h[16] != 2 || count != last_delta + 1 ||
-            (attributes & (ATTR_COMPRESSION | ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL | ATTR_CONTROL)) ||
-            be64s(h + 43) != -1)
-            Py_RETURN_NONE;
+        const int64_t last_delta = (int32_t)be32(h + 23), count = (int32_t)be32(h + 57), producer_id = be64s(h + 43);
+        if (size < BATCH_OVERHEAD || size > end - pos || size > max_batch || h[16] != 2 || count < 1 ||
+            count != last_delta + 1 || (attributes & (ATTR_COMPRESSION | ATTR_TIMESTAMP_TYPE | ATTR_CONTROL)) ||
+            ((attributes & ATTR_TRANSACTIONAL) && producer_id < 0))
+            goto decline;
         if (!records_ok(h + BATCH_OVERHEAD, h + size, count, require_key, be64s(h + 27), ts_lo, ts_hi))
-            Py_RETURN_NONE;
+            goto decline;
         PyObject *view = PyMemoryView_FromMemory((char *)h + 21, size - 21, PyBUF_READ);
         if (view == NULL)
-            return NULL;
+            goto done;
         PyObject *crc = PyObject_CallOneArg(crc_fn, view);
         Py_DECREF(view);
         if (crc == NULL)
-            return NULL;
+            goto done;
         const unsigned long computed = PyLong_AsUnsignedLong(crc);
         Py_DECREF(crc);
         if (computed == (unsigned long)-1 && PyErr_Occurred())
-            return NULL;
+            goto done;
         if (computed != be32(h + 17))
-            Py_RETURN_NONE;
+            goto decline;
+        if (producer_id >= 0) {
+            PyObject *item = producer_batch(h, offset, offset + last_delta);
+            if (item == NULL || (producers == NULL && (producers = PyList_New(0)) == NULL) ||
+                PyList_Append(producers, item) < 0) {
+                Py_XDECREF(item);
+                goto done;
+            }
+            Py_DECREF(item);
+        }
+        offset += last_delta + 1;
         pos += size;
         batches++;
     }
-    int64_t offset = next_offset, last = -1, max_ts = -1, max_ts_offset = -1;
+    int64_t last = -1, max_ts = -1, max_ts_offset = -1;
+    offset = next_offset;
     for (pos = 0; pos < end;) {
         uint8_t *h = data + pos;
         const int64_t batch_max_ts = be64s(h + 35);
@@ -881,7 +912,14 @@ static PyObject *prepare_produce(PyObject *self, PyObject *args) {
         offset = last + 1;
         pos += LOG_OVERHEAD + (int32_t)be32(h + 8);
     }
-    return Py_BuildValue("(LLLn)", (long long)last, (long long)max_ts, (long long)max_ts_offset, batches);
+    result = Py_BuildValue("(LLLnO)", (long long)last, (long long)max_ts, (long long)max_ts_offset, batches,
+                           producers != NULL ? producers : Py_None);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(producers);
+    return result;
 }
 
 /* records_columns(data, count, base_offset, base_ts, log_append, max_ts) -> (offsets, timestamps, keys,
@@ -985,7 +1023,8 @@ static PyMethodDef methods[] = {
      "records_check(data, count, require_key, base_ts, ts_lo, ts_hi) -> True if the records pass produce validation."},
     {"prepare_produce", prepare_produce, METH_VARARGS,
      "prepare_produce(buf, next_offset, epoch, max_set_bytes, max_batch_bytes, require_key, ts_lo, ts_hi, crc32c) -> "
-     "(last_offset, max_timestamp, max_timestamp_offset, batches) with offsets and epochs written into buf, or None."},
+     "(last_offset, max_timestamp, max_timestamp_offset, batches, producer_batches) with offsets and epochs written "
+     "into buf, or None."},
     {NULL, NULL, 0, NULL},
 };
 

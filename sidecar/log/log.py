@@ -333,8 +333,8 @@ class Log:
                                             crc32c.crc32c)
             if prepared is not None:
                 first_offset = self.log_end_offset
-                last_offset, max_ts, max_ts_offset, batches = prepared
-                producer_batches: list[ProducerBatch] = []
+                last_offset, max_ts, max_ts_offset, batches, producers = prepared
+                producer_batches = [ProducerBatch(*fields, False) for fields in producers] if producers else []
                 stamped = leader_epoch is not None and leader_epoch >= 0  # every batch: one entry at the first
                 epochs = [EpochEntry(leader_epoch, first_offset)] if stamped else []
             else:

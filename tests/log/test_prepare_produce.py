@@ -45,12 +45,16 @@ def record_sets(draw) -> bytes:
                           tuple(Header(k, v) for k, v in draw(st.lists(
                               st.tuples(st.text(max_size=3), st.none() | st.binary(max_size=3)), max_size=2))))
                    for i in range(draw(st.integers(1, 4)))]
-        kind = draw(st.sampled_from(["plain"] * 6 + ["producer", "lz4"]))
+        kind = draw(st.sampled_from(["plain"] * 4 + ["idempotent", "idempotent", "transactional", "lz4"]))
+        producer = kind in ("idempotent", "transactional")
         out += encode_batch(
             records,
             partition_leader_epoch=draw(st.sampled_from([-1, 0, 7])),
-            producer_id=1000 if kind == "producer" else -1, producer_epoch=0 if kind == "producer" else -1,
-            base_sequence=0 if kind == "producer" else -1,
+            # sequences that follow on, repeat (a retry: a duplicate) or jump (out of order), epochs that fence
+            producer_id=draw(st.sampled_from([1000, 1001])) if producer else -1,
+            producer_epoch=draw(st.sampled_from([0, 1])) if producer else -1,
+            base_sequence=draw(st.sampled_from([0, 1, 2, 4, 2**31 - 2])) if producer else -1,
+            is_transactional=kind == "transactional",
             compression=Compression.LZ4 if kind == "lz4" else Compression.NONE)
     damage = draw(st.sampled_from(["none"] * 4 + ["byte", "byte and crc", "crc", "cut", "count"]))
     if damage == "crc":  # the records intact, the checksum not
@@ -130,17 +134,27 @@ def prepare(buf: bytearray, next_offset: int = 10, epoch: int = 3, require_key: 
 def test_a_plain_set_is_checked_and_numbered_in_c():
     """The common case does not fall back: otherwise the property above would compare Python with itself."""
     buf = plain() + plain()
-    assert prepare(buf) == (11, NOW, 10, 2)
+    assert prepare(buf) == (11, NOW, 10, 2, None)
     assert struct.unpack_from(">qii", buf, 0)[0::2] == (10, 3)
     assert struct.unpack_from(">q", buf, len(buf) // 2)[0] == 11
 
 
+def test_producer_batches_come_back_at_their_new_offsets():
+    """An idempotent producer's batches are numbered in C too; producer state gets their fields, sequences wrapped."""
+    buf = plain(producer_id=5, producer_epoch=2, base_sequence=2**31 - 1) + bytearray(encode_batch(
+        [Record(0, NOW, b"k", b"v"), Record(1, NOW + 1, b"k", b"w")], producer_id=6, producer_epoch=0,
+        base_sequence=2**31 - 1, is_transactional=True))
+    assert prepare(buf) == (12, NOW + 1, 12, 2, [(5, 2, 2**31 - 1, 2**31 - 1, 10, 10, NOW, False),
+                                                 (6, 0, 2**31 - 1, 0, 11, 12, NOW + 1, True)])
+
+
 @pytest.mark.parametrize("buf", [
-    plain(producer_id=5, producer_epoch=0, base_sequence=0),
+    plain(is_control=True),
+    plain(is_transactional=True),
     bytearray(encode_batch([Record(0, NOW, b"k", b"v")], compression=Compression.LZ4)),
     plain(is_control=False)[:-1],
     bytearray(),
-], ids=["producer id", "compressed", "cut", "empty"])
+], ids=["control", "transactional without a producer id", "compressed", "cut", "empty"])
 def test_what_c_declines_is_left_untouched(buf):
     before = bytes(buf)
     assert prepare(buf) is None
