@@ -323,8 +323,9 @@ class Log:
             log_append = assign_offsets and self.config.message_timestamp_type == "LogAppendTime"
             prepared, buf = None, None
             if assign_offsets and not log_append and _prepare_produce is not None:
-                # The common leader's append, checked and given its offsets by one C call (the same rules); it
-                # declines whatever Python's path below must decide or name, leaving the copy untouched.
+                # The common leader's append, checked and given its offsets by one C call (the same rules, the
+                # epoch -1 of a single replica included); it declines whatever `_assign` must decide or name,
+                # leaving the copy untouched.
                 buf = bytearray(data)
                 cfg = self.config
                 lo, hi = timestamp_bounds(self._timestamp_range(now))
@@ -397,8 +398,8 @@ class Log:
     def _assign(self, data: bytes | bytearray | memoryview, now: int, assign_offsets: bool, leader_epoch: int | None,
                 log_append: bool, copy: bytearray | None) -> tuple:
         """Check `data` and make the bytes to write, in Python: (buf, first offset, last offset, max timestamp, its
-        offset, batches, producer batches, leader epoch entries). Everything a leader's append may meet (producer
-        ids, compression, LogAppendTime, faults to name) and every follower's append come here; `copy` is a copy of
+        offset, batches, producer batches, leader epoch entries). What `prepare_produce` declines (control batches,
+        compression, LogAppendTime, faults to name) and every follower's append come here; `copy` is a copy of
         `data` already made."""
         parsed = parse_batch_set(data, self.name)
         self._validate(data, parsed, now, assign_offsets)

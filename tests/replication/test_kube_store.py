@@ -301,13 +301,17 @@ def test_an_idle_wait_lists_nothing_while_live_nodes_renew(kube_api, namespace):
     lists_before = _lease_requests(kube_api, namespace, "list")
     stop = time.monotonic() + 3.0
     next_renewal = 0.0
+    renewals = 0  # ~16; fewer on a loaded machine, where each call takes longer
     while time.monotonic() < stop:
         if time.monotonic() >= next_renewal:
             renewer.keepalive()
+            renewals += 1
             next_renewal = time.monotonic() + 0.2
         waiter.wait_for_change(view.revision, 0.1)
     renewer.keepalive()
-    wait_for(lambda: _lease_requests(kube_api, namespace, "patch") >= 16, what="the renewals in the audit log")
+    renewals += 1
+    assert renewals >= 5, "the renewer kept up too little to test anything"
+    wait_for(lambda: _lease_requests(kube_api, namespace, "patch") >= renewals, what="the renewals in the audit log")
     assert _lease_requests(kube_api, namespace, "list") == lists_before
     writer = KubeStore(kube_api.client(), namespace, "c1")  # a real change still wakes the waiter at once
     assert writer.update_partition(TP, RECORD.changed(isr=(1, 2)), view.partitions[TP].version)
