@@ -142,8 +142,9 @@ PLACEMENT_FIGURES = ("With librdkafka as the client (the latency phase's produce
 PREPARE_FIGURES = ("A leader's append is now checked and given its offsets by one C call (`prepare_produce` in the "
                    "log's kernel: framing, CRC-32C, limits, every record's framing, keys and timestamps, offsets and "
                    "epochs), which declines to `Log._assign`'s Python whatever that must decide or name (control "
-                   "batches, compression, faults): `Log.append` of one record 11.0 → 7.5 µs in process (an "
-                   "idempotent producer's, with its producer state, 22.1 → 15.7 µs); instructions per "
+                   "batches, compression, faults): `Log.append` of one record 8.41 → 5.66 µs in process (an "
+                   "idempotent producer's, with its producer state, 16.37 → 13.02 µs; `bench/append_one.py`, 6 "
+                   "rounds of 20,000, medians); instructions per "
                    "one-record Produce 226,470 → 197,769 (−13 %); server CPU per request in an alternating A/B (8 "
                    "rounds, medians) 100.5 → 95.0 µs from a raw socket (lower in 6 of 8), 126 → 112 µs from "
                    "librdkafka (7 of 8).")

@@ -1,0 +1,117 @@
+"""One record's `Log.append`, in process: the leader's C check (`prepare_produce`) against `Log._assign`'s Python.
+
+    .venv/bin/python bench/append_one.py             # 20,000 appends per round, 6 rounds
+    .venv/bin/python bench/append_one.py --appends 2000 --rounds 2
+
+The unit the native request path (docs/native-request-path.md) builds on, without a server around it: each
+round appends the same one-record batches to two fresh logs under bench/out/ (git-ignored, deleted at the end),
+one with the C check and one with it switched off (`log._prepare_produce = None`, so `Log._assign` serves), in
+alternating order, and times each. Two producers: plain batches (no producer id, as librdkafka sends by
+default) and an idempotent producer's (producer id, rising sequences, a leader epoch stamped, as a Java client
+sends by default). The two logs of a round must end byte for byte the same, or the run fails: the baseline
+is the same append, not another one. Prints µs per append (medians, with every round) and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from typing import Callable
+
+from shale.sidecar.log import log as log_module
+from shale.sidecar.log.log import Log
+from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.topic_config import TopicConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT_DIR = os.path.join(ROOT, "bench", "out")
+
+PRODUCERS = ("plain", "idempotent")
+PATHS = ("C check", "Python")
+NOW = 1_800_000_000_000
+
+
+def batches(producer: str, count: int) -> list[bytes]:
+    """`count` one-record batches of 100-byte values, as `producer` sends them."""
+    idempotent = producer == "idempotent"
+    return [encode_batch([Record(0, NOW + i, b"key-%d" % (i % 100), b"v" * 100)],
+                         producer_id=7 if idempotent else -1, producer_epoch=0 if idempotent else -1,
+                         base_sequence=i if idempotent else -1) for i in range(count)]
+
+
+def timed_appends(directory: str, data: list[bytes], leader_epoch: int | None) -> tuple[float, dict[str, bytes]]:
+    """µs per append of `data` to a fresh log in `directory`, and the log's files afterwards."""
+    log = Log(directory, TopicConfig.from_mapping({"segment.bytes": str(1 << 30)}), clock=lambda: NOW)
+    try:
+        started = time.perf_counter()
+        for batch in data:
+            log.append(batch, leader_epoch=leader_epoch)
+        elapsed = time.perf_counter() - started
+        log.flush()
+        files = {}
+        for name in sorted(os.listdir(directory)):
+            with open(os.path.join(directory, name), "rb") as f:
+                files[name] = f.read()
+        return elapsed / len(data) * 1e6, files
+    finally:
+        log.close()
+
+
+def run(appends: int, rounds: int, out_dir: str = OUT_DIR,
+        say: Callable[..., None] = print) -> dict[str, dict[str, list[float]]]:
+    """{producer: {path: µs per append, one per round}}; fails if the two paths' logs differ."""
+    work = os.path.join(out_dir, f"append-one-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    c_check = log_module._prepare_produce
+    if c_check is None:
+        raise RuntimeError("the log's C kernel is not built: `pip install -e .` compiles it")
+    results = {producer: {path: [] for path in PATHS} for producer in PRODUCERS}
+    try:
+        for producer in PRODUCERS:
+            data = batches(producer, appends)
+            epoch = 3 if producer == "idempotent" else None
+            for r in range(rounds):
+                files = {}
+                for path in (PATHS if r % 2 == 0 else PATHS[::-1]):
+                    log_module._prepare_produce = c_check if path == PATHS[0] else None
+                    try:
+                        directory = os.path.join(work, f"{producer}-{r}-{path[0]}", "bench-0")  # one log name
+                        us, files[path] = timed_appends(directory, data, epoch)
+                    finally:
+                        log_module._prepare_produce = c_check
+                    results[producer][path].append(us)
+                if files[PATHS[0]] != files[PATHS[1]]:
+                    raise AssertionError(f"{producer} round {r + 1}: the logs written with and without the C check "
+                                         "differ")
+                say(f"  {producer} round {r + 1}: " + ", ".join(
+                    f"{path} {results[producer][path][-1]:.2f} µs" for path in PATHS))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def report(results: dict[str, dict[str, list[float]]]) -> str:
+    lines = ["| one-record `Log.append`, µs (median; every round) | C check | Python | C check / Python |",
+             "|---|---:|---:|---:|"]
+    for producer, by_path in results.items():
+        c, py = (statistics.median(by_path[p]) for p in PATHS)
+        rounds = "; ".join(", ".join(f"{x:.2f}" for x in by_path[p]) for p in PATHS)
+        lines.append(f"| {producer} ({rounds}) | {c:.2f} | {py:.2f} | {c / py:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--appends", type=int, default=20_000, help="appends per log and round")
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args(argv)
+    print(report(run(args.appends, args.rounds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
