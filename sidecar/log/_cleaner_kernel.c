@@ -150,6 +150,13 @@ static inline uint32_t be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
 }
 
+static inline int64_t be64s(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
 static inline void put_be32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24);
     p[1] = (uint8_t)(v >> 16);
@@ -807,13 +814,6 @@ static PyObject *records_check(PyObject *self, PyObject *args) {
 #define LOG_OVERHEAD 12
 #define ATTR_COMPRESSION 0x07
 #define ATTR_TRANSACTIONAL 0x10
-
-static inline int64_t be64s(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = (v << 8) | p[i];
-    return (int64_t)v;
-}
 
 /* prepare_produce(buf, next_offset, epoch, max_set_bytes, max_batch_bytes, require_key, ts_lo, ts_hi, crc32c)
  *   -> (last_offset, max_timestamp, max_timestamp_offset, batches, producer_batches), or None.

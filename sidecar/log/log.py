@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import crc32c
 
@@ -114,6 +114,19 @@ class StorageFailure:
 class _ParsedSet:
     headers: list[tuple[int, BatchHeader]]  # (position in the set, header)
     size: int
+
+
+class _Assigned(NamedTuple):
+    """What `Log._assign` made of an append's bytes: what to write, where, and what the log's state learns."""
+
+    buf: bytes | bytearray | memoryview
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    max_timestamp_offset: int
+    batches: int
+    producer_batches: list[ProducerBatch]
+    epochs: list[EpochEntry]
 
 
 _BATCH_LENGTH = struct.Struct(">i")  # a batch's length field, at byte 8
@@ -396,9 +409,8 @@ class Log:
                               batches, len(buf))
 
     def _assign(self, data: bytes | bytearray | memoryview, now: int, assign_offsets: bool, leader_epoch: int | None,
-                log_append: bool, copy: bytearray | None) -> tuple:
-        """Check `data` and make the bytes to write, in Python: (buf, first offset, last offset, max timestamp, its
-        offset, batches, producer batches, leader epoch entries). What `prepare_produce` declines (control batches,
+                log_append: bool, copy: bytearray | None) -> _Assigned:
+        """Check `data` and make the bytes to write, in Python. What `prepare_produce` declines (control batches,
         compression, LogAppendTime, faults to name) and every follower's append come here; `copy` is a copy of
         `data` already made."""
         parsed = parse_batch_set(data, self.name)
@@ -450,8 +462,8 @@ class Log:
                 pb = ProducerBatch.of(h, base, batch_max_ts, memoryview(buf)[pos : pos + h.size], self.name)
                 if pb is not None:
                     producer_batches.append(pb)
-        return (buf, first_offset, last_offset, max_ts, max_ts_offset, len(parsed.headers), producer_batches,
-                epochs)
+        return _Assigned(buf, first_offset, last_offset, max_ts, max_ts_offset, len(parsed.headers), producer_batches,
+                         epochs)
 
     def _storage_failed(self, exc: Exception, action: str, stop_appends: bool = False) -> KafkaStorageError:
         """Record a write the filesystem refused and make the client's error; ERROR once per episode."""

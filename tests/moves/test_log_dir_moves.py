@@ -22,6 +22,7 @@ from fs_util import small_fs
 from node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, TopicPartition, read_offsets
 from shale.sidecar.log.pause_owners import PAUSES_FILE
+from shale.sidecar.server import metrics
 
 TP = TopicPartition("orders", 0)
 COMPACTED = {"cleanup.policy": "compact", "segment.bytes": 65536, "min.cleanable.dirty.ratio": 0.01}
@@ -192,19 +193,20 @@ def test_status_never_shows_an_ended_move_beside_the_pause_it_released(tmp_path,
         source = Path(node.node.log_dir.dir_of(TP))
         alter(node, b if source == a else a)
         wait_copying(node)
-        manager, moves = node.node.maintenance.manager, node.node.moves
-        read_cleaning = manager.state
+        moves = node.node.moves
+        read_partition = metrics._partition
 
-        def cleaning_then_the_move_ends(tp):
-            state = read_cleaning(tp)
-            # Only the /status reader's read (metrics._partition): the cleaner thread asks too, holding the
-            # manager's lock that the ending move needs to release its pause, and would wait 30 s on itself.
-            if tp == TP and sys._getframe(1).f_code.co_name == "_partition" and moves.moves[TP].running:
+        # The partition's figures end with its cleaning state. Wrapping the reader's read of them, not
+        # CleanerManager.state: the cleaner thread asks that too, holding the manager's lock that the ending
+        # move needs to release its pause, and would wait 30 s on itself.
+        def cleaning_then_the_move_ends(tp, *args, **kwargs):
+            figures = read_partition(tp, *args, **kwargs)
+            if tp == TP and moves.moves[TP].running:
                 thread = moves.moves[TP].thread
                 moves.alter(TP, str(source))  # back where it is: the move is cancelled
                 thread.join(30)
-            return state
-        monkeypatch.setattr(manager, "state", cleaning_then_the_move_ends)
+            return figures
+        monkeypatch.setattr(metrics, "_partition", cleaning_then_the_move_ends)
         p = partition_status(node)
         assert (p["move"]["state"], p["cleaning"]["pause_count"]) == ("copying", 1)
         monkeypatch.undo()
