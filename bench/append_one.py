@@ -1,15 +1,17 @@
-"""One record's `Log.append`, in process: the leader's C check (`prepare_produce`) against `Log._assign`'s Python.
+"""One record's `Log.append`, in process: the whole C append (`append_produced`), the leader's C check
+(`prepare_produce`) alone, and `Log._assign`'s Python.
 
     .venv/bin/python bench/append_one.py             # 20,000 appends per round, 6 rounds
     .venv/bin/python bench/append_one.py --appends 2000 --rounds 2
 
 The unit the native request path (docs/native-request-path.md) builds on, without a server around it: each
-round appends the same one-record batches to two fresh logs under bench/out/ (git-ignored, deleted at the end),
-one with the C check and one with it switched off (`log._prepare_produce = None`, so `Log._assign` serves), in
-alternating order, and times each. Two producers: plain batches (no producer id, as librdkafka sends by
+round appends the same one-record batches to three fresh logs under bench/out/ (git-ignored, deleted at the end):
+one with both C functions, one with the whole append switched off (`log._append_produced = None`, so the C check
+runs inside `Log.append`'s Python) and one with both off (`Log._assign` serves), in rotating order, and times each. Two producers: plain batches (no producer id, as librdkafka sends by
 default) and an idempotent producer's (producer id, rising sequences, a leader epoch stamped, as a Java client
-sends by default). The two logs of a round must end byte for byte the same, or the run fails: the baseline
-is the same append, not another one. Prints µs per append (medians, with every round) and the ratio.
+sends by default; the whole C append leaves those to Python, so its first two columns measure the same code).
+The logs of a round must end byte for byte the same, or the run fails: the baseline is the same append, not
+another one. Prints µs per append (medians, with every round) and the ratio.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 
 PRODUCERS = ("plain", "idempotent")
-PATHS = ("C check", "Python")
+# Each path: (append_produced, prepare_produce) switched on (True) or off.
+PATHS = {"C append": (True, True), "C check": (False, True), "Python": (False, False)}
 NOW = 1_800_000_000_000
 
 
@@ -66,8 +69,8 @@ def run(appends: int, rounds: int, out_dir: str = OUT_DIR,
     """{producer: {path: µs per append, one per round}}; fails if the two paths' logs differ."""
     work = os.path.join(out_dir, f"append-one-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
-    c_check = log_module._prepare_produce
-    if c_check is None:
+    kernel = (log_module._append_produced, log_module._prepare_produce)
+    if None in kernel:
         raise RuntimeError("the log's C kernel is not built: `pip install -e .` compiles it")
     results = {producer: {path: [] for path in PATHS} for producer in PRODUCERS}
     try:
@@ -76,17 +79,20 @@ def run(appends: int, rounds: int, out_dir: str = OUT_DIR,
             epoch = 3 if producer == "idempotent" else None
             for r in range(rounds):
                 files = {}
-                for path in (PATHS if r % 2 == 0 else PATHS[::-1]):
-                    log_module._prepare_produce = c_check if path == PATHS[0] else None
+                names = list(PATHS)
+                for i, path in enumerate(names[r % len(names):] + names[:r % len(names)]):
+                    log_module._append_produced, log_module._prepare_produce = (
+                        fn if on else None for fn, on in zip(kernel, PATHS[path]))
                     try:
-                        directory = os.path.join(work, f"{producer}-{r}-{path[0]}", "bench-0")  # one log name
+                        directory = os.path.join(work, f"{producer}-{r}-{i}", "bench-0")  # one log name
                         us, files[path] = timed_appends(directory, data, epoch)
                     finally:
-                        log_module._prepare_produce = c_check
+                        log_module._append_produced, log_module._prepare_produce = kernel
                     results[producer][path].append(us)
-                if files[PATHS[0]] != files[PATHS[1]]:
-                    raise AssertionError(f"{producer} round {r + 1}: the logs written with and without the C check "
-                                         "differ")
+                differ = [path for path in names[1:] if files[path] != files[names[0]]]
+                if differ:
+                    raise AssertionError(f"{producer} round {r + 1}: the logs written by {', '.join(differ)} differ "
+                                         f"from the log written by {names[0]}")
                 say(f"  {producer} round {r + 1}: " + ", ".join(
                     f"{path} {results[producer][path][-1]:.2f} µs" for path in PATHS))
     finally:
@@ -95,12 +101,13 @@ def run(appends: int, rounds: int, out_dir: str = OUT_DIR,
 
 
 def report(results: dict[str, dict[str, list[float]]]) -> str:
-    lines = ["| one-record `Log.append`, µs (median; every round) | C check | Python | C check / Python |",
-             "|---|---:|---:|---:|"]
+    lines = ["| one-record `Log.append`, µs (median; every round) | C append | C check | Python | C append / Python |",
+             "|---|---:|---:|---:|---:|"]
     for producer, by_path in results.items():
-        c, py = (statistics.median(by_path[p]) for p in PATHS)
+        medians = [statistics.median(by_path[p]) for p in PATHS]
         rounds = "; ".join(", ".join(f"{x:.2f}" for x in by_path[p]) for p in PATHS)
-        lines.append(f"| {producer} ({rounds}) | {c:.2f} | {py:.2f} | {c / py:.2f} |")
+        lines.append(f"| {producer} ({rounds}) | " + " | ".join(f"{m:.2f}" for m in medians)
+                     + f" | {medians[0] / medians[-1]:.2f} |")
     return "\n".join(lines)
 
 

@@ -53,13 +53,14 @@ from .records import (
     set_base_offset,
     timestamp_bounds,
 )
+from .open_files import SEGMENT_FILES
 from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, LogSlice
 from .transaction_index import AbortedTxn
 
 try:  # a leader's common append in one C call, built with the cleaner's kernel; Log._assign's Python otherwise
-    from ._cleaner_kernel import prepare_produce as _prepare_produce
+    from ._cleaner_kernel import append_produced as _append_produced, prepare_produce as _prepare_produce
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
-    _prepare_produce = None
+    _append_produced = _prepare_produce = None
 
 logger = logging.getLogger(__name__)
 
@@ -328,6 +329,10 @@ class Log:
         Only an append that rewrites header fields (offsets, epochs, LogAppendTime) copies `data` first; a
         follower's (neither) writes the caller's buffer as it is, so it must not change until this returns.
         """
+        if assign_offsets and leader_epoch is None:
+            info = self.append_in_c(data)
+            if info is not None:
+                return info
         with self.lock:
             if self.storage_failure is not None and self.storage_failure.appends_stopped:
                 raise KafkaStorageError(f"{self.name} takes no appends until a restart: {self.storage_failure.reason}")
@@ -407,6 +412,19 @@ class Log:
                     raise self._storage_failed(e, f"flush after the append at offset {first_offset}") from e
             return AppendInfo(first_offset, last_offset, max_ts, max_ts_offset, now if log_append else -1,
                               batches, len(buf))
+
+    def append_in_c(self, data: bytes | bytearray | memoryview, *, one_batch: bool = False) -> AppendInfo | None:
+        """A single replica's append of a produced set, made whole by one C call when nothing but the segment's bytes
+        and a few counters change; None, with nothing changed, leaves it to `append`, which names every fault.
+
+        Why: a one-record Produce costs the calls made for it (issue 18), and `append`'s Python is a dozen. The C
+        call declines a roll, an index entry, a flush, producer ids, LogAppendTime, a storage failure or the lock
+        held by another thread. `one_batch`: also decline a set of several batches (a Produce v3+ refuses it).
+        """
+        if _append_produced is None:
+            return None
+        done = _append_produced(self, data, SEGMENT_FILES, crc32c.crc32c, one_batch)
+        return None if done is None else AppendInfo(*done)
 
     def _assign(self, data: bytes | bytearray | memoryview, now: int, assign_offsets: bool, leader_epoch: int | None,
                 log_append: bool, copy: bytearray | None) -> _Assigned:
