@@ -16,6 +16,11 @@ setup(
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),
         Extension(
+            "shale.sidecar.server._native_produce",
+            sources=["sidecar/server/_native_produce.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        ),
+        Extension(
             "shale.sidecar.protocol._codec_kernel",
             sources=["sidecar/protocol/_codec_kernel.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],

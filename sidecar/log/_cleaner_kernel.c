@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SLOT_SIZE 24
@@ -1119,7 +1120,7 @@ static int read_segment(PyObject *seg, append_state_t *st) {
 }
 
 /* Reads what the append needs from the log; `*seg` gets the active segment (a new reference) on 1. */
-static int read_log(PyObject *log, append_state_t *st, PyObject **seg) {
+static int read_log(PyObject *log, PyObject *wall_clock, append_state_t *st, PyObject **seg) {
     PyObject *failure = PyObject_GetAttr(log, names[N_STORAGE_FAILURE]);
     if (failure == NULL)
         return -1;
@@ -1146,14 +1147,21 @@ static int read_log(PyObject *log, append_state_t *st, PyObject **seg) {
     PyObject *clock = PyObject_GetAttr(log, names[N_CLOCK]);
     if (clock == NULL)
         return -1;
-    PyObject *now = PyObject_CallNoArgs(clock);
-    Py_DECREF(clock);
-    if (now == NULL)
-        return -1;
-    st->now = PyLong_AsLongLong(now);
-    Py_DECREF(now);
-    if (st->now == -1 && PyErr_Occurred())
-        return -1;
+    if (clock == wall_clock) { /* log.now_ms, read here: time.time_ns() // 1_000_000 */
+        Py_DECREF(clock);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        st->now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    } else {
+        PyObject *now = PyObject_CallNoArgs(clock);
+        Py_DECREF(clock);
+        if (now == NULL)
+            return -1;
+        st->now = PyLong_AsLongLong(now);
+        Py_DECREF(now);
+        if (st->now == -1 && PyErr_Occurred())
+            return -1;
+    }
     PyObject *segments = PyObject_GetAttr(log, names[N_SEGMENTS]);
     if (segments == NULL)
         return -1;
@@ -1229,11 +1237,12 @@ static int index_entries(append_state_t *st, int64_t last_offset, int64_t positi
 }
 
 /* The append under the log's lock: the AppendInfo fields as a tuple, None to decline, NULL on error. */
-static PyObject *locked_append(PyObject *log, PyObject *data, PyObject *files, PyObject *crc_fn, int one_batch) {
+static PyObject *locked_append(PyObject *log, PyObject *data, PyObject *files, PyObject *crc_fn, int one_batch,
+                               PyObject *wall_clock) {
     append_state_t st;
     memset(&st, 0, sizeof st);
     PyObject *seg = NULL, *buf = NULL, *producers = NULL, *file = NULL, *result = NULL;
-    int r = read_log(log, &st, &seg);
+    int r = read_log(log, wall_clock, &st, &seg);
     if (r <= 0)
         goto done;
     if (st.size == 0) { /* Python's path (LogSegment.append) reads an empty segment's rolling timestamp */
@@ -1328,7 +1337,7 @@ done:
     return result;
 }
 
-/* append_produced(log, data, files, crc32c, one_batch) -> (first_offset, last_offset, max_timestamp,
+/* append_produced(log, data, files, crc32c, one_batch, wall_clock) -> (first_offset, last_offset, max_timestamp,
  * max_timestamp_offset, -1, batches, size), or None.
  *
  * Log.append(data) for a leader without a leader epoch (one replica), in one call: under the log's lock, if no
@@ -1338,10 +1347,11 @@ done:
  * path has more to do or something to name: what prepare_produce declines, a producer id, LogAppendTime, a
  * roll, an index page to allocate, an empty segment, flush.messages reached, a storage failure, a failed write, or the
  * lock held elsewhere (Python's path waits for it); with `one_batch`, a set of more than one batch (a Produce
- * v3+ refuses it before the log sees it). */
+ * v3+ refuses it before the log sees it). A log whose clock is `wall_clock` (log.now_ms) has it read here, in C. */
 static PyObject *append_produced(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "append_produced(log, data, files, crc32c, one_batch) takes 5 arguments");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "append_produced(log, data, files, crc32c, one_batch, wall_clock) takes 6 arguments");
         return NULL;
     }
     const int one_batch = PyObject_IsTrue(args[4]);
@@ -1357,7 +1367,7 @@ static PyObject *append_produced(PyObject *self, PyObject *const *args, Py_ssize
         Py_DECREF(lock);
         return held < 0 ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *result = locked_append(args[0], args[1], args[2], args[3], one_batch);
+    PyObject *result = locked_append(args[0], args[1], args[2], args[3], one_batch, args[5]);
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback); /* the lock is let go whatever happened */
     PyObject *released = PyObject_CallMethodNoArgs(lock, names[N_RELEASE]);
@@ -1478,7 +1488,7 @@ static PyMethodDef methods[] = {
      "(last_offset, max_timestamp, max_timestamp_offset, batches, producer_batches) with offsets and epochs written "
      "into buf, or None."},
     {"append_produced", (PyCFunction)(void (*)(void))append_produced, METH_FASTCALL,
-     "append_produced(log, data, files, crc32c, one_batch) -> a leader's Log.append of a produced set in one call (the "
+     "append_produced(log, data, files, crc32c, one_batch, wall_clock) -> a leader's Log.append of a produced set in one call (the "
      "AppendInfo fields as a tuple), or None for Python's path."},
     {NULL, NULL, 0, NULL},
 };

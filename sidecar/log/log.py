@@ -423,7 +423,7 @@ class Log:
         """
         if _append_produced is None:
             return None
-        done = _append_produced(self, data, SEGMENT_FILES, crc32c.crc32c, one_batch)
+        done = _append_produced(self, data, SEGMENT_FILES, crc32c.crc32c, one_batch, now_ms)
         return None if done is None else AppendInfo(*done)
 
     def _assign(self, data: bytes | bytearray | memoryview, now: int, assign_offsets: bool, leader_epoch: int | None,

@@ -36,8 +36,10 @@ except ImportError:  # not built: codec.py uses the generated Python codec
 
 available = _kernel is not None
 Unhandled: type[Exception] = _kernel.Unhandled if _kernel is not None else ValueError
+encode: Callable | None = _kernel.encode if _kernel is not None else None  # encode(program, flexible, head, body, framed)
 
-__all__ = ["available", "request_decoder", "response_decoder", "response_encoder", "Unhandled"]
+__all__ = ["available", "request_decoder", "response_decoder", "response_encoder", "response_program", "Unhandled",
+           "encode"]
 
 # Field kinds, as the C interpreter numbers them (the K_* enum of _codec_kernel.c).
 (KIND_INT8, KIND_INT16, KIND_UINT16, KIND_INT32, KIND_INT64, KIND_FLOAT64, KIND_BOOL, KIND_BITFIELD, KIND_UUID,
@@ -129,12 +131,19 @@ def response_encoder(message_class: type, version: int) -> Callable:
     still in a file (`codec.ExternalRecords`), `generated_codec.response_encoder`'s parts: [b"", bytes, the
     record set, bytes, ...], for the caller to frame.
     """
-    flexible = bool(message_class.flexible_version_q(version))
-    tags = b"\x00" if flexible and message_class.API_KEY not in KIP511_HEADER_APIS else b""
-    body_program = _struct(message_class._struct, message_class, version)
+    body_program, flexible, tags = response_program(message_class, version)
     encode, head = _kernel.encode, _CORRELATION.pack
 
     def _encode(body: dict, correlation_id: int, framed: bool = False):
         return encode(body_program, flexible, head(correlation_id) + tags, body, framed)
 
     return _encode
+
+
+@functools.cache
+def response_program(message_class: type, version: int) -> tuple[tuple, bool, bytes]:
+    """(body program, flexible, the header's bytes after the correlation id) of one response API version: what
+    `_kernel.encode` takes, for a caller in C (the native Produce path) that writes the correlation id itself."""
+    flexible = bool(message_class.flexible_version_q(version))
+    tags = b"\x00" if flexible and message_class.API_KEY not in KIP511_HEADER_APIS else b""
+    return _struct(message_class._struct, message_class, version), flexible, tags

@@ -55,6 +55,7 @@ from shale.sidecar.server import eager
 from shale.sidecar.server.channel import Channel, FailedAuthentication
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
 from shale.sidecar.server.listener_security import ListenerSecurity
+from shale.sidecar.server.native_produce import NativeProduce, answerer, native_produce
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
 from shale.sidecar.server.transaction_verification import (
     CONTROL_FROM_CLIENT,
@@ -286,6 +287,7 @@ class Broker:
         self._listening: list[_Listening] = []
         self._accept_logged = (float("-inf"), 0)  # (loop time of the last log line, accept_errors then)
         self._events: dict[TopicPartition, set[_ParkedFetch]] = {}  # the fetches parked on each partition
+        self._native: NativeProduce | None = None  # built for the first connection that may use it
         self._connections: set[asyncio.Task] = set()
         # The transaction coordinator's check of a producer's first transactional batch to a partition
         # (transaction_verification.py); the default verifies nothing, as a node without a coordinator.
@@ -437,12 +439,6 @@ class Broker:
             if not lo <= request.api_version <= hi:
                 return False
             state["client_id"] = request.client_id
-            if request.api_key == API_PRODUCE:
-                answer = self._produce_in_c(request)
-                if answer is not None:
-                    conn.done(received)
-                    conn.write(answer)
-                    return True
             info = state["info"]  # one per connection while its client id and principal stay the same
             if info is None or info.client_id != request.client_id or info.principal is not conn.principal:
                 info = state["info"] = ConnectionInfo(request.client_id, host, conn.principal, conn.listener)
@@ -468,6 +464,7 @@ class Broker:
             return True
 
         conn.at_once = at_once
+        conn.native = self._native_answerer(conn, replies)
         clean = True
         try:
             while True:
@@ -635,36 +632,17 @@ class Broker:
         finally:
             part.close()
 
-    def _produce_in_c(self, request: codec.Request) -> bytes | None:
-        """The answer to a Produce of one record batch to one partition of a single replica whose log appends it in C
-        (`Log.append_in_c`), framed; None, with nothing done, leaves the request to the handler.
-
-        Why: `_produce` and `_produce_partition` check what a request may do in a dozen Python calls, and a
-        one-record Produce costs the calls made for it (issue 18). What this path takes needs none of those checks
-        beyond the few below: no transactional id, one partition, a log here, no replica manager, no authorizer
-        (a wrapped handler), one batch; the C append declines everything else (a producer id, a control or
-        compressed batch, a fault to name, a roll...). The answer is the handler's, through the same encoder.
-        """
-        body = request.body
-        if (self.replicas is not None or body.transactional_id is not None or len(body.topic_data) != 1
-                or getattr(self.handlers[API_PRODUCE], "__func__", None) is not Broker._produce):
+    def _native_answerer(self, conn: Connection, replies: _Replies) -> Callable[[memoryview], bytes | None] | None:
+        """The connection's native Produce (native_produce.py), where its answers are the handler's: one replica per
+        partition (no replica manager), the Produce handler unwrapped (no authorizer), no SASL session."""
+        if (self.replicas is not None or getattr(self.handlers[API_PRODUCE], "__func__", None) is not Broker._produce
+                or (conn.channel is not None and conn.channel.session is not None)):
             return None
-        topic = body.topic_data[0]
-        if len(topic.partition_data) != 1 or body.acks not in (0, 1, -1):
-            return None
-        part = topic.partition_data[0]
-        log = self.registry.local_log(topic.name, part.index)
-        if log is None or part.records is None:
-            return None
-        started = time.perf_counter()
-        info = log.append_in_c(part.records, one_batch=True)
-        if info is None:
-            return None
-        if self._events:
-            self._poke(TopicPartition(topic.name, part.index))
-        return self._answer(request, {"responses": [{"name": topic.name, "partition_responses": [
-            {"index": part.index, "error_code": NONE, "base_offset": info.first_offset, "log_append_time_ms": -1,
-             "log_start_offset": log.log_start_offset}]}], "throttle_time_ms": 0}, started)
+        if self._native is None:
+            self._native = native_produce(self, self.advertised[API_PRODUCE])
+            if self._native is None:
+                return None
+        return answerer(self._native, replies)
 
     def _start(self, request: codec.Request, conn: ConnectionInfo) -> tuple[bool, Any]:
         """Run the request's handler at once: (True, the framed answer or None) when it did not wait, else (False,
@@ -702,6 +680,10 @@ class Broker:
     def poke(self, tp: TopicPartition) -> None:
         """Wake fetches waiting on a partition (after an append by another component)."""
         self._poke(tp)
+
+    def poke_partition(self, topic: str, partition: int) -> None:
+        """`poke` by name: the native Produce's call after an append while some fetch waits."""
+        self._poke(TopicPartition(topic, partition))
 
     def topic_changed(self, name: str) -> None:
         """Wake the fetches waiting on a topic that changed: a deleted or moved partition answers now, as Kafka's

@@ -665,9 +665,6 @@ class NodeMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(NodeCollector(node, self.requests, self.security))
 
-    def observe_request(self, api: str, seconds: float) -> None:
-        self.requests.observe(api, seconds)
-
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -226,7 +226,7 @@ class StorageNode:
             min_isr=min(config.transaction_state_log_min_isr, config.transaction_state_log_replication_factor),
             serving=lambda: self.replicas is not None or len(self.registry.nodes()) == 1)
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
-                             observe=self.metrics.observe_request,
+                             observe=self.metrics.requests.observe,
                              max_request_bytes=self.server_config.socket_request_max_bytes,
                              queued_max_request_bytes=self.server_config.queued_max_request_bytes,
                              fetch_session_slots=self.server_config.max_incremental_fetch_session_cache_slots,

@@ -1,0 +1,248 @@
+/*
+ * A one-record Produce answered in one C call from the connection's read callback (native_produce.py says when,
+ * docs/native-request-path.md why): decode the frame with the schema-compiled decoder, append with the log's C
+ * append, encode the answer with the schema-compiled encoder. Nothing here knows a message's layout: the
+ * decoder, encoder and append are the ones the Python path uses, called from here without the interpreter's
+ * frames in between. Whatever this call does not take - another API, a decoding error, a transactional id,
+ * several partitions, acks outside -1/0/1, no log here, an append the C append declines - it declines with
+ * nothing done, and the frame takes the Python path, which answers or names the fault exactly as before.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+enum {
+    N_WAITING, N_DECODERS, N_ENCODERS, N_ENCODE, N_LOCAL_LOG, N_APPEND, N_FILES, N_CRC32C, N_WALL_CLOCK, N_EVENTS, N_POKE,
+    N_OBSERVE, N_TRANSACTIONAL_ID, N_ACKS, N_TOPIC_DATA, N_PARTITION_DATA, N_NAME, N_INDEX, N_RECORDS,
+    N_LOG_START_OFFSET, N_RESPONSES, N_PARTITION_RESPONSES, N_ERROR_CODE, N_BASE_OFFSET, N_LOG_APPEND_TIME_MS,
+    N_THROTTLE_TIME_MS, N_PRODUCE, N_NAMES
+};
+static const char *const name_text[N_NAMES] = {
+    "waiting", "decoders", "encoders", "encode", "local_log", "append", "files", "crc32c", "wall_clock", "events", "poke",
+    "observe", "transactional_id", "acks", "topic_data", "partition_data", "name", "index", "records",
+    "log_start_offset", "responses", "partition_responses", "error_code", "base_offset", "log_append_time_ms",
+    "throttle_time_ms", "Produce",
+};
+static PyObject *names[N_NAMES];
+static PyObject *zero, *minus_one;
+
+#define API_PRODUCE 0
+
+static double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.perf_counter's clock on Linux */
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* `obj.<name>`, a new reference (NULL with an exception). */
+static inline PyObject *attr(PyObject *obj, int name) { return PyObject_GetAttr(obj, names[name]); }
+
+/* The only item of `obj.<name>` when it is a list of one, else NULL without an exception (or with one). */
+static PyObject *only_item(PyObject *obj, int name) {
+    PyObject *list = attr(obj, name);
+    if (list == NULL)
+        return NULL;
+    PyObject *item = PyList_Check(list) && PyList_GET_SIZE(list) == 1 ? Py_NewRef(PyList_GET_ITEM(list, 0)) : NULL;
+    Py_DECREF(list);
+    return item;
+}
+
+/* Produce's answer for one partition, as the handler builds it (broker.py: Broker._produce_partition). */
+static PyObject *answer_body(PyObject *topic, PyObject *index, PyObject *base_offset, PyObject *log_start) {
+    PyObject *part = Py_BuildValue("{OOOOOOOOOO}", names[N_INDEX], index, names[N_ERROR_CODE], zero,
+                                   names[N_BASE_OFFSET], base_offset, names[N_LOG_APPEND_TIME_MS], minus_one,
+                                   names[N_LOG_START_OFFSET], log_start);
+    if (part == NULL)
+        return NULL;
+    return Py_BuildValue("{O[{OOO[N]}]OO}", names[N_RESPONSES], names[N_NAME], topic, names[N_PARTITION_RESPONSES],
+                         part, names[N_THROTTLE_TIME_MS], zero);
+}
+
+/* The work of produce() once the frame decoded as a Produce: the answer, None to decline, NULL on error. */
+static PyObject *take(PyObject *path, PyObject *body, int version, int32_t correlation_id, double started) {
+    PyObject *result = NULL, *acks_obj = NULL, *topic = NULL, *part = NULL, *name = NULL, *index = NULL;
+    PyObject *records = NULL, *log = NULL, *info = NULL, *tmp = NULL;
+    int declined = 1;
+    if ((tmp = attr(body, N_TRANSACTIONAL_ID)) == NULL || tmp != Py_None) /* verified by the coordinator: Python's */
+        goto done;
+    Py_CLEAR(tmp);
+    if ((acks_obj = attr(body, N_ACKS)) == NULL)
+        goto done;
+    const long acks = PyLong_Check(acks_obj) ? PyLong_AsLong(acks_obj) : 2;
+    if ((acks != -1 && acks != 0 && acks != 1) || (topic = only_item(body, N_TOPIC_DATA)) == NULL ||
+        (part = only_item(topic, N_PARTITION_DATA)) == NULL || (name = attr(topic, N_NAME)) == NULL ||
+        !PyUnicode_Check(name) || (index = attr(part, N_INDEX)) == NULL || (records = attr(part, N_RECORDS)) == NULL ||
+        records == Py_None)
+        goto done;
+    if ((tmp = attr(path, N_LOCAL_LOG)) == NULL)
+        goto done;
+    log = PyObject_CallFunctionObjArgs(tmp, name, index, NULL);
+    Py_CLEAR(tmp);
+    if (log == NULL || log == Py_None)
+        goto done;
+    PyObject *append = attr(path, N_APPEND), *files = attr(path, N_FILES), *crc = attr(path, N_CRC32C);
+    PyObject *wall_clock = attr(path, N_WALL_CLOCK);
+    if (append != NULL && files != NULL && crc != NULL && wall_clock != NULL)
+        info = PyObject_CallFunctionObjArgs(append, log, records, files, crc, Py_True, wall_clock, NULL);
+    Py_XDECREF(append);
+    Py_XDECREF(files);
+    Py_XDECREF(crc);
+    Py_XDECREF(wall_clock);
+    if (info == NULL || info == Py_None)
+        goto done;
+    declined = 0; /* appended: from here on the request is answered, or the error propagates */
+    PyObject *events = attr(path, N_EVENTS);
+    if (events == NULL)
+        goto done;
+    const int watched = PyDict_Check(events) && PyDict_GET_SIZE(events) > 0;
+    Py_DECREF(events);
+    if (watched) { /* fetches wait on some partition: let Python wake those on this one */
+        PyObject *poke = attr(path, N_POKE);
+        PyObject *poked = poke == NULL ? NULL : PyObject_CallFunctionObjArgs(poke, name, index, NULL);
+        Py_XDECREF(poke);
+        if (poked == NULL)
+            goto done;
+        Py_DECREF(poked);
+    }
+    PyObject *observe = attr(path, N_OBSERVE);
+    if (observe == NULL)
+        goto done;
+    if (observe != Py_None) {
+        PyObject *seconds = PyFloat_FromDouble(monotonic() - started);
+        PyObject *seen = seconds == NULL ? NULL : PyObject_CallFunctionObjArgs(observe, names[N_PRODUCE], seconds, NULL);
+        Py_XDECREF(seconds);
+        Py_DECREF(observe);
+        if (seen == NULL)
+            goto done;
+        Py_DECREF(seen);
+    } else {
+        Py_DECREF(observe);
+    }
+    if (acks == 0) { /* no answer at all */
+        result = PyBytes_FromStringAndSize(NULL, 0);
+        goto done;
+    }
+    PyObject *log_start = attr(log, N_LOG_START_OFFSET);
+    PyObject *answer = log_start == NULL ? NULL : answer_body(name, index, PyTuple_GET_ITEM(info, 0), log_start);
+    Py_XDECREF(log_start);
+    if (answer == NULL)
+        goto done;
+    PyObject *encoders = attr(path, N_ENCODERS), *encode = attr(path, N_ENCODE);
+    PyObject *key = PyLong_FromLong(version);
+    PyObject *found = key == NULL || encoders == NULL ? NULL : PyDict_GetItemWithError(encoders, key); /* borrowed */
+    Py_XDECREF(key);
+    if (found != NULL && encode != NULL && PyTuple_Check(found) && PyTuple_GET_SIZE(found) == 3) {
+        /* (program, flexible, header tags): compiled_codec.response_program */
+        PyObject *tags = PyTuple_GET_ITEM(found, 2);
+        const Py_ssize_t ntags = PyBytes_Check(tags) ? PyBytes_GET_SIZE(tags) : 0;
+        PyObject *head = PyBytes_FromStringAndSize(NULL, 4 + ntags);
+        if (head != NULL) {
+            unsigned char *h = (unsigned char *)PyBytes_AS_STRING(head);
+            h[0] = (unsigned char)(correlation_id >> 24);
+            h[1] = (unsigned char)(correlation_id >> 16);
+            h[2] = (unsigned char)(correlation_id >> 8);
+            h[3] = (unsigned char)correlation_id;
+            if (ntags)
+                memcpy(h + 4, PyBytes_AS_STRING(tags), ntags);
+            result = PyObject_CallFunctionObjArgs(encode, PyTuple_GET_ITEM(found, 0), PyTuple_GET_ITEM(found, 1), head,
+                                                  answer, Py_True, NULL);
+            Py_DECREF(head);
+        }
+    } else if (!PyErr_Occurred()) {
+        PyErr_Format(PyExc_RuntimeError, "no compiled encoder for Produce v%d", version);
+    }
+    Py_XDECREF(encoders);
+    Py_XDECREF(encode);
+    Py_DECREF(answer);
+done:
+    if (declined) {
+        PyErr_Clear(); /* whatever failed before the append, Python's path meets it again and names it */
+        Py_CLEAR(result);
+        result = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(tmp);
+    Py_XDECREF(acks_obj);
+    Py_XDECREF(topic);
+    Py_XDECREF(part);
+    Py_XDECREF(name);
+    Py_XDECREF(index);
+    Py_XDECREF(records);
+    Py_XDECREF(log);
+    Py_XDECREF(info);
+    return result;
+}
+
+/* produce(path, replies, frame) -> the framed answer (b"" for acks=0), or None to leave the frame to Python.
+ *
+ * `path` (native_produce.NativeProduce) holds the decoders, encoders and calls to use; `replies` is the
+ * connection's writer queue (broker.py: _Replies): with an answer waiting in it nothing is answered here, so
+ * answers leave in request order; `frame` is the request frame without its size prefix. */
+static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "produce(path, replies, frame) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *path = args[0], *replies = args[1], *frame = args[2];
+    PyObject *waiting = attr(replies, N_WAITING);
+    if (waiting == NULL)
+        return NULL;
+    const int behind = PyObject_IsTrue(waiting);
+    Py_DECREF(waiting);
+    if (behind != 0)
+        return behind < 0 ? NULL : Py_NewRef(Py_None);
+    Py_buffer view;
+    if (PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = view.buf;
+    const int api_key = view.len >= 8 ? (int16_t)((p[0] << 8) | p[1]) : -1;
+    const int version = view.len >= 8 ? (int16_t)((p[2] << 8) | p[3]) : -1;
+    const int32_t correlation_id = view.len >= 8 ? (int32_t)(((uint32_t)p[4] << 24) | ((uint32_t)p[5] << 16) |
+                                                             ((uint32_t)p[6] << 8) | p[7]) : 0;
+    PyBuffer_Release(&view);
+    if (api_key != API_PRODUCE)
+        return Py_NewRef(Py_None);
+    const double started = monotonic();
+    PyObject *decoders = attr(path, N_DECODERS);
+    if (decoders == NULL)
+        return NULL;
+    PyObject *key = PyLong_FromLong(version);
+    PyObject *decoder = key == NULL ? NULL : PyDict_GetItemWithError(decoders, key); /* borrowed */
+    Py_XDECREF(key);
+    PyObject *decoded = decoder == NULL ? NULL : PyObject_CallOneArg(decoder, frame);
+    Py_DECREF(decoders);
+    if (decoded == NULL || !PyTuple_Check(decoded) || PyTuple_GET_SIZE(decoded) != 2) {
+        /* an unserved version, or a frame the compiled decoder does not read: Python's path decides and names it */
+        Py_XDECREF(decoded);
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    PyObject *result = take(path, PyTuple_GET_ITEM(decoded, 0), version, correlation_id, started);
+    Py_DECREF(decoded);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"produce", (PyCFunction)(void (*)(void))produce, METH_FASTCALL,
+     "produce(path, replies, frame) -> a one-partition Produce's framed answer (b\"\" for acks=0), or None for "
+     "Python's path."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native_produce",
+    "A one-record Produce answered in one C call; use it through shale.sidecar.server.native_produce.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native_produce(void) {
+    for (int i = 0; i < N_NAMES; i++)
+        if (names[i] == NULL && (names[i] = PyUnicode_InternFromString(name_text[i])) == NULL)
+            return NULL;
+    if ((zero == NULL && (zero = PyLong_FromLong(0)) == NULL) ||
+        (minus_one == NULL && (minus_one = PyLong_FromLong(-1)) == NULL))
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,75 @@
+"""A one-record Produce answered by one C call from the connection's read callback (`_native_produce.c`): when a
+connection may use it, and the decoders, encoders and calls it is given.
+
+Why (issue 18, docs/native-request-path.md): a one-record Produce on the Python path makes ~100 Python calls
+(decode, the handler's checks, the append, the encoding, the metrics), and each costs about twice as much on a
+server woken for one request as in a loop. The C call makes the same decode, append and encoding with the same
+schema-compiled codec and the log's own C append, and only a few calls back into Python (the partition's log,
+the metrics, a parked fetch to wake). Whatever it does not take is declined before anything is done, and the
+frame goes the Python way: the answers are the handler's, byte for byte (tests/server/test_native_produce.py).
+
+A connection uses it only where the handler would run no check the C call skips: no replica manager (one
+replica per partition, nothing to replicate or fence), no authorizer (its wrapper is the Produce handler), and
+no SASL session (which re-checks each request's session lifetime).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import crc32c
+
+from shale.sidecar.log.log import Log, now_ms
+from shale.sidecar.log.open_files import SEGMENT_FILES, OpenFiles
+from shale.sidecar.protocol import codec, compiled_codec
+
+if TYPE_CHECKING:
+    from shale.sidecar.server.broker import Broker
+
+try:
+    from shale.sidecar.log._cleaner_kernel import append_produced as _append_produced
+    from shale.sidecar.server._native_produce import produce as _produce
+except ImportError:  # pragma: no cover - a checkout without the compiled extensions
+    _append_produced = _produce = None
+
+API_PRODUCE = 0
+
+
+@dataclass(slots=True)
+class NativeProduce:
+    """What the C call reads (by these names): per served version, the compiled request decoder and the response's
+    (program, flexible, header tags); the encoder; the calls back into the broker and the log engine."""
+
+    decoders: dict[int, Callable[[Any], tuple]]
+    encoders: dict[int, tuple[tuple, bool, bytes]]
+    encode: Callable
+    local_log: Callable[[str, int], Log | None]
+    append: Callable
+    files: OpenFiles
+    crc32c: Callable[[Any], int]
+    wall_clock: Callable[[], int]  # log.now_ms: a log with this clock has it read in C
+    events: dict  # the broker's parked fetches by partition: poked only when some fetch waits
+    poke: Callable[[str, int], None]
+    observe: Callable[[str, float], None] | None
+
+
+def native_produce(broker: Broker, versions: tuple[int, int]) -> NativeProduce | None:
+    """The broker's native Produce for the served `versions` (lo, hi); None without the compiled extensions."""
+    if _produce is None or _append_produced is None or not compiled_codec.available:
+        return None
+    request, response = codec.request_class(API_PRODUCE), codec.response_class(API_PRODUCE)
+    served = range(versions[0], versions[1] + 1)
+    return NativeProduce(
+        decoders={v: compiled_codec.request_decoder(request, v) for v in served},
+        encoders={v: compiled_codec.response_program(response, v) for v in served},
+        encode=compiled_codec.encode, local_log=broker.registry.local_log, append=_append_produced,
+        files=SEGMENT_FILES, crc32c=crc32c.crc32c, wall_clock=now_ms, events=broker._events, poke=broker.poke_partition,
+        observe=broker._observe)
+
+
+def answerer(path: NativeProduce, replies: Any) -> Callable[[memoryview], bytes | None]:
+    """`frame -> answer | None` for one connection whose writer queue is `replies` (nothing is answered while an
+    answer waits in it)."""
+    return functools.partial(_produce, path, replies)
