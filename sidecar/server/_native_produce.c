@@ -175,17 +175,22 @@ done:
     return result;
 }
 
-/* produce(path, replies, frame) -> the framed answer (b"" for acks=0), or None to leave the frame to Python.
+/* produce(path, replies, buf, start, end) -> the framed answer (b"" for acks=0), or None to leave the frame to
+ * Python.
  *
  * `path` (native_produce.NativeProduce) holds the decoders, encoders and calls to use; `replies` is the
  * connection's writer queue (broker.py: _Replies): with an answer waiting in it nothing is answered here, so
- * answers leave in request order; `frame` is the request frame without its size prefix. */
+ * answers leave in request order; `buf[start:end]` is the request frame without its size prefix (the
+ * connection's receive buffer, held unchanged for the call). */
 static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "produce(path, replies, frame) takes 3 arguments");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "produce(path, replies, buf, start, end) takes 5 arguments");
         return NULL;
     }
-    PyObject *path = args[0], *replies = args[1], *frame = args[2];
+    PyObject *path = args[0], *replies = args[1];
+    const Py_ssize_t start = PyLong_AsSsize_t(args[3]), end = PyLong_AsSsize_t(args[4]);
+    if ((start == -1 || end == -1) && PyErr_Occurred())
+        return NULL;
     PyObject *waiting = attr(replies, N_WAITING);
     if (waiting == NULL)
         return NULL;
@@ -193,40 +198,50 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_DECREF(waiting);
     if (behind != 0)
         return behind < 0 ? NULL : Py_NewRef(Py_None);
-    Py_buffer view;
-    if (PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE) < 0)
+    Py_buffer held;
+    if (PyObject_GetBuffer(args[2], &held, PyBUF_SIMPLE) < 0)
         return NULL;
-    const unsigned char *p = view.buf;
-    const int api_key = view.len >= 8 ? (int16_t)((p[0] << 8) | p[1]) : -1;
-    const int version = view.len >= 8 ? (int16_t)((p[2] << 8) | p[3]) : -1;
-    const int32_t correlation_id = view.len >= 8 ? (int32_t)(((uint32_t)p[4] << 24) | ((uint32_t)p[5] << 16) |
-                                                             ((uint32_t)p[6] << 8) | p[7]) : 0;
-    PyBuffer_Release(&view);
-    if (api_key != API_PRODUCE)
-        return Py_NewRef(Py_None);
+    PyObject *result = NULL;
+    if (start < 0 || end > held.len || end - start < 8) {
+        PyErr_SetString(PyExc_ValueError, "produce: the frame's bounds lie outside the buffer");
+        goto done;
+    }
+    const unsigned char *p = (const unsigned char *)held.buf + start;
+    const int api_key = (int16_t)((p[0] << 8) | p[1]), version = (int16_t)((p[2] << 8) | p[3]);
+    const int32_t correlation_id = (int32_t)(((uint32_t)p[4] << 24) | ((uint32_t)p[5] << 16) | ((uint32_t)p[6] << 8) |
+                                             p[7]);
+    if (api_key != API_PRODUCE) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
     const double started = monotonic();
     PyObject *decoders = attr(path, N_DECODERS);
     if (decoders == NULL)
-        return NULL;
+        goto done;
     PyObject *key = PyLong_FromLong(version);
     PyObject *decoder = key == NULL ? NULL : PyDict_GetItemWithError(decoders, key); /* borrowed */
     Py_XDECREF(key);
-    PyObject *decoded = decoder == NULL ? NULL : PyObject_CallOneArg(decoder, frame);
+    PyObject *frame = decoder == NULL ? NULL : PyMemoryView_FromMemory((char *)p, end - start, PyBUF_READ);
+    PyObject *decoded = frame == NULL ? NULL : PyObject_CallOneArg(decoder, frame);
+    Py_XDECREF(frame);
     Py_DECREF(decoders);
     if (decoded == NULL || !PyTuple_Check(decoded) || PyTuple_GET_SIZE(decoded) != 2) {
         /* an unserved version, or a frame the compiled decoder does not read: Python's path decides and names it */
         Py_XDECREF(decoded);
         PyErr_Clear();
-        return Py_NewRef(Py_None);
+        result = Py_NewRef(Py_None);
+        goto done;
     }
-    PyObject *result = take(path, PyTuple_GET_ITEM(decoded, 0), version, correlation_id, started);
+    result = take(path, PyTuple_GET_ITEM(decoded, 0), version, correlation_id, started);
     Py_DECREF(decoded);
+done:
+    PyBuffer_Release(&held);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"produce", (PyCFunction)(void (*)(void))produce, METH_FASTCALL,
-     "produce(path, replies, frame) -> a one-partition Produce's framed answer (b\"\" for acks=0), or None for "
+     "produce(path, replies, buf, start, end) -> a one-partition Produce's framed answer (b\"\" for acks=0), or None for "
      "Python's path."},
     {NULL, NULL, 0, NULL},
 };

@@ -55,7 +55,7 @@ from shale.sidecar.server import eager
 from shale.sidecar.server.channel import Channel, FailedAuthentication
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
 from shale.sidecar.server.listener_security import ListenerSecurity
-from shale.sidecar.server.native_produce import NativeProduce, answerer, native_produce
+from shale.sidecar.server.native_produce import FIRST_BATCH_VERSION, NativeProduce, answerer, native_produce
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
 from shale.sidecar.server.transaction_verification import (
     CONTROL_FROM_CLIENT,
@@ -632,7 +632,7 @@ class Broker:
         finally:
             part.close()
 
-    def _native_answerer(self, conn: Connection, replies: _Replies) -> Callable[[memoryview], bytes | None] | None:
+    def _native_answerer(self, conn: Connection, replies: _Replies) -> Callable[[bytearray, int, int], bytes | None] | None:
         """The connection's native Produce (native_produce.py), where its answers are the handler's: one replica per
         partition (no replica manager), the Produce handler unwrapped (no authorizer), no SASL session."""
         if (self.replicas is not None or getattr(self.handlers[API_PRODUCE], "__func__", None) is not Broker._produce
@@ -913,7 +913,7 @@ class Broker:
             code = self._partition_error(topic, partition)
             where = "unknown" if code == UNKNOWN_TOPIC_OR_PARTITION else "not led by this node:"
             return fail(code, f"{where} topic-partition {topic}-{partition}")
-        if version < 3:
+        if version < FIRST_BATCH_VERSION:
             return fail(UNSUPPORTED_VERSION, "Produce v0-2 (message format v0/v1) is not supported")
         if acks not in (0, 1, -1):
             return fail(INVALID_REQUIRED_ACKS, f"acks={acks}")

@@ -179,7 +179,7 @@ class Connection(asyncio.BufferedProtocol):
         self._lost = False
         self._closed: asyncio.Future | None = None
         self.at_once: Callable[[Frame], bool] | None = None  # set by the connection's task
-        self.native: Callable[[memoryview], bytes | None] | None = None  # likewise, where the connection may use it
+        self.native: Callable[[bytearray, int, int], bytes | None] | None = None  # likewise, where it may be used
 
     # -- asyncio protocol callbacks --------------------------------------------------------------
 
@@ -245,6 +245,12 @@ class Connection(asyncio.BufferedProtocol):
         return memoryview(buf)[end:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        native = self.native is not None
+        if native and self._start == self._end:
+            whole = self._answer_whole(nbytes)
+            if whole:
+                return
+            native = whole is False  # declined (None): the frame is not offered twice
         self._end += nbytes
         self._memory.charge(nbytes)
         buf, start, end = self._buf, self._start, self._end
@@ -261,9 +267,8 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 if end - start - 4 < size:
                     break
-                frame = view[start + 4:start + 4 + size]
-                if self.native is not None and not self._frames and not self._writing_paused:
-                    answer = self._answer_natively(frame)
+                if native and self.native is not None and not self._frames and not self._writing_paused:
+                    answer = self._answer_natively(start + 4, start + 4 + size)
                     if answer is not None:
                         start += 4 + size
                         completed = True
@@ -271,6 +276,8 @@ class Connection(asyncio.BufferedProtocol):
                         if answer:  # b"": acks=0, no answer at all
                             self.transport.write(answer)
                         continue
+                native = True
+                frame = view[start + 4:start + 4 + size]
                 try:
                     received = Frame(size, codec.decode_request(frame), charge=4 + size)
                 except Exception as exc:  # noqa: BLE001 - handed to the connection's task, which logs and decides
@@ -309,15 +316,33 @@ class Connection(asyncio.BufferedProtocol):
         if queue_full is not self._queue_full or memory_spent is not self._memory_spent:  # else nothing changes
             self._set_reading(queue_full=queue_full, memory_spent=memory_spent)
 
-    def _answer_natively(self, frame: memoryview) -> bytes | None:
-        """`native`'s answer to the frame; None leaves it to the decoder and the broker. A failure after the append
-        (a bug: nothing before it raises) ends the connection, as a failed handler's does."""
+    def _answer_whole(self, nbytes: int) -> bool | None:
+        """The usual read of a client that waits for each answer: nothing was pending, and the read is one whole
+        frame that `native` answers. Then its bytes were never charged to the request memory nor queued: True,
+        and nothing else is done for the read. Otherwise nothing is done: False when the read is not such a
+        frame, None when `native` declined it."""
+        start, end = self._start, self._start + nbytes
+        if (nbytes < 12 or self._frames or self._writing_paused or self._eof or self._refused
+                or _SIZE.unpack_from(self._buf, start)[0] != nbytes - 4 or nbytes - 4 > self.max_frame):
+            return False
+        answer = self._answer_natively(start + 4, end)
+        if answer is None:
+            return None
+        self._start = self._end = 0
+        if answer:  # b"": acks=0, no answer at all
+            self.transport.write(answer)
+        return True
+
+    def _answer_natively(self, start: int, end: int) -> bytes | None:
+        """`native`'s answer to the frame at `_buf[start:end]`; None leaves it to the decoder and the broker. A
+        failure after the append (a bug: nothing before it raises) ends the connection, as a failed handler's
+        does."""
         try:
-            return self.native(frame)  # type: ignore[misc]
+            return self.native(self._buf, start, end)  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - logged with its traceback; the client sees the connection close
             logger.exception("closing connection of client at %s: the native Produce path failed", self.peername())
             self.native = None
-            self._eof = True
+            self._eof = True  # nothing after it is handled; connection_lost releases what is left
             self.transport.abort()
             return b""
 

@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - a checkout without the compiled extens
     _append_produced = _produce = None
 
 API_PRODUCE = 0
+FIRST_BATCH_VERSION = 3  # Produce v3+ carries v2 record batches; v0-2 are refused (by the handler, as ever)
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ def native_produce(broker: Broker, versions: tuple[int, int]) -> NativeProduce |
     if _produce is None or _append_produced is None or not compiled_codec.available:
         return None
     request, response = codec.request_class(API_PRODUCE), codec.response_class(API_PRODUCE)
-    served = range(versions[0], versions[1] + 1)
+    served = range(max(versions[0], FIRST_BATCH_VERSION), versions[1] + 1)
     return NativeProduce(
         decoders={v: compiled_codec.request_decoder(request, v) for v in served},
         encoders={v: compiled_codec.response_program(response, v) for v in served},
@@ -69,7 +70,7 @@ def native_produce(broker: Broker, versions: tuple[int, int]) -> NativeProduce |
         observe=broker._observe)
 
 
-def answerer(path: NativeProduce, replies: Any) -> Callable[[memoryview], bytes | None]:
-    """`frame -> answer | None` for one connection whose writer queue is `replies` (nothing is answered while an
-    answer waits in it)."""
+def answerer(path: NativeProduce, replies: Any) -> Callable[[bytearray, int, int], bytes | None]:
+    """`(buf, start, end) -> answer | None` for one connection whose writer queue is `replies` (nothing is answered
+    while an answer waits in it), the frame being `buf[start:end]`."""
     return functools.partial(_produce, path, replies)
