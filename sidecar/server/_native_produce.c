@@ -71,7 +71,10 @@ static PyObject *take(PyObject *path, PyObject *body, int version, int32_t corre
     Py_CLEAR(tmp);
     if ((acks_obj = attr(body, N_ACKS)) == NULL)
         goto done;
-    const long acks = PyLong_Check(acks_obj) ? PyLong_AsLong(acks_obj) : 2;
+    int overflow = 0;
+    const long acks = PyLong_Check(acks_obj) ? PyLong_AsLongAndOverflow(acks_obj, &overflow) : 2;
+    if (overflow) /* not an int16: the decoder never gives one, and the handler names what it is */
+        goto done;
     if ((acks != -1 && acks != 0 && acks != 1) || (topic = only_item(body, N_TOPIC_DATA)) == NULL ||
         (part = only_item(topic, N_PARTITION_DATA)) == NULL || (name = attr(topic, N_NAME)) == NULL ||
         !PyUnicode_Check(name) || (index = attr(part, N_INDEX)) == NULL || (records = attr(part, N_RECORDS)) == NULL ||

@@ -11,6 +11,8 @@ and after the last one the files are checked with the engine itself and with `sh
 from __future__ import annotations
 
 import random
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -22,7 +24,8 @@ import pytest
 from node_util import ServeProcess, free_port, topic_manifest, write_manifests
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
-from shale.sidecar.log.records import LOG_OVERHEAD, decode_batch
+from shale.sidecar.log.records import LOG_OVERHEAD, Record, decode_batch, encode_batch
+from shale.sidecar.protocol.client_codec import decode_response, encode_request
 from shale.sidecar.topic_config import TopicConfig
 
 TOPIC = "crash"
@@ -224,3 +227,57 @@ def test_acknowledged_records_survive_sigkill(tmp_path):
     assert sum(1 for n in in_flight if n > 0) >= kills // 2, f"most kills should hit records in flight: {in_flight}"
     print(f"\n{kills} SIGKILLs, {len(load.acked)} acknowledged records, {checked} record checks, "
           f"{load.sent} sent, in flight at the kills {in_flight}, delivery failures {load.failed}, {segments} segments")
+
+
+def _native_produce(sock, correlation_id: int, partition: int, key: bytes, value: bytes) -> bytes:
+    """A one-record Produce v9 (acks=1, no producer id) to one partition: the shape `shale serve` answers
+    natively (tests/server/test_native_produce.py)."""
+    records = encode_batch([Record(0, int(time.time() * 1000), key, value)])
+    frame = encode_request(0, 9, correlation_id, "crash-native", {
+        "transactional_id": None, "acks": 1, "timeout_ms": 30000,
+        "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": records}]}]})
+    sock.sendall(frame)
+    return frame
+
+
+def test_records_acknowledged_by_the_native_path_survive_sigkill(tmp_path):
+    """One record per request, each answered by the C call that appends it, and SIGKILL with a request in flight:
+    every acknowledged record comes back at its offset, byte for byte, and no offset is handed out twice."""
+    data_dir = tmp_path / "data"
+    write_manifests(tmp_path / "topics" / "crash.yaml", topic_manifest(TOPIC, PARTITIONS, CONFIG))
+    port = free_port()
+    rng = random.Random(5)
+    acked: Acked = {}
+    seq = 0
+    server = ServeProcess(data_dir, tmp_path / "topics", port=port).start()
+    try:
+        for cycle in range(4):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                for _ in range(rng.randint(300, 900)):
+                    key, value = b"key-%d" % seq, rng.randbytes(rng.randint(1, 300))
+                    partition = seq % PARTITIONS
+                    _native_produce(sock, seq, partition, key, value)
+                    answer = decode_response(0, 9, _read_answer(sock)).body
+                    part = answer.responses[0].partition_responses[0]
+                    assert part.error_code == 0, part
+                    assert (partition, part.base_offset) not in acked, f"offset {part.base_offset} handed out twice"
+                    acked[partition, part.base_offset] = (key, value)
+                    seq += 1
+                _native_produce(sock, seq, seq % PARTITIONS, b"in flight", b"x")  # not acknowledged: may or may not stay
+                server.kill()
+            server = ServeProcess(data_dir, tmp_path / "topics", port=port).start()
+        assert server.terminate() == 0, server.log()[-5000:]
+    finally:
+        if server.proc.poll() is None:
+            server.kill()
+    assert "Traceback" not in server.log(), server.log()[-5000:]
+    found, segments = _read_with_engine(data_dir)
+    assert _check_acked(acked, found, "read with the engine after four SIGKILLs") > 1000
+    assert segments > 4
+
+
+def _read_answer(sock) -> bytes:
+    size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+    data = sock.recv(size, socket.MSG_WAITALL)
+    assert len(data) == size, "the connection closed mid-answer"
+    return data
