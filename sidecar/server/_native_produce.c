@@ -18,13 +18,13 @@ enum {
     N_WAITING, N_DECODERS, N_ENCODERS, N_ENCODE, N_LOCAL_LOG, N_APPEND, N_FILES, N_CRC32C, N_WALL_CLOCK, N_EVENTS, N_POKE,
     N_OBSERVE, N_TRANSACTIONAL_ID, N_ACKS, N_TOPIC_DATA, N_PARTITION_DATA, N_NAME, N_INDEX, N_RECORDS,
     N_LOG_START_OFFSET, N_RESPONSES, N_PARTITION_RESPONSES, N_ERROR_CODE, N_BASE_OFFSET, N_LOG_APPEND_TIME_MS,
-    N_THROTTLE_TIME_MS, N_PRODUCE, N_NAMES
+    N_THROTTLE_TIME_MS, N_PRODUCE, N_ANSWERS, N_NAMES
 };
 static const char *const name_text[N_NAMES] = {
     "waiting", "decoders", "encoders", "encode", "local_log", "append", "files", "crc32c", "wall_clock", "events", "poke",
     "observe", "transactional_id", "acks", "topic_data", "partition_data", "name", "index", "records",
     "log_start_offset", "responses", "partition_responses", "error_code", "base_offset", "log_append_time_ms",
-    "throttle_time_ms", "Produce",
+    "throttle_time_ms", "Produce", "answers",
 };
 static PyObject *names[N_NAMES];
 static PyObject *zero, *minus_one;
@@ -59,6 +59,143 @@ static PyObject *answer_body(PyObject *topic, PyObject *index, PyObject *base_of
         return NULL;
     return Py_BuildValue("{O[{OOO[N]}]OO}", names[N_RESPONSES], names[N_NAME], topic, names[N_PARTITION_RESPONSES],
                          part, names[N_THROTTLE_TIME_MS], zero);
+}
+
+static void put_be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void put_be64(unsigned char *p, uint64_t v) {
+    put_be32(p, (uint32_t)(v >> 32));
+    put_be32(p + 4, (uint32_t)v);
+}
+
+/* The framed answer from the schema-compiled encoder (compiled_codec.response_program's program, flexible, tags). */
+static PyObject *encode_answer(PyObject *path, int version, int32_t correlation_id, PyObject *name, PyObject *index,
+                               long long base_offset, long long log_start) {
+    PyObject *base = PyLong_FromLongLong(base_offset), *start = PyLong_FromLongLong(log_start);
+    PyObject *body = base == NULL || start == NULL ? NULL : answer_body(name, index, base, start);
+    Py_XDECREF(base);
+    Py_XDECREF(start);
+    if (body == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    PyObject *encoders = attr(path, N_ENCODERS), *encode = attr(path, N_ENCODE);
+    PyObject *key = PyLong_FromLong(version);
+    PyObject *found = key == NULL || encoders == NULL ? NULL : PyDict_GetItemWithError(encoders, key); /* borrowed */
+    Py_XDECREF(key);
+    if (found != NULL && encode != NULL && PyTuple_Check(found) && PyTuple_GET_SIZE(found) == 3) {
+        PyObject *tags = PyTuple_GET_ITEM(found, 2);
+        const Py_ssize_t ntags = PyBytes_Check(tags) ? PyBytes_GET_SIZE(tags) : 0;
+        PyObject *head = PyBytes_FromStringAndSize(NULL, 4 + ntags);
+        if (head != NULL) {
+            put_be32((unsigned char *)PyBytes_AS_STRING(head), (uint32_t)correlation_id);
+            if (ntags)
+                memcpy(PyBytes_AS_STRING(head) + 4, PyBytes_AS_STRING(tags), ntags);
+            result = PyObject_CallFunctionObjArgs(encode, PyTuple_GET_ITEM(found, 0), PyTuple_GET_ITEM(found, 1), head,
+                                                  body, Py_True, NULL);
+            Py_DECREF(head);
+        }
+    } else if (!PyErr_Occurred()) {
+        PyErr_Format(PyExc_RuntimeError, "no compiled encoder for Produce v%d", version);
+    }
+    Py_XDECREF(encoders);
+    Py_XDECREF(encode);
+    Py_DECREF(body);
+    if (result != NULL && !PyBytes_Check(result)) {
+        Py_DECREF(result);
+        PyErr_Format(PyExc_RuntimeError, "the compiled encoder of Produce v%d gave no bytes", version);
+        return NULL;
+    }
+    return result;
+}
+
+/* Where the 8 big-endian bytes of `value` stand in `data`, if exactly once; else -1. */
+static Py_ssize_t only_place(const unsigned char *data, Py_ssize_t len, uint64_t value) {
+    unsigned char needle[8];
+    put_be64(needle, value);
+    Py_ssize_t at = -1;
+    for (Py_ssize_t i = 0; i + 8 <= len; i++)
+        if (data[i] == needle[0] && memcmp(data + i, needle, 8) == 0) {
+            if (at >= 0)
+                return -1;
+            at = i;
+        }
+    return at;
+}
+
+#define MAX_LAYOUTS 4096
+/* Probe values for the two offsets: their bytes spell "SHALE" and cannot pass for anything else in an answer. */
+#define PROBE_BASE 0x5348414c45424153ULL
+#define PROBE_START 0x5348414c45535441ULL
+
+/* The framed answer to a one-partition Produce. An answer of the same version, topic and partition differs from
+ * the last one only in three fixed-width numbers (the correlation id, the base offset, the log start offset), so
+ * the encoder's output for probe values is kept as a layout, `path.answers[(version, topic, partition)]` =
+ * (bytes, base offset's position, log start offset's position or -1 before v5, which has none), found by where
+ * the probe values came out; the next answers are that copy with the numbers written in. Encoding a dict cost more than the rest of the answer
+ * path on a server woken for each request (issue 18). */
+static PyObject *answer(PyObject *path, int version, int32_t correlation_id, PyObject *name, PyObject *index,
+                        long long base_offset, long long log_start) {
+    PyObject *answers = attr(path, N_ANSWERS);
+    if (answers == NULL)
+        return NULL;
+    PyObject *result = NULL, *layout = NULL;
+    PyObject *key = Py_BuildValue("(iOO)", version, name, index);
+    if (key == NULL || !PyDict_Check(answers))
+        goto done;
+    layout = Py_XNewRef(PyDict_GetItemWithError(answers, key));
+    if (layout == NULL && !PyErr_Occurred()) {
+        PyObject *probe = encode_answer(path, version, 0, name, index, (long long)PROBE_BASE, (long long)PROBE_START);
+        if (probe == NULL)
+            goto done;
+        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(probe);
+        const Py_ssize_t len = PyBytes_GET_SIZE(probe);
+        const Py_ssize_t at_base = only_place(p, len, PROBE_BASE);
+        Py_ssize_t at_start = only_place(p, len, PROBE_START);
+        if (at_start < 0) { /* not in this version's answer (v3-4), if another value leaves the answer the same */
+            PyObject *again = encode_answer(path, version, 0, name, index, (long long)PROBE_BASE,
+                                            (long long)(PROBE_START ^ 0xff));
+            if (again == NULL) {
+                Py_DECREF(probe);
+                goto done;
+            }
+            if (PyBytes_GET_SIZE(again) != len || memcmp(PyBytes_AS_STRING(again), p, len) != 0)
+                at_start = -2; /* there, but not found once: no layout */
+            Py_DECREF(again);
+        }
+        if (at_base >= 8 && at_start != -2 && (at_start < 0 || at_start >= 8) && PyDict_GET_SIZE(answers) < MAX_LAYOUTS) {
+            layout = Py_BuildValue("(Onn)", probe, at_base, at_start);
+            if (layout == NULL || PyDict_SetItem(answers, key, layout) < 0) {
+                Py_DECREF(probe);
+                goto done;
+            }
+        }
+        Py_DECREF(probe);
+        if (layout == NULL) /* no layout to keep: the encoder answers this one */
+            result = encode_answer(path, version, correlation_id, name, index, base_offset, log_start);
+    }
+    if (layout != NULL) {
+        PyObject *bytes = PyTuple_GET_ITEM(layout, 0);
+        const Py_ssize_t at_base = PyLong_AsSsize_t(PyTuple_GET_ITEM(layout, 1));
+        const Py_ssize_t at_start = PyLong_AsSsize_t(PyTuple_GET_ITEM(layout, 2));
+        result = PyBytes_FromStringAndSize(PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
+        if (result != NULL) {
+            unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+            put_be32(out + 4, (uint32_t)correlation_id); /* after the size prefix: the response header's first field */
+            put_be64(out + at_base, (uint64_t)base_offset);
+            if (at_start >= 0)
+                put_be64(out + at_start, (uint64_t)log_start);
+        }
+    }
+done:
+    Py_XDECREF(layout);
+    Py_XDECREF(key);
+    Py_DECREF(answers);
+    return result;
 }
 
 /* The work of produce() once the frame decoded as a Produce: the answer, None to decline, NULL on error. */
@@ -129,37 +266,13 @@ static PyObject *take(PyObject *path, PyObject *body, int version, int32_t corre
         goto done;
     }
     PyObject *log_start = attr(log, N_LOG_START_OFFSET);
-    PyObject *answer = log_start == NULL ? NULL : answer_body(name, index, PyTuple_GET_ITEM(info, 0), log_start);
-    Py_XDECREF(log_start);
-    if (answer == NULL)
+    if (log_start == NULL)
         goto done;
-    PyObject *encoders = attr(path, N_ENCODERS), *encode = attr(path, N_ENCODE);
-    PyObject *key = PyLong_FromLong(version);
-    PyObject *found = key == NULL || encoders == NULL ? NULL : PyDict_GetItemWithError(encoders, key); /* borrowed */
-    Py_XDECREF(key);
-    if (found != NULL && encode != NULL && PyTuple_Check(found) && PyTuple_GET_SIZE(found) == 3) {
-        /* (program, flexible, header tags): compiled_codec.response_program */
-        PyObject *tags = PyTuple_GET_ITEM(found, 2);
-        const Py_ssize_t ntags = PyBytes_Check(tags) ? PyBytes_GET_SIZE(tags) : 0;
-        PyObject *head = PyBytes_FromStringAndSize(NULL, 4 + ntags);
-        if (head != NULL) {
-            unsigned char *h = (unsigned char *)PyBytes_AS_STRING(head);
-            h[0] = (unsigned char)(correlation_id >> 24);
-            h[1] = (unsigned char)(correlation_id >> 16);
-            h[2] = (unsigned char)(correlation_id >> 8);
-            h[3] = (unsigned char)correlation_id;
-            if (ntags)
-                memcpy(h + 4, PyBytes_AS_STRING(tags), ntags);
-            result = PyObject_CallFunctionObjArgs(encode, PyTuple_GET_ITEM(found, 0), PyTuple_GET_ITEM(found, 1), head,
-                                                  answer, Py_True, NULL);
-            Py_DECREF(head);
-        }
-    } else if (!PyErr_Occurred()) {
-        PyErr_Format(PyExc_RuntimeError, "no compiled encoder for Produce v%d", version);
-    }
-    Py_XDECREF(encoders);
-    Py_XDECREF(encode);
-    Py_DECREF(answer);
+    const long long base_offset = PyLong_AsLongLong(PyTuple_GET_ITEM(info, 0)), lso = PyLong_AsLongLong(log_start);
+    Py_DECREF(log_start);
+    if ((base_offset == -1 || lso == -1) && PyErr_Occurred())
+        goto done;
+    result = answer(path, version, correlation_id, name, index, base_offset, lso);
 done:
     if (declined) {
         PyErr_Clear(); /* whatever failed before the append, Python's path meets it again and names it */

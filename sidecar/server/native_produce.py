@@ -16,7 +16,7 @@ no SASL session (which re-checks each request's session lifetime).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import crc32c
@@ -54,6 +54,9 @@ class NativeProduce:
     events: dict  # the broker's parked fetches by partition: poked only when some fetch waits
     poke: Callable[[str, int], None]
     observe: Callable[[str, float], None] | None
+    # (version, topic, partition) -> (the encoder's answer for probe values, where the base offset and the log start
+    # offset stand in it): filled by the C call, which writes the next answers into copies of it
+    answers: dict[tuple[int, str, int], tuple[bytes, int, int]] = field(default_factory=dict)
 
 
 def native_produce(broker: Broker, versions: tuple[int, int]) -> NativeProduce | None:

@@ -140,6 +140,8 @@ def test_each_version_is_answered_as_the_handler_answers(tmp_path, answered, ver
         got = exchange(pair, frames)
         assert got["native"] == got["handler"]
         assert pair.files("native") == pair.files("handler")
+        # answers after the first native one are copies of the encoder's layout with the numbers written in
+        assert (version, "t", 0) in pair.brokers["native"]._native.answers
     taken = [a for a in answered if a is not None]
     # The first append to an empty segment is Python's (the rolling timestamp); the rest are the C call's,
     # one index entry (the page's first, allocated by Python) aside; the handler broker never calls it.
