@@ -216,7 +216,10 @@ class Connection(asyncio.BufferedProtocol):
         return self.transport.get_extra_info("ssl_object") is None
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        buf, start, end = self._buf, self._start, self._end
+        buf = self._buf
+        if self._end == 0 and len(buf) <= self.KEEP_BYTES:  # nothing pending (reset to 0 then): all of the buffer
+            return memoryview(buf)
+        start, end = self._start, self._end
         pending = end - start
         if not pending and len(buf) > self.KEEP_BYTES:
             # Cut back after a huge frame, in place (no view of the buffer is held between reads); the next
@@ -325,7 +328,10 @@ class Connection(asyncio.BufferedProtocol):
         if (nbytes < 12 or self._frames or self._writing_paused or self._eof or self._refused
                 or _SIZE.unpack_from(self._buf, start)[0] != nbytes - 4 or nbytes - 4 > self.max_frame):
             return False
-        answer = self._answer_natively(start + 4, end)
+        try:
+            answer = self.native(self._buf, start + 4, end)  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - as in _answer_natively (one call fewer on the usual path)
+            answer = self._native_failed()
         if answer is None:
             return None
         self._start = self._end = 0
@@ -340,11 +346,15 @@ class Connection(asyncio.BufferedProtocol):
         try:
             return self.native(self._buf, start, end)  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - logged with its traceback; the client sees the connection close
-            logger.exception("closing connection of client at %s: the native Produce path failed", self.peername())
-            self.native = None
-            self._eof = True  # nothing after it is handled; connection_lost releases what is left
-            self.transport.abort()
-            return b""
+            return self._native_failed()
+
+    def _native_failed(self) -> bytes:
+        """After `native` raised (called in an `except` block): log it, end the connection, answer nothing."""
+        logger.exception("closing connection of client at %s: the native Produce path failed", self.peername())
+        self.native = None
+        self._eof = True  # nothing after it is handled; connection_lost releases what is left
+        self.transport.abort()
+        return b""
 
     def _set_reading(self, *, queue_full: bool | None = None, memory_spent: bool | None = None) -> None:
         """Pause or resume the transport for the two reasons to stop reading: frames not taken, memory spent."""
