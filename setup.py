@@ -1,9 +1,11 @@
 """Only the compiled part of the build; everything else is in pyproject.toml.
 
-`pip install -e .` (and `make test`) compiles the cleaner's hot loops and the codec's schema
-interpreter with the machine's C compiler. Both modules are optional at run time: without them
-the cleaner runs its pure-Python loops (sidecar/log/cleaner_kernel.py) and the codec its generated
-Python (sidecar/protocol/generated_codec.py), but the test suite requires them to be built.
+`pip install -e .` (and `make test`) compiles the log engine's hot loops (the cleaner's, a produced set's
+check and append), the codec's schema interpreter and the native Produce path with the machine's C compiler.
+All three are optional at run time: without them the cleaner runs its pure-Python loops
+(sidecar/log/cleaner_kernel.py), `Log.append` its Python, the codec its generated Python
+(sidecar/protocol/generated_codec.py) and every request the Python path, but the test suite requires them
+to be built.
 """
 
 from setuptools import Extension, setup

@@ -1,9 +1,10 @@
 /*
  * The log engine's per-record hot loops in C: the cleaner's two passes (see cleaner_kernel.py, which
- * dispatches here), the record-framing walk of produce validation (records.py) and a leader's whole check and
- * offset assignment of a produced record set (log.py: Log.append).
+ * dispatches here), the record-framing walk of produce validation (records.py), a leader's whole check and
+ * offset assignment of a produced record set, and a single replica's whole append of one (log.py: Log.append,
+ * Log.append_in_c).
  *
- * Both functions work on the *uncompressed* records of one v2 batch (the bytes after
+ * The cleaner's two functions work on the *uncompressed* records of one v2 batch (the bytes after
  * recordsCount) and on the OffsetMap's bytearray, with exactly offset_map.py's slot layout:
  *
  *   slot (24 bytes, big-endian): offset delta + 1 (uint32, 0 = empty), tag (0-19: inline key

@@ -18,13 +18,13 @@ enum {
     N_WAITING, N_DECODERS, N_ENCODERS, N_ENCODE, N_LOCAL_LOG, N_APPEND, N_FILES, N_CRC32C, N_WALL_CLOCK, N_EVENTS, N_POKE,
     N_OBSERVE, N_TRANSACTIONAL_ID, N_ACKS, N_TOPIC_DATA, N_PARTITION_DATA, N_NAME, N_INDEX, N_RECORDS,
     N_LOG_START_OFFSET, N_RESPONSES, N_PARTITION_RESPONSES, N_ERROR_CODE, N_BASE_OFFSET, N_LOG_APPEND_TIME_MS,
-    N_THROTTLE_TIME_MS, N_PRODUCE, N_ANSWERS, N_NAMES
+    N_THROTTLE_TIME_MS, N_PRODUCE, N_ANSWERS, N_ENCODE_RESPONSE, N_NAMES
 };
 static const char *const name_text[N_NAMES] = {
     "waiting", "decoders", "encoders", "encode", "local_log", "append", "files", "crc32c", "wall_clock", "events", "poke",
     "observe", "transactional_id", "acks", "topic_data", "partition_data", "name", "index", "records",
     "log_start_offset", "responses", "partition_responses", "error_code", "base_offset", "log_append_time_ms",
-    "throttle_time_ms", "Produce", "answers",
+    "throttle_time_ms", "Produce", "answers", "encode_response",
 };
 static PyObject *names[N_NAMES];
 static PyObject *zero, *minus_one;
@@ -145,8 +145,12 @@ static PyObject *answer(PyObject *path, int version, int32_t correlation_id, PyO
         return NULL;
     PyObject *result = NULL, *layout = NULL;
     PyObject *key = Py_BuildValue("(iOO)", version, name, index);
-    if (key == NULL || !PyDict_Check(answers))
+    if (key == NULL)
         goto done;
+    if (!PyDict_Check(answers)) {
+        PyErr_SetString(PyExc_TypeError, "NativeProduce.answers is not a dict");
+        goto done;
+    }
     layout = Py_XNewRef(PyDict_GetItemWithError(answers, key));
     if (layout == NULL && !PyErr_Occurred()) {
         PyObject *probe = encode_answer(path, version, 0, name, index, (long long)PROBE_BASE, (long long)PROBE_START);
@@ -273,6 +277,19 @@ static PyObject *take(PyObject *path, PyObject *body, int version, int32_t corre
     if ((base_offset == -1 || lso == -1) && PyErr_Occurred())
         goto done;
     result = answer(path, version, correlation_id, name, index, base_offset, lso);
+    if (result == NULL) {
+        /* The record is in the log: it must be answered, not retried into a second copy. codec.encode_response
+         * tries the compiled encoder, then the generated one, then the reference, as the handler's answer would. */
+        PyErr_Clear();
+        PyObject *fallback = attr(path, N_ENCODE_RESPONSE);
+        PyObject *body = NULL, *base = PyLong_FromLongLong(base_offset), *start = PyLong_FromLongLong(lso);
+        if (fallback != NULL && base != NULL && start != NULL && (body = answer_body(name, index, base, start)) != NULL)
+            result = PyObject_CallFunction(fallback, "iiiO", API_PRODUCE, version, (int)correlation_id, body);
+        Py_XDECREF(fallback);
+        Py_XDECREF(body);
+        Py_XDECREF(base);
+        Py_XDECREF(start);
+    }
 done:
     if (declined) {
         PyErr_Clear(); /* whatever failed before the append, Python's path meets it again and names it */

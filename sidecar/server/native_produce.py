@@ -54,6 +54,9 @@ class NativeProduce:
     events: dict  # the broker's parked fetches by partition: poked only when some fetch waits
     poke: Callable[[str, int], None]
     observe: Callable[[str, float], None] | None
+    # (api key, version, correlation id, body) -> the framed answer through the whole codec (compiled, generated,
+    # reference): what answers an appended record when the compiled encoder could not
+    encode_response: Callable[[int, int, int, dict], bytes] = functools.partial(codec.encode_response, framed=True)
     # (version, topic, partition) -> (the encoder's answer for probe values, where the base offset and the log start
     # offset stand in it): filled by the C call, which writes the next answers into copies of it
     answers: dict[tuple[int, str, int], tuple[bytes, int, int]] = field(default_factory=dict)

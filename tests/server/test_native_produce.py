@@ -119,11 +119,12 @@ def read_frame(sock: socket.socket) -> bytes:
     return data
 
 
-def exchange(pair: Brokers, frames: list[bytes], silent: tuple[int, ...] = ()) -> dict[str, list[bytes]]:
-    """Send `frames` to each broker on one connection, each after the answer to the one before (none comes for
-    the frames numbered in `silent`, acks=0): the answers, per broker."""
+def exchange(pair: Brokers, frames: list[bytes], silent: tuple[int, ...] = (),
+             kinds: tuple[str, ...] = ("native", "handler")) -> dict[str, list[bytes]]:
+    """Send `frames` to each broker of `kinds` on one connection, each after the answer to the one before (none
+    comes for the frames numbered in `silent`, acks=0): the answers, per broker."""
     out = {}
-    for kind in ("native", "handler"):
+    for kind in kinds:
         with pair.connect(kind) as sock:
             out[kind] = []
             for i, frame in enumerate(frames):
@@ -249,18 +250,46 @@ def test_answers_leave_in_request_order_behind_a_parked_fetch(tmp_path, answered
         assert pair.brokers["native"].memory.used == 0
 
 
-def test_a_failure_after_the_append_closes_the_connection_and_keeps_the_record(tmp_path, answered, caplog):
-    """A bug after the append (here: no encoder for the version) must not answer twice or lose the record."""
+def test_an_encoder_failure_after_the_append_is_answered_through_the_codec(tmp_path, answered):
+    """The record is in the log once the C append returns: an answer must come (a retry would append it again),
+    from codec.encode_response's encoders when the compiled one cannot."""
+    with brokers(tmp_path) as pair:
+        pair.brokers["native"]._native = None  # built again for the connection below, then broken
+        frames = [produce(9, i, batch(i)) for i in range(3)]
+        with pair.connect("native") as sock:
+            sock.sendall(frames[0])
+            first = read_frame(sock)
+            broker = pair.brokers["native"]
+            broker._native.encoders.clear()
+            broker._native.answers.clear()
+            sock.sendall(frames[1])
+            second = read_frame(sock)
+            sock.sendall(frames[2])
+            third = read_frame(sock)
+        assert answered[-2:] == [struct.pack(">i", len(second)) + second, struct.pack(">i", len(third)) + third]
+        expected = exchange(pair, frames, kinds=("handler",))["handler"]
+        assert [first, second, third] == expected
+        assert broker.registry.local_log("t", 0).log_end_offset == 3
+
+
+def test_a_failure_after_the_append_closes_the_connection_and_keeps_the_record(tmp_path, answered, caplog,
+                                                                               monkeypatch):
+    """A bug after the append (here: waking the waiting fetches raises) must not answer twice or lose the record:
+    the connection closes, as when a handler fails, and the failure is logged with its traceback."""
     with brokers(tmp_path) as pair, pair.connect("native") as sock:
         sock.sendall(produce(9, 0, batch(0)))
         read_frame(sock)
         broker = pair.brokers["native"]
-        broker._native.encoders.clear()
+
+        def broken(topic, partition):
+            raise RuntimeError(f"poke of {topic}-{partition} failed")
+        broker._native.poke = broken
+        broker._events[TopicPartition("t", 1)] = set()  # some fetch waits somewhere: the C call pokes
         sock.sendall(produce(9, 1, batch(1)))
         assert sock.recv(4) == b"", "the connection is closed without an answer"
         assert broker.registry.local_log("t", 0).log_end_offset == 2
         assert broker.memory.used == 0
-    assert "the native Produce path failed" in caplog.text and "no compiled encoder for Produce v9" in caplog.text
+    assert "the native Produce path failed" in caplog.text and "poke of t-0 failed" in caplog.text
 
 
 def test_the_request_memory_is_back_to_zero_after_native_answers(tmp_path, answered):
