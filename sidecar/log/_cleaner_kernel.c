@@ -1338,8 +1338,9 @@ done:
     return result;
 }
 
-/* append_produced(log, data, files, crc32c, one_batch, wall_clock) -> (first_offset, last_offset, max_timestamp,
- * max_timestamp_offset, -1, batches, size), or None.
+/* append_produced(files, crc32c, wall_clock, log, data, one_batch) -> (first_offset, last_offset, max_timestamp,
+ * max_timestamp_offset, -1, batches, size), or None. The engine's three fixed arguments come first, so that
+ * log.py binds them once (`functools.partial`) for every caller.
  *
  * Log.append(data) for a leader without a leader epoch (one replica), in one call: under the log's lock, if no
  * other thread holds it, checks and numbers the set as prepare_produce does, writes it at the end of the active
@@ -1352,13 +1353,14 @@ done:
 static PyObject *append_produced(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "append_produced(log, data, files, crc32c, one_batch, wall_clock) takes 6 arguments");
+                        "append_produced(files, crc32c, wall_clock, log, data, one_batch) takes 6 arguments");
         return NULL;
     }
-    const int one_batch = PyObject_IsTrue(args[4]);
+    PyObject *files = args[0], *crc_fn = args[1], *wall_clock = args[2], *log = args[3], *data = args[4];
+    const int one_batch = PyObject_IsTrue(args[5]);
     if (one_batch < 0)
         return NULL;
-    PyObject *lock = PyObject_GetAttr(args[0], names[N_LOCK]);
+    PyObject *lock = PyObject_GetAttr(log, names[N_LOCK]);
     if (lock == NULL)
         return NULL;
     PyObject *got = PyObject_CallMethodOneArg(lock, names[N_ACQUIRE], Py_False);
@@ -1368,7 +1370,7 @@ static PyObject *append_produced(PyObject *self, PyObject *const *args, Py_ssize
         Py_DECREF(lock);
         return held < 0 ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *result = locked_append(args[0], args[1], args[2], args[3], one_batch, args[5]);
+    PyObject *result = locked_append(log, data, files, crc_fn, one_batch, wall_clock);
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback); /* the lock is let go whatever happened */
     PyObject *released = PyObject_CallMethodNoArgs(lock, names[N_RELEASE]);
@@ -1489,7 +1491,7 @@ static PyMethodDef methods[] = {
      "(last_offset, max_timestamp, max_timestamp_offset, batches, producer_batches) with offsets and epochs written "
      "into buf, or None."},
     {"append_produced", (PyCFunction)(void (*)(void))append_produced, METH_FASTCALL,
-     "append_produced(log, data, files, crc32c, one_batch, wall_clock) -> a leader's Log.append of a produced set in one call (the "
+     "append_produced(files, crc32c, wall_clock, log, data, one_batch) -> a leader's Log.append of a produced set in one call (the "
      "AppendInfo fields as a tuple), or None for Python's path."},
     {NULL, NULL, 0, NULL},
 };

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import functools
 import logging
 import os
 import random
@@ -71,6 +72,14 @@ MAX_TIMESTAMP = -3
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def append_in_c_call() -> Callable[[Log, bytes | bytearray | memoryview, bool], tuple | None] | None:
+    """`Log.append_in_c`'s C call without its Python frame, `(log, data, one_batch) -> AppendInfo's fields or None`,
+    for a caller in C (the native Produce path); None without the compiled extension."""
+    if _append_produced is None:
+        return None
+    return functools.partial(_append_produced, SEGMENT_FILES, crc32c.crc32c, now_ms)
 
 
 @dataclass(slots=True)
@@ -423,7 +432,7 @@ class Log:
         """
         if _append_produced is None:
             return None
-        done = _append_produced(self, data, SEGMENT_FILES, crc32c.crc32c, one_batch, now_ms)
+        done = _append_produced(SEGMENT_FILES, crc32c.crc32c, now_ms, self, data, one_batch)
         return None if done is None else AppendInfo(*done)
 
     def _assign(self, data: bytes | bytearray | memoryview, now: int, assign_offsets: bool, leader_epoch: int | None,

@@ -15,13 +15,13 @@
 #include <time.h>
 
 enum {
-    N_WAITING, N_DECODERS, N_ENCODERS, N_ENCODE, N_LOCAL_LOG, N_APPEND, N_FILES, N_CRC32C, N_WALL_CLOCK, N_EVENTS, N_POKE,
+    N_WAITING, N_DECODERS, N_ENCODERS, N_ENCODE, N_LOCAL_LOG, N_APPEND, N_EVENTS, N_POKE,
     N_OBSERVE, N_TRANSACTIONAL_ID, N_ACKS, N_TOPIC_DATA, N_PARTITION_DATA, N_NAME, N_INDEX, N_RECORDS,
     N_LOG_START_OFFSET, N_RESPONSES, N_PARTITION_RESPONSES, N_ERROR_CODE, N_BASE_OFFSET, N_LOG_APPEND_TIME_MS,
     N_THROTTLE_TIME_MS, N_PRODUCE, N_ANSWERS, N_ENCODE_RESPONSE, N_NAMES
 };
 static const char *const name_text[N_NAMES] = {
-    "waiting", "decoders", "encoders", "encode", "local_log", "append", "files", "crc32c", "wall_clock", "events", "poke",
+    "waiting", "decoders", "encoders", "encode", "local_log", "append", "events", "poke",
     "observe", "transactional_id", "acks", "topic_data", "partition_data", "name", "index", "records",
     "log_start_offset", "responses", "partition_responses", "error_code", "base_offset", "log_append_time_ms",
     "throttle_time_ms", "Produce", "answers", "encode_response",
@@ -227,14 +227,10 @@ static PyObject *take(PyObject *path, PyObject *body, int version, int32_t corre
     Py_CLEAR(tmp);
     if (log == NULL || log == Py_None)
         goto done;
-    PyObject *append = attr(path, N_APPEND), *files = attr(path, N_FILES), *crc = attr(path, N_CRC32C);
-    PyObject *wall_clock = attr(path, N_WALL_CLOCK);
-    if (append != NULL && files != NULL && crc != NULL && wall_clock != NULL)
-        info = PyObject_CallFunctionObjArgs(append, log, records, files, crc, Py_True, wall_clock, NULL);
+    PyObject *append = attr(path, N_APPEND); /* log.APPEND_IN_C: (log, data, one_batch) */
+    if (append != NULL)
+        info = PyObject_CallFunctionObjArgs(append, log, records, Py_True, NULL);
     Py_XDECREF(append);
-    Py_XDECREF(files);
-    Py_XDECREF(crc);
-    Py_XDECREF(wall_clock);
     if (info == NULL || info == Py_None)
         goto done;
     declined = 0; /* appended: from here on the request is answered, or the error propagates */

@@ -19,20 +19,16 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-import crc32c
-
-from shale.sidecar.log.log import Log, now_ms
-from shale.sidecar.log.open_files import SEGMENT_FILES, OpenFiles
+from shale.sidecar.log.log import Log, append_in_c_call
 from shale.sidecar.protocol import codec, compiled_codec
 
 if TYPE_CHECKING:
     from shale.sidecar.server.broker import Broker
 
 try:
-    from shale.sidecar.log._cleaner_kernel import append_produced as _append_produced
     from shale.sidecar.server._native_produce import produce as _produce
-except ImportError:  # pragma: no cover - a checkout without the compiled extensions
-    _append_produced = _produce = None
+except ImportError:  # pragma: no cover - a checkout without the compiled extension
+    _produce = None
 
 API_PRODUCE = 0
 FIRST_BATCH_VERSION = 3  # Produce v3+ carries v2 record batches; v0-2 are refused (by the handler, as ever)
@@ -47,10 +43,7 @@ class NativeProduce:
     encoders: dict[int, tuple[tuple, bool, bytes]]
     encode: Callable
     local_log: Callable[[str, int], Log | None]
-    append: Callable
-    files: OpenFiles
-    crc32c: Callable[[Any], int]
-    wall_clock: Callable[[], int]  # log.now_ms: a log with this clock has it read in C
+    append: Callable  # log.append_in_c_call(): (log, data, one_batch) -> AppendInfo's fields or None
     events: dict  # the broker's parked fetches by partition: poked only when some fetch waits
     poke: Callable[[str, int], None]
     observe: Callable[[str, float], None] | None
@@ -64,16 +57,16 @@ class NativeProduce:
 
 def native_produce(broker: Broker, versions: tuple[int, int]) -> NativeProduce | None:
     """The broker's native Produce for the served `versions` (lo, hi); None without the compiled extensions."""
-    if _produce is None or _append_produced is None or not compiled_codec.available:
+    append = append_in_c_call()
+    if _produce is None or append is None or not compiled_codec.available:
         return None
     request, response = codec.request_class(API_PRODUCE), codec.response_class(API_PRODUCE)
     served = range(max(versions[0], FIRST_BATCH_VERSION), versions[1] + 1)
     return NativeProduce(
         decoders={v: compiled_codec.request_decoder(request, v) for v in served},
         encoders={v: compiled_codec.response_program(response, v) for v in served},
-        encode=compiled_codec.encode, local_log=broker.registry.local_log, append=_append_produced,
-        files=SEGMENT_FILES, crc32c=crc32c.crc32c, wall_clock=now_ms, events=broker._events, poke=broker.poke_partition,
-        observe=broker._observe)
+        encode=compiled_codec.encode, local_log=broker.registry.local_log, append=append, events=broker._events,
+        poke=broker.poke_partition, observe=broker._observe)
 
 
 def answerer(path: NativeProduce, replies: Any) -> Callable[[bytearray, int, int], bytes | None]:

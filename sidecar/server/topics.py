@@ -183,14 +183,14 @@ class TopicRegistry:
     def local_log(self, topic: str | None, partition: int) -> Log | None:
         """The log of a partition this node leads, or None (unknown topic/partition, or led elsewhere).
 
-        Without replication it is one call, `leader` inlined: every Produce asks it (issue 18)."""
+        Without replication it is one call and `spec.node_of`, not `leader`'s two: every Produce asks it (issue 18)."""
         if self.replication is not None:
             if topic is None or self.leader(topic, partition) != self.node.node_id:
                 return None
             return self.replication.leader_log(TopicPartition(topic, partition))
         spec = self.topics.get(topic)  # type: ignore[arg-type]
-        if (spec is None or not 0 <= partition < spec.partitions
-                or (spec.assignment is not None and spec.assignment[partition][0] != self.node.node_id)):
+        node = self.node.node_id
+        if spec is None or not 0 <= partition < spec.partitions or spec.node_of(partition, node) != node:
             return None
         return self.log_dir.logs.get((topic, partition))  # type: ignore[call-overload]  # == its TopicPartition
 

@@ -215,7 +215,7 @@ def test_a_log_locked_by_another_thread_is_left_to_python(tmp_path, monkeypatch)
     other.start()
     try:
         assert held.wait(10)
-        assert append_produced(log, one_record(1), SEGMENT_FILES, crc32c.crc32c, False, log_module.now_ms) is None
+        assert append_produced(SEGMENT_FILES, crc32c.crc32c, log_module.now_ms, log, one_record(1), False) is None
         assert log.log_end_offset == 1 and not log.lock._is_owned()
     finally:
         release.set()

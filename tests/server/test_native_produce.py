@@ -112,6 +112,15 @@ def produce(version: int, correlation_id: int, records: bytes | None, *, acks: i
         "topic_data": [{"name": topic, "partition_data": [{"index": p, "records": records} for p in partitions]}]})
 
 
+def fetch(correlation_id: int, *, partition: int, offset: int, max_wait_ms: int) -> bytes:
+    """A consumer's Fetch v12 of topic t's `partition` from `offset`, waiting up to `max_wait_ms` for a byte."""
+    return encode_request(1, 12, correlation_id, "native-test", {
+        "replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1, "topics": [{"topic": "t", "partitions": [
+            {"partition": partition, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
+             "current_leader_epoch": -1, "log_start_offset": -1}]}]})
+
+
 def read_frame(sock: socket.socket) -> bytes:
     size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
     data = sock.recv(size, socket.MSG_WAITALL)
@@ -213,12 +222,7 @@ def test_a_native_append_wakes_a_parked_fetch(tmp_path, answered):
     with brokers(tmp_path) as pair, pair.connect("native") as producer, pair.connect("native") as consumer:
         producer.sendall(produce(9, 0, batch(0)))  # the segment's first batch: Python's
         read_frame(producer)
-        fetch = encode_request(1, 12, 5, "native-test", {
-            "replica_id": -1, "max_wait_ms": 30000, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
-            "session_id": 0, "session_epoch": -1, "topics": [{"topic": "t", "partitions": [
-                {"partition": 0, "fetch_offset": 1, "partition_max_bytes": 1 << 20, "current_leader_epoch": -1,
-                 "log_start_offset": -1}]}]})
-        consumer.sendall(fetch)
+        consumer.sendall(fetch(5, partition=0, offset=1, max_wait_ms=30000))
         tp = TopicPartition("t", 0)
         for _ in range(100):  # until the fetch is parked at the broker
             if pair.brokers["native"]._events.get(tp):
@@ -238,12 +242,7 @@ def test_answers_leave_in_request_order_behind_a_parked_fetch(tmp_path, answered
     with brokers(tmp_path) as pair, pair.connect("native") as sock:
         sock.sendall(produce(9, 0, batch(0)))
         read_frame(sock)
-        fetch = encode_request(1, 12, 1, "native-test", {
-            "replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
-            "session_id": 0, "session_epoch": -1, "topics": [{"topic": "t", "partitions": [
-                {"partition": 1, "fetch_offset": 0, "partition_max_bytes": 1 << 20, "current_leader_epoch": -1,
-                 "log_start_offset": -1}]}]})
-        sock.sendall(fetch + produce(9, 2, batch(1)))
+        sock.sendall(fetch(1, partition=1, offset=0, max_wait_ms=500) + produce(9, 2, batch(1)))
         order = [struct.unpack_from(">i", read_frame(sock))[0] for _ in range(2)]
         assert order == [1, 2]
         assert pair.brokers["native"].registry.local_log("t", 0).log_end_offset == 2
