@@ -1,8 +1,8 @@
 """Only the compiled part of the build; everything else is in pyproject.toml.
 
 `pip install -e .` (and `make test`) compiles the log engine's hot loops (the cleaner's, a produced set's
-check and append), the codec's schema interpreter and the native Produce path with the machine's C compiler.
-All three are optional at run time: without them the cleaner runs its pure-Python loops
+check and append), the codec's schema interpreter, the native Produce path and the node's I/O thread with the
+machine's C compiler. All four are optional at run time: without them the cleaner runs its pure-Python loops
 (sidecar/log/cleaner_kernel.py), `Log.append` its Python, the codec its generated Python
 (sidecar/protocol/generated_codec.py) and every request the Python path, but the test suite requires them
 to be built.
@@ -20,6 +20,11 @@ setup(
         Extension(
             "shale.sidecar.server._native_produce",
             sources=["sidecar/server/_native_produce.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        ),
+        Extension(
+            "shale.sidecar.server._io_thread",
+            sources=["sidecar/server/_io_thread.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),
         Extension(

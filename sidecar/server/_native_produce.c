@@ -28,6 +28,9 @@ static const char *const name_text[N_NAMES] = {
 };
 static PyObject *names[N_NAMES];
 static PyObject *zero, *minus_one;
+/* Appends made by this module, counted before the parked fetches are looked at: a Fetch that read the log and
+ * parks from another thread than the I/O thread's compares it before and after parking (Broker._park). */
+static unsigned long long appends;
 
 #define API_PRODUCE 0
 
@@ -234,6 +237,7 @@ static PyObject *take(PyObject *path, PyObject *body, int version, int32_t corre
     if (info == NULL || info == Py_None)
         goto done;
     declined = 0; /* appended: from here on the request is answered, or the error propagates */
+    appends++;
     PyObject *events = attr(path, N_EVENTS);
     if (events == NULL)
         goto done;
@@ -409,7 +413,10 @@ static PyObject *observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+static PyObject *appended(PyObject *self, PyObject *unused) { return PyLong_FromUnsignedLongLong(appends); }
+
 static PyMethodDef methods[] = {
+    {"appended", appended, METH_NOARGS, "appended() -> how many appends produce() has made in this process."},
     {"produce", (PyCFunction)(void (*)(void))produce, METH_FASTCALL,
      "produce(path, replies, buf, start, end) -> a one-partition Produce's framed answer (b\"\" for acks=0), or None for "
      "Python's path."},

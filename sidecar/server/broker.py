@@ -32,6 +32,7 @@ import resource
 import socket
 import ssl
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -55,7 +56,8 @@ from shale.sidecar.server import eager
 from shale.sidecar.server.channel import Channel, FailedAuthentication
 from shale.sidecar.server.connection import MAX_FRAME_BYTES, Connection, FileRange, RequestMemory
 from shale.sidecar.server.listener_security import ListenerSecurity
-from shale.sidecar.server.native_produce import FIRST_BATCH_VERSION, NativeProduce, answerer, native_produce
+from shale.sidecar.server.io_thread import IoThread, available as io_thread_available
+from shale.sidecar.server.native_produce import FIRST_BATCH_VERSION, NativeProduce, answerer, appended, native_produce
 from shale.sidecar.server.topics import TopicRegistry, topic_uuid
 from shale.sidecar.server.transaction_verification import (
     CONTROL_FROM_CLIENT,
@@ -259,6 +261,7 @@ class Broker:
         listeners: Sequence[ListenerSecurity] | None = None,
         fetch_session_slots: int = 1000,
         consumer_fetch_sessions: bool = True,
+        io_thread: bool = True,
     ) -> None:
         self.registry = registry
         # max.incremental.fetch.session.cache.slots: the fetch sessions of followers and consumers (KIP-227).
@@ -288,6 +291,11 @@ class Broker:
         self._accept_logged = (float("-inf"), 0)  # (loop time of the last log line, accept_errors then)
         self._events: dict[TopicPartition, set[_ParkedFetch]] = {}  # the fetches parked on each partition
         self._native: NativeProduce | None = None  # built for the first connection that may use it
+        # The I/O thread that plain native connections lend their sockets to (io_thread.py), started with the
+        # native path when `io_thread`; `_loop_thread` is the event loop's thread, where fetches park.
+        self._io_wanted = io_thread and io_thread_available
+        self._io: IoThread | None = None
+        self._loop_thread: int | None = None
         self._connections: set[asyncio.Task] = set()
         # The transaction coordinator's check of a producer's first transactional batch to a partition
         # (transaction_verification.py); the default verifies nothing, as a node without a coordinator.
@@ -343,6 +351,8 @@ class Broker:
                 listening.retry.cancel()
             listening.sock.close()
         self._listening = []
+        if self._io is not None:  # its sockets come back to their connections, which end below
+            self._io.stop()
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -465,6 +475,8 @@ class Broker:
 
         conn.at_once = at_once
         conn.native = self._native_answerer(conn, replies)
+        if conn.native is not None and conn.transport.get_extra_info("ssl_object") is None:
+            conn.io = self._io  # plain bytes on the socket (TLS needs the ssl object): the I/O thread may serve it
         clean = True
         try:
             while True:
@@ -642,6 +654,9 @@ class Broker:
             self._native = native_produce(self, self.advertised[API_PRODUCE])
             if self._native is None:
                 return None
+            if self._io_wanted:
+                self._io = IoThread(asyncio.get_running_loop())
+                self._loop_thread = threading.get_ident()
         return answerer(self._native, replies)
 
     def _start(self, request: codec.Request, conn: ConnectionInfo) -> tuple[bool, Any]:
@@ -682,8 +697,14 @@ class Broker:
         self._poke(tp)
 
     def poke_partition(self, topic: str, partition: int) -> None:
-        """`poke` by name: the native Produce's call after an append while some fetch waits."""
-        self._poke(TopicPartition(topic, partition))
+        """`poke` by name: the native Produce's call after an append while some fetch waits (from the I/O thread,
+        through the loop)."""
+        tp = TopicPartition(topic, partition)
+        if self._loop_thread is None or threading.get_ident() == self._loop_thread:
+            self._poke(tp)
+        else:
+            self._io.loop.call_soon_threadsafe(self._poke, tp)  # type: ignore[union-attr]
+
 
     def topic_changed(self, name: str) -> None:
         """Wake the fetches waiting on a topic that changed: a deleted or moved partition answers now, as Kafka's
@@ -701,12 +722,16 @@ class Broker:
             if followers or not parked.follower:
                 parked.wake_up()
 
-    async def _park(self, tps: set[TopicPartition], deadline: float, follower: bool) -> None:
-        """Wait until one of `tps` is poked or the loop time reaches `deadline`."""
+    async def _park(self, tps: set[TopicPartition], deadline: float, follower: bool, since: int) -> None:
+        """Wait until one of `tps` is poked or the loop time reaches `deadline`. `since`: the count of native appends
+        before the fetch read its partitions; if the I/O thread appended since, it may not have seen this fetch
+        parked, so the fetch reads again at once."""
         loop = asyncio.get_running_loop()
         parked = _ParkedFetch(loop.create_future(), follower)
         for tp in tps:
             self._events.setdefault(tp, set()).add(parked)
+        if self._io is not None and appended() != since:
+            parked.wake_up()
         timer = loop.call_at(deadline, parked.wake_up)
         try:
             await parked.wake
@@ -968,9 +993,11 @@ class Broker:
             return {"throttle_time_ms": 0, "error_code": context.error, "session_id": 0, "responses": []}
         first = True
         while True:
-            # Reading and parking are one synchronous step (appends run on this loop too), so no append falls
+            # Reading and parking are one synchronous step for the appends made on this loop, so none falls
             # between them; a poke made by this very read (a follower's position raising the high watermark)
-            # does not wake it back.
+            # does not wake it back. The I/O thread's appends are counted: one made between the read and the
+            # parking wakes the fetch at once (`_park`).
+            since = appended() if self._io is not None else 0
             responses, total, errors = self._fetch_once(body, context.topics, first)
             first = False
             if total >= min_bytes or errors or loop.time() >= deadline:
@@ -979,7 +1006,7 @@ class Broker:
                       if self._hosts(topic, p.partition)}
             if not hosted:
                 break
-            await self._park(hosted, deadline, follower)
+            await self._park(hosted, deadline, follower, since)
         error, session_id, responses = context.answer(responses, int(loop.time() * 1000))
         return {"throttle_time_ms": 0, "error_code": error, "session_id": session_id, "responses": responses}
 

@@ -17,11 +17,14 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from shale.sidecar.protocol import codec
 from shale.sidecar.security.principal import ANONYMOUS, KafkaPrincipal
 from shale.sidecar.server.channel import Channel, Verdict
+
+if TYPE_CHECKING:
+    from shale.sidecar.server.io_thread import IoThread
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +154,9 @@ class Connection(asyncio.BufferedProtocol):
     a frame that arrives with none waiting before it is first offered to `at_once`, which may handle it then
     and there (no task wake-up, no loop iteration) and says so by returning True. Before it is even decoded, such
     a frame is offered to `native` (native_produce.py), which answers a one-record Produce in one C call or
-    returns None.
+    returns None. After a native answer with nothing pending, a plain connection lends its socket to the node's
+    I/O thread (`io`, io_thread.py), which makes that same call for the next frames without the event loop and
+    hands the socket back with whatever else it reads.
     """
 
     MIN_READ = 64 * 1024  # free space offered to each recv_into
@@ -180,6 +185,9 @@ class Connection(asyncio.BufferedProtocol):
         self._closed: asyncio.Future | None = None
         self.at_once: Callable[[Frame], bool] | None = None  # set by the connection's task
         self.native: Callable[[bytearray, int, int], bytes | None] | None = None  # likewise, where it may be used
+        self.io: IoThread | None = None  # the node's I/O thread, where this connection may lend it its socket
+        self._lent = False  # the socket is lent to `io` (not read here until it comes back)
+        self._ticket = 0  # the lending's, for `io.reclaim`
 
     # -- asyncio protocol callbacks --------------------------------------------------------------
 
@@ -248,7 +256,10 @@ class Connection(asyncio.BufferedProtocol):
         return memoryview(buf)[end:]
 
     def buffer_updated(self, nbytes: int) -> None:
-        native = self.native is not None
+        self._received(nbytes, self.native is not None)
+
+    def _received(self, nbytes: int, native: bool) -> None:
+        """`nbytes` more bytes at `_end`; `native`: the first complete frame may be offered to `native`."""
         if native and self._start == self._end:
             whole = self._answer_whole(nbytes)
             if whole:
@@ -337,6 +348,8 @@ class Connection(asyncio.BufferedProtocol):
         self._start = self._end = 0
         if answer:  # b"": acks=0, no answer at all
             self.transport.write(answer)
+        if self.io is not None and not self._lent:
+            self._lend()
         return True
 
     def _answer_natively(self, start: int, end: int) -> bytes | None:
@@ -348,22 +361,68 @@ class Connection(asyncio.BufferedProtocol):
         except Exception:  # noqa: BLE001 - logged with its traceback; the client sees the connection close
             return self._native_failed()
 
-    def _native_failed(self) -> bytes:
-        """After `native` raised (called in an `except` block): log it, end the connection, answer nothing."""
-        logger.exception("closing connection of client at %s: the native Produce path failed", self.peername())
+    def _native_failed(self, error: BaseException | None = None) -> bytes:
+        """After `native` raised (in an `except` block, or `error` from the I/O thread): log it, end the connection,
+        answer nothing."""
+        logger.error("closing connection of client at %s: the native Produce path failed", self.peername(),
+                     exc_info=error if error is not None else True)
         self.native = None
         self._eof = True  # nothing after it is handled; connection_lost releases what is left
         self.transport.abort()
         return b""
 
+    def _lend(self) -> None:
+        """Lend the socket to the node's I/O thread (io_thread.py) after a native answer, if nothing is pending: no
+        frame, nothing unwritten, reading not paused. The loop stops reading it until `_returned`."""
+        if self._reading_paused or self._lost or self.transport.get_write_buffer_size():
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return
+        self._lent = True
+        self._set_reading()
+        try:
+            self._ticket = self.io.lend(sock.fileno(), self, self.native)  # type: ignore[union-attr]
+        except OSError as exc:  # no descriptor to duplicate (EMFILE): this connection stays on the loop
+            logger.warning("client at %s stays on the event loop: its socket cannot be lent to the I/O thread: %s",
+                           self.peername(), exc)
+            self.io, self._lent = None, False
+            self._set_reading()
+
+    def _returned(self, received: bytes, declined: bool, unsent: bytes, error: BaseException | None) -> None:
+        """The I/O thread gave the socket back (io_thread.py; called on the loop): write `unsent`, the rest of its
+        last answer, then go on as if `received` had been read here. `declined`: `received` is one frame `native`
+        already declined, so it goes to the decoder. `error`: the native call failed after its append."""
+        if not self._lent:  # reclaimed since: the connection is closing
+            return
+        self._lent = False
+        if error is not None:
+            self._native_failed(error)
+            return
+        if unsent:
+            self.transport.write(unsent)
+        if received:
+            view = self.get_buffer(len(received))  # nothing is pending while lent: MIN_READ free at least
+            view[:len(received)] = received
+            view.release()
+            self._received(len(received), not declined and self.native is not None)
+        self._set_reading()
+
+    def _reclaim(self) -> None:
+        """The connection is closing: take a lent socket back from the I/O thread."""
+        if self._lent:
+            self._lent = False
+            self.io.reclaim(self._ticket)  # type: ignore[union-attr]
+
     def _set_reading(self, *, queue_full: bool | None = None, memory_spent: bool | None = None) -> None:
-        """Pause or resume the transport for the two reasons to stop reading: frames not taken, memory spent."""
+        """Pause or resume the transport for the reasons to stop reading: frames not taken, memory spent, the
+        connection refused, the socket lent to the I/O thread."""
         if queue_full is not None:
             self._queue_full = queue_full
         if memory_spent is not None:
             self._memory.paused(self, memory_spent)
             self._memory_spent = memory_spent
-        paused = self._queue_full or self._memory_spent or self._refused
+        paused = self._queue_full or self._memory_spent or self._refused or self._lent
         if paused != self._reading_paused and not self._lost:
             self._reading_paused = paused
             if paused:
@@ -413,6 +472,7 @@ class Connection(asyncio.BufferedProtocol):
     def _finish(self) -> None:
         """No more frames: the bytes of an incomplete frame are dropped and their memory released."""
         self._eof = True
+        self._reclaim()
         self._memory.release(self._end - self._start)
         self._start = self._end = 0
         self._set_reading(memory_spent=False)
@@ -474,6 +534,7 @@ class Connection(asyncio.BufferedProtocol):
             await waiter
 
     async def close(self) -> None:
+        self._reclaim()
         self.transport.close()
         await asyncio.shield(self._closed)
 

@@ -26,9 +26,13 @@ if TYPE_CHECKING:
     from shale.sidecar.server.broker import Broker
 
 try:
-    from shale.sidecar.server._native_produce import produce as _produce
+    from shale.sidecar.server._native_produce import appended, produce as _produce
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
     _produce = None
+
+    def appended() -> int:
+        """The native appends made in this process (none without the extension)."""
+        return 0
 
 API_PRODUCE = 0
 FIRST_BATCH_VERSION = 3  # Produce v3+ carries v2 record batches; v0-2 are refused (by the handler, as ever)
