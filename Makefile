@@ -18,7 +18,7 @@ APT_INSTALL = apt-get install -y --no-install-recommends $(1) || (apt-get update
 # setup.py compiles the cleaner's C loops and the codec's C interpreter; a change to any of them reinstalls.
 $(BIN)/.installed: pyproject.toml setup.py sidecar/log/_cleaner_kernel.c sidecar/protocol/_codec_kernel.c
 	$(call step,creating the virtual environment $(VENV) with $(PYTHON),$(PYTHON) -m venv $(VENV),venv)
-	$(call step,installing Shale and its pinned Python dependencies into $(VENV) (pip; a few minutes on a fresh machine; compiles sidecar/log/_cleaner_kernel.c, sidecar/protocol/_codec_kernel.c and sidecar/server/_native_produce.c),$(BIN)/pip install --upgrade pip && $(BIN)/pip install -e '.[test]',pip)
+	$(call step,installing Shale and its pinned Python dependencies into $(VENV) (pip; a few minutes on a fresh machine; compiles sidecar/log/_cleaner_kernel.c, sidecar/protocol/_codec_kernel.c, sidecar/server/_native_produce.c and sidecar/server/_io_thread.c),$(BIN)/pip install --upgrade pip && $(BIN)/pip install -e '.[test]',pip)
 	@touch $@
 
 demo: $(BIN)/.installed
