@@ -393,7 +393,8 @@ PyMODINIT_FUNC PyInit__io_thread(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "IoThread", (PyObject *)&IoThreadType) < 0) {
+    if (PyModule_AddObjectRef(m, "IoThread", (PyObject *)&IoThreadType) < 0 ||
+        PyModule_AddIntConstant(m, "READ_BYTES", READ_BYTES) < 0) {
         Py_DECREF(m);
         return NULL;
     }

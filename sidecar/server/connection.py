@@ -23,6 +23,8 @@ from shale.sidecar.protocol import codec
 from shale.sidecar.security.principal import ANONYMOUS, KafkaPrincipal
 from shale.sidecar.server.channel import Channel, Verdict
 
+from shale.sidecar.server.io_thread import READ_BYTES as IO_READ_BYTES
+
 if TYPE_CHECKING:
     from shale.sidecar.server.io_thread import IoThread
 
@@ -348,7 +350,7 @@ class Connection(asyncio.BufferedProtocol):
         self._start = self._end = 0
         if answer:  # b"": acks=0, no answer at all
             self.transport.write(answer)
-        if self.io is not None and not self._lent:
+        if self.io is not None and not self._lent and nbytes <= IO_READ_BYTES:  # the next such frame is one read there
             self._lend()
         return True
 

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from shale.sidecar.server.connection import Connection
 
 try:
-    from shale.sidecar.server._io_thread import IoThread as _IoThread
+    from shale.sidecar.server._io_thread import READ_BYTES, IoThread as _IoThread
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
-    _IoThread = None
+    _IoThread, READ_BYTES = None, 0
 
 logger = logging.getLogger(__name__)
 

@@ -246,9 +246,9 @@ def test_a_frame_the_thread_declines_comes_back_and_is_answered_in_order(tmp_pat
             for request in later:
                 sock.sendall(request)
                 native.append(read_frame(sock))
-        # the first came back from the thread, the second was the loop's; the loop's native answer to the next lent
-        # the socket again, and the thread answered the last two
-        assert io.returned == returned + 1 and io.answered == answered + 2
+            # the first came back from the thread, the second was the loop's; the loop's native answer to the next
+            # lent the socket again, and the thread answered the last two (closing the socket brings it back again)
+            assert io.returned == returned + 1 and io.answered == answered + 2
         assert native == exchange(pair, frames + later, kinds=("handler",))["handler"][WARM:]
         assert [struct.unpack_from(">i", a)[0] for a in native] == [100, 101, 102, 103, 104]
         assert pair.files("native") == pair.files("handler")
