@@ -1060,7 +1060,9 @@ def markdown(res: Results, facts: str, command: str) -> str:
                    "produce, consume and one-record produce; `--profile`, always in a full run). py-spy samples when "
                    "it gets a core: on this 2-core machine, shared with the client, that favours the moments the "
                    "server gives its core up — the `send` that wakes the client — so read the shares with care "
-                   "(the one-record profile above, from cProfile, counts every call):\n\n"
+                   "(the one-record profile above, from cProfile, counts every call). In the one-record produce the "
+                   "connections are lent to the I/O thread, a C thread py-spy does not see: the event-loop thread is "
+                   "idle there, which is the point:\n\n"
                    + "\n".join(f"- {k}: {v}" for k, v in res.profile.items()) + "\n")
     return f"""{SECTION}
 

@@ -312,6 +312,11 @@ class Broker:
         self.advertised = {key: advertised_range(key) for key in self.handlers}
 
     @property
+    def io(self) -> IoThread | None:
+        """The I/O thread, once a connection could lend it its socket (for the metrics)."""
+        return self._io
+
+    @property
     def node_id(self) -> int:
         return self.registry.node.node_id
 

@@ -443,6 +443,7 @@ class NodeCollector(Collector):
         yield from _security_families(self.security)
         yield from _limit_families(getattr(self.node, "broker", None))
         yield from _fetch_session_families(getattr(self.node, "broker", None))
+        yield from _io_thread_families(getattr(self.node, "broker", None))
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -710,6 +711,18 @@ def _fetch_session_families(broker) -> Iterator[Metric]:
     for code in (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH):
         errors.add_metric([name_of(code)], sessions.errors[code] if sessions else 0)
     yield errors
+
+
+def _io_thread_families(broker) -> Iterator[Metric]:
+    """The I/O thread's counters (io_thread.py): how much of the one-record Produce traffic skips the event loop."""
+    io = broker.io if broker is not None else None
+    yield CounterMetricFamily("shale_io_thread_requests", "One-record Produces answered by the I/O thread, without "
+                              "the event loop.", value=io.answered if io else 0)
+    yield CounterMetricFamily("shale_io_thread_handbacks", "Lent connections given back to the event loop: a request "
+                              "the I/O thread does not answer, several at once, the connection's end.",
+                              value=io.returned if io else 0)
+    yield GaugeMetricFamily("shale_io_thread_connections", "Connections whose socket the I/O thread serves now.",
+                            value=io.lent if io else 0)
 
 
 def _limit_families(broker) -> Iterator[Metric]:

@@ -23,6 +23,7 @@ from native_util import Brokers, batch, brokers, exchange, fetch, produce, read_
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
 from shale.sidecar.server._io_thread import IoThread
+from shale.sidecar.server.metrics import _io_thread_families
 from shale.sidecar.server.native_produce import appended
 
 
@@ -201,7 +202,7 @@ def test_stop_gives_every_lent_socket_back():
 
 
 def io_of(pair: Brokers):
-    io = pair.brokers["native"]._io
+    io = pair.brokers["native"].io
     assert io is not None, "the native broker started no I/O thread"
     return io
 
@@ -227,7 +228,12 @@ def test_a_connection_answered_natively_is_served_by_the_thread_as_the_handler_s
         assert pair.files("native") == pair.files("handler")
         io = io_of(pair)
         assert io.answered >= len(frames) - 4  # the handler's first, the loop's lending one, a rare page or roll
-        assert pair.brokers["handler"]._io is None
+        assert pair.brokers["handler"].io is None
+        until(lambda: io.lent == 0)  # the closed connection came back
+        figures = {m.name: m.samples[0].value for m in _io_thread_families(pair.brokers["native"])}
+        assert figures == {"shale_io_thread_requests": io.answered, "shale_io_thread_handbacks": io.returned,
+                           "shale_io_thread_connections": 0}
+        assert io.returned >= 1
 
 
 def test_a_frame_the_thread_declines_comes_back_and_is_answered_in_order(tmp_path):
