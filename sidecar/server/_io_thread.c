@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -197,6 +198,13 @@ static void serve(IoThread *self, uint64_t key) {
 
 static void *run(void *arg) {
     IoThread *self = arg;
+    /* The process's signals are the main thread's (Python runs their handlers there): none interrupts this one. */
+    sigset_t outside;
+    sigemptyset(&outside);
+    const int async_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD, SIGALRM, SIGWINCH, SIGPIPE};
+    for (size_t i = 0; i < sizeof async_signals / sizeof async_signals[0]; i++)
+        sigaddset(&outside, async_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &outside, NULL);
     PyGILState_STATE gil = PyGILState_Ensure();
     struct epoll_event events[64];
     while (!self->stopping) {
@@ -253,6 +261,7 @@ static PyObject *io_lend(IoThread *self, PyObject *args) {
     if (!self->started) {
         const int err = pthread_create(&self->thread, NULL, run, self);
         if (err != 0) {
+            epoll_ctl(self->epfd, EPOLL_CTL_DEL, dup, NULL);
             close(dup);
             errno = err;
             return PyErr_SetFromErrno(PyExc_OSError);
