@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Callable
 from shale.sidecar.protocol import codec
 from shale.sidecar.security.principal import ANONYMOUS, KafkaPrincipal
 from shale.sidecar.server.channel import Channel, Verdict
-
 from shale.sidecar.server.io_thread import READ_BYTES as IO_READ_BYTES
 
 if TYPE_CHECKING:
@@ -385,7 +384,7 @@ class Connection(asyncio.BufferedProtocol):
         self._set_reading()
         try:
             self._ticket = self.io.lend(sock.fileno(), self, self.native)  # type: ignore[union-attr]
-        except OSError as exc:  # no descriptor to duplicate (EMFILE): this connection stays on the loop
+        except (OSError, RuntimeError) as exc:  # no descriptor to duplicate (EMFILE), or the broker is closing
             logger.warning("client at %s stays on the event loop: its socket cannot be lent to the I/O thread: %s",
                            self.peername(), exc)
             self.io, self._lent = None, False
@@ -404,7 +403,7 @@ class Connection(asyncio.BufferedProtocol):
         if unsent:
             self.transport.write(unsent)
         if received:
-            view = self.get_buffer(len(received))  # nothing is pending while lent: MIN_READ free at least
+            view = self.get_buffer(len(received))  # nothing is pending while lent: MIN_READ >= IO_READ_BYTES free
             view[:len(received)] = received
             view.release()
             self._received(len(received), not declined and self.native is not None)

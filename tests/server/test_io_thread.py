@@ -22,7 +22,8 @@ from native_util import Brokers, batch, brokers, exchange, fetch, produce, read_
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
-from shale.sidecar.server._io_thread import IoThread
+from shale.sidecar.server._io_thread import READ_BYTES, IoThread
+from shale.sidecar.server.connection import Connection
 from shale.sidecar.server.metrics import _io_thread_families
 from shale.sidecar.server.native_produce import appended
 
@@ -180,6 +181,11 @@ def test_a_ticket_of_a_socket_that_came_back_reclaims_nothing():
         client.sendall(REQUEST)
         assert client.recv(100) == frame(b"answer")
         assert io.reclaim(again) is True and io.lent == 0
+
+
+def test_what_the_thread_reads_at_once_fits_a_connections_free_buffer():
+    """A read handed back is copied into the connection's buffer in one piece (`Connection._returned`)."""
+    assert READ_BYTES <= Connection.MIN_READ
 
 
 def test_stop_gives_every_lent_socket_back():
