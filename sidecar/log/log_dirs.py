@@ -165,8 +165,10 @@ class LogDirs:
     def swap(self, tp: TopicPartition, move_id: str, copy: FutureCopy) -> Log:
         """Close the source log, finish the copy, swap by the three renames and serve the new log; return it.
 
-        The caller makes sure no append is under way (it runs this where appends run). A failure before the
-        first rename reopens the source as it was; one between the first two renames undoes the first.
+        The caller makes sure no append is under way: it runs this where the Python path's appends run (the event
+        loop), and the log's lock, held throughout, keeps out the I/O thread's C appends, which decline while it is
+        held and after it (the closed segments' descriptors can no longer be pinned). A failure before the first
+        rename reopens the source as it was; one between the first two renames undoes the first.
         """
         with self.lock:
             log = self.logs[tp]

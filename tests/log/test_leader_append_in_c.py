@@ -225,6 +225,20 @@ def test_a_log_locked_by_another_thread_is_left_to_python(tmp_path, monkeypatch)
     log.close()
 
 
+def test_a_closed_log_declines_and_keeps_its_files(tmp_path):
+    """A log-dir move's swap or a deletion closes the log under its lock; the I/O thread may still hold the old log
+    object it looked up before, and take its lock after: the C append must decline (the frame then goes back to
+    the loop, which finds the new log), never write into the closed one."""
+    directory = tmp_path / "t-0"
+    log = Log(str(directory), TopicConfig.from_mapping({}), clock=lambda: NOW)
+    for i in range(3):
+        log.append(one_record(i))
+    assert log.close()
+    before = files(str(directory))
+    assert append_produced(SEGMENT_FILES, crc32c.crc32c, log_module.now_ms, log, one_record(3), True) is None
+    assert log.log_end_offset == 3 and files(str(directory)) == before
+
+
 def test_a_full_disk_under_the_c_append_is_a_storage_error_and_leaves_no_bytes(tmp_path, monkeypatch):
     """The C call's write fails (short, then ENOSPC): it declines, and Python's append meets the same disk, cuts what
     was written, and reports the storage error naming the partition and the position."""
