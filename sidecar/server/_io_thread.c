@@ -63,23 +63,22 @@ static slot_t *slot_of(IoThread *self, uint64_t key) {
 }
 
 /* Take the slot's descriptor out of the epoll set (closing it would not: the loop's descriptor still refers to the
- * same socket), close it and free the slot; the caller gets its references. */
-static void free_slot(IoThread *self, slot_t *s, PyObject **conn, PyObject **native) {
+ * same socket), close it, free the slot and drop its references. */
+static void free_slot(IoThread *self, slot_t *s) {
     epoll_ctl(self->epfd, EPOLL_CTL_DEL, s->fd, NULL);
     close(s->fd);
     s->fd = -1;
     s->gen++;
     s->busy = s->reclaimed = 0;
-    *conn = s->conn;
-    *native = s->native;
-    s->conn = s->native = NULL;
+    Py_CLEAR(s->conn);
+    Py_CLEAR(s->native);
 }
 
 /* Give the socket back to the loop: `handback(conn, received, declined, unsent, error)`, with the GIL held. */
 static void give_back(IoThread *self, slot_t *s, const char *received, Py_ssize_t nreceived, int declined,
                       const char *unsent, Py_ssize_t nunsent, PyObject *error) {
-    PyObject *conn, *native;
-    free_slot(self, s, &conn, &native);
+    PyObject *conn = Py_NewRef(s->conn);
+    free_slot(self, s);
     self->returned++;
     PyObject *got = PyBytes_FromStringAndSize(received, nreceived);
     PyObject *left = PyBytes_FromStringAndSize(unsent, nunsent);
@@ -92,7 +91,6 @@ static void give_back(IoThread *self, slot_t *s, const char *received, Py_ssize_
     Py_XDECREF(got);
     Py_XDECREF(left);
     Py_DECREF(conn);
-    Py_DECREF(native);
 }
 
 /* The raised exception, normalized and with its traceback, as a new reference. */
@@ -158,41 +156,29 @@ static void serve(IoThread *self, uint64_t key) {
     }
     if (answer == NULL) { /* failed after the append (before it, the call declines): the loop logs and closes */
         PyObject *error = raised();
-        if (s->reclaimed) {
-            PyObject *conn, *native;
-            free_slot(self, s, &conn, &native);
-            Py_DECREF(conn);
-            Py_DECREF(native);
-        } else {
+        if (s->reclaimed) /* the loop closes the connection anyway */
+            free_slot(self, s);
+        else
             give_back(self, s, NULL, 0, 0, NULL, 0, error);
-        }
         Py_DECREF(error);
         return;
     }
     if (answer == Py_None) {
         Py_DECREF(answer);
-        if (s->reclaimed) {
-            PyObject *conn, *native;
-            free_slot(self, s, &conn, &native);
-            Py_DECREF(conn);
-            Py_DECREF(native);
-        } else {
+        if (s->reclaimed)
+            free_slot(self, s);
+        else
             give_back(self, s, b, n, 1, NULL, 0, NULL);
-        }
         return;
     }
     /* Appended: the answer goes out even if the loop reclaimed the socket meanwhile (it is still open here). */
     const Py_ssize_t len = PyBytes_GET_SIZE(answer);
     const Py_ssize_t sent = send_all(s->fd, PyBytes_AS_STRING(answer), len);
     self->answered++;
-    if (s->reclaimed) {
-        PyObject *conn, *native;
-        free_slot(self, s, &conn, &native);
-        Py_DECREF(conn);
-        Py_DECREF(native);
-    } else if (sent < len) { /* the socket's buffer is full (or it failed): the loop's transport writes the rest */
+    if (s->reclaimed)
+        free_slot(self, s);
+    else if (sent < len) /* the socket's buffer is full (or it failed): the loop's transport writes the rest */
         give_back(self, s, NULL, 0, 0, PyBytes_AS_STRING(answer) + sent, len - sent, NULL);
-    }
     Py_DECREF(answer);
 }
 
@@ -286,10 +272,7 @@ static PyObject *io_reclaim(IoThread *self, PyObject *arg) {
         s->reclaimed = 1;
         Py_RETURN_TRUE;
     }
-    PyObject *conn, *native;
-    free_slot(self, s, &conn, &native);
-    Py_DECREF(conn);
-    Py_DECREF(native);
+    free_slot(self, s);
     Py_RETURN_TRUE;
 }
 
@@ -298,8 +281,8 @@ static void stop(IoThread *self) {
     if (self->started && !self->stopping) {
         self->stopping = 1;
         const uint64_t one = 1;
-        if (write(self->wakefd, &one, sizeof one) < 0) { /* an eventfd write fails only on overflow */
-        }
+        const ssize_t woken = write(self->wakefd, &one, sizeof one); /* fails only on a counter overflow */
+        (void)woken;
         Py_BEGIN_ALLOW_THREADS
         pthread_join(self->thread, NULL);
         Py_END_ALLOW_THREADS

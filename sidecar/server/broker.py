@@ -32,7 +32,6 @@ import resource
 import socket
 import ssl
 import struct
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -292,10 +291,9 @@ class Broker:
         self._events: dict[TopicPartition, set[_ParkedFetch]] = {}  # the fetches parked on each partition
         self._native: NativeProduce | None = None  # built for the first connection that may use it
         # The I/O thread that plain native connections lend their sockets to (io_thread.py), started with the
-        # native path when `io_thread`; `_loop_thread` is the event loop's thread, where fetches park.
+        # native path when `io_thread`.
         self._io_wanted = io_thread and io_thread_available
         self._io: IoThread | None = None
-        self._loop_thread: int | None = None
         self._connections: set[asyncio.Task] = set()
         # The transaction coordinator's check of a producer's first transactional batch to a partition
         # (transaction_verification.py); the default verifies nothing, as a node without a coordinator.
@@ -661,7 +659,6 @@ class Broker:
                 return None
             if self._io_wanted:
                 self._io = IoThread(asyncio.get_running_loop())
-                self._loop_thread = threading.get_ident()
         return answerer(self._native, replies)
 
     def _start(self, request: codec.Request, conn: ConnectionInfo) -> tuple[bool, Any]:
@@ -705,11 +702,10 @@ class Broker:
         """`poke` by name: the native Produce's call after an append while some fetch waits (from the I/O thread,
         through the loop)."""
         tp = TopicPartition(topic, partition)
-        if self._loop_thread is None or threading.get_ident() == self._loop_thread:
+        if self._io is None:
             self._poke(tp)
         else:
-            self._io.loop.call_soon_threadsafe(self._poke, tp)  # type: ignore[union-attr]
-
+            self._io.on_loop(self._poke, tp)
 
     def topic_changed(self, name: str) -> None:
         """Wake the fetches waiting on a topic that changed: a deleted or moved partition answers now, as Kafka's

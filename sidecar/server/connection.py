@@ -349,7 +349,7 @@ class Connection(asyncio.BufferedProtocol):
         self._start = self._end = 0
         if answer:  # b"": acks=0, no answer at all
             self.transport.write(answer)
-        if self.io is not None and not self._lent and nbytes <= IO_READ_BYTES:  # the next such frame is one read there
+        if self.io is not None and nbytes <= IO_READ_BYTES:  # the next such frame is one read there (not lent: read here)
             self._lend()
         return True
 

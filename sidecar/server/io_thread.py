@@ -14,6 +14,7 @@ not yet sent, and the connection goes on there exactly as if it had read them it
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ class IoThread:
     """One node's I/O thread; its C thread starts with the first socket lent and ends with `stop()`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop  # where sockets come back, and where the thread's other calls into the node go
+        """Made on `loop`'s thread, where sockets come back and where the thread's calls into the node must run."""
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
         self._thread = _IoThread(self._handback)
 
     def lend(self, fd: int, conn: Connection, native: Callable[[bytearray, int, int], bytes | None]) -> int:
@@ -66,9 +69,16 @@ class IoThread:
         """Sockets the thread serves now."""
         return self._thread.lent
 
-    def _handback(self, conn: Connection, received: bytes, declined: bool, unsent: bytes, error: Any) -> None:
-        """The thread's call (with the GIL, off the loop) when it gives a socket back."""
+    def on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """`fn(*args)` on the event loop: now if called there, else at its next iteration (from the I/O thread)."""
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+            return
         try:
-            self.loop.call_soon_threadsafe(conn._returned, received, declined, unsent, error)
+            self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: the process is ending and the connection with it
-            logger.debug("a lent socket came back after its event loop closed")
+            logger.debug("a call from the I/O thread came after its event loop closed: %s", fn)
+
+    def _handback(self, conn: Connection, received: bytes, declined: bool, unsent: bytes, error: Any) -> None:
+        """The thread's call (with the GIL, off the loop) when it gives a socket back; from `stop()`, on the loop."""
+        self.on_loop(conn._returned, received, declined, unsent, error)
