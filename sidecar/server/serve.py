@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import signal
 import socket
@@ -64,6 +65,9 @@ def check_listeners(options: ServeOptions) -> None:
 
 
 def serve_forever(args: argparse.Namespace) -> int:
+    # A crash in a C extension (SIGSEGV, SIGABRT) leaves every thread's Python stack in the node's log, not a bare
+    # exit status.
+    faulthandler.enable()
     tune_malloc()  # before the first large buffer: see its docstring (a third of the CPU per produced MB)
     try:
         options = options_from_args(args)

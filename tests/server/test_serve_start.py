@@ -4,6 +4,7 @@ the startup log says what happened to the data directory (new, recovered, clean)
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
 
@@ -90,3 +91,15 @@ def test_the_startup_log_says_new_recovered_or_clean_with_correct_plurals(tmp_pa
 def test_plural_counts():
     assert [plural(n, "log") for n in (0, 1, 2)] == ["0 logs", "1 log", "2 logs"]
     assert plural(1, "entry", "entries") == "1 entry" and plural(3, "entry", "entries") == "3 entries"
+
+
+def test_a_fatal_signal_leaves_every_threads_python_stack_in_the_log(tmp_path):
+    """A crash in a C extension (SIGSEGV, SIGABRT) must say where each thread was, not just end the process."""
+    (tmp_path / "topics").mkdir()
+    node = ServeProcess(tmp_path / "data", tmp_path / "topics", "--override", "offsets.topic.num.partitions=1")
+    node.start()
+    node.proc.send_signal(signal.SIGSEGV)
+    assert node.proc.wait(30) == -signal.SIGSEGV
+    log = node.log()
+    assert "Fatal Python error: Segmentation fault" in log, log[-2000:]
+    assert "Current thread" in log and "serve_forever" in log, log[-2000:]

@@ -16,12 +16,14 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from pathlib import Path
 
 import confluent_kafka
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition as AioTP
 from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.admin.transactions import DescribeTransactionsRequest, DescribeTransactionsResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
 from clients_util import build, call
@@ -36,11 +38,14 @@ STEPS = 20  # each: new input, a pause, then maybe a kill (~60 s in all with the
 FEED = 25  # input records per step
 
 # The loop: restarted by the test whenever it exits (any error ends it: the next instance fences its open
-# transaction and starts from the committed offsets, which is how such a loop recovers).
+# transaction and starts from the committed offsets, which is how such a loop recovers). Its producer keeps its
+# broker handles when the node is down (`metadata.recovery.strategy=none`): librdkafka's re-bootstrap can leave
+# `send_offsets_to_transaction` waiting forever on a decommissioned group coordinator (librdkafka #5511, #5456;
+# docs/transactions.md).
 LOOP = textwrap.dedent(f"""
     import sys, confluent_kafka as ck
     p = ck.Producer({{"bootstrap.servers": sys.argv[1], "transactional.id": {TXN_ID!r},
-                      "transaction.timeout.ms": 10000, "linger.ms": 2}})
+                      "transaction.timeout.ms": 10000, "linger.ms": 2, "metadata.recovery.strategy": "none"}})
     p.init_transactions(30)
     c = ck.Consumer({{"bootstrap.servers": sys.argv[1], "group.id": {GROUP!r}, "isolation.level": "read_committed",
                       "enable.auto.commit": False, "auto.offset.reset": "earliest"}})
@@ -81,13 +86,40 @@ class Loop:
             self.proc.wait(10)
 
 
+def offset_fetch(port: int, require_stable: bool) -> list:
+    req = build(OffsetFetchRequest, {"group_id": GROUP, "topics": [
+        {"name": IN, "partition_indexes": list(range(PARTITIONS))}], "require_stable": require_stable}, 7)
+    return call(port, req, OffsetFetchResponse).topics[0].partitions
+
+
 def committed_offsets(port: int) -> dict[int, int]:
     """The group's last committed input offsets (-1: none), not waiting for open transactions."""
-    req = build(OffsetFetchRequest, {"group_id": GROUP, "topics": [
-        {"name": IN, "partition_indexes": list(range(PARTITIONS))}], "require_stable": False}, 7)
-    parts = call(port, req, OffsetFetchResponse).topics[0].partitions
+    parts = offset_fetch(port, require_stable=False)
     assert all(p.error_code == NONE for p in parts), parts
     return {p.partition_index: p.committed_offset for p in parts}
+
+
+def stall_report(node: ServeProcess, loop: Loop) -> str:
+    """What a loop that stopped committing leaves to look at: where the loop is, the transaction's state, whether
+    the group's offsets are stable, both topics' LSO and end, and the tails of the loop's and the node's logs."""
+    def tail(path, lines: int) -> str:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    txn = call(node.port, build(DescribeTransactionsRequest, {"transactional_ids": [TXN_ID]}, 0),
+               DescribeTransactionsResponse).transaction_states[0]
+    stable = [(p.partition_index, p.committed_offset, p.error_code) for p in offset_fetch(node.port, True)]
+    ends = {t: (end_offsets(node.port, t, 1), end_offsets(node.port, t, 0)) for t in (IN, OUT)}
+    if loop.proc.poll() is None:  # where the loop waits: py-spy (a pinned dependency) reads its threads' stacks
+        spy = subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--native", "--pid",
+                              str(loop.proc.pid)], capture_output=True, text=True, timeout=60)
+        where = spy.stdout + spy.stderr
+    else:
+        where = f"exited with {loop.proc.returncode}"
+    return (f"node running: {node.running}; loop started {loop.starts} times\n--- the loop now ---\n{where}\n"
+            f"transaction {TXN_ID}: {txn}\nstable offsets (partition, offset, error): {stable}\n"
+            f"(LSO, end) per topic: {ends}\n--- loop log ---\n{tail(loop.log_path, 40)}\n"
+            f"--- node log ---\n{tail(node.log_path, 60)}")
 
 
 def end_offsets(port: int, topic: str, isolation: int) -> dict[int, int]:
@@ -198,7 +230,10 @@ def test_exactly_once_loop_under_kills(tmp_path):
             loop.ensure_running()
             return committed_offsets(node.port) == wanted
 
-        wait_for(caught_up, 90, interval=0.5, what=f"the loop to commit every input ({wanted})")
+        try:
+            wait_for(caught_up, 90, interval=0.5, what=f"the loop to commit every input ({wanted})")
+        except AssertionError as stalled:
+            raise AssertionError(f"{stalled}\n{stall_report(node, loop)}") from None
         loop.kill()
         assert check_outputs_agree_with_offsets(node, inputs) == sent
         assert sorted(aiokafka_outputs(node.bootstrap)) == sorted(confluent_outputs(node.bootstrap))
