@@ -18,12 +18,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
+from fault_proxy import FREEZE, RESET, FaultProxy
 from native_util import Brokers, batch, brokers, exchange, fetch, produce, read_frame
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
 from shale.sidecar.server._io_thread import READ_BYTES, IoThread
 from shale.sidecar.server.connection import Connection
+from shale.sidecar.server.coordinator_log import loaded_batches
 from shale.sidecar.server.metrics import _io_thread_families
 from shale.sidecar.server.native_produce import appended
 
@@ -350,3 +352,58 @@ def test_a_fetch_that_parks_after_an_append_it_did_not_read_reads_again_at_once(
         sock.sendall(produce(9, WARM, batch(WARM)))
         read_frame(sock)
         waiting.result(10)  # poked by the append
+
+
+@contextmanager
+def through_proxy(pair: Brokers) -> Iterator[tuple[FaultProxy, socket.socket]]:
+    """A connection to the native broker through a fault-injecting proxy (a real TCP hop that can be cut)."""
+    proxy = FaultProxy(pair.brokers["native"].port).start()
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            yield proxy, sock
+    finally:
+        proxy.stop()
+
+
+def test_a_frozen_link_holds_only_its_own_lent_socket_and_its_request_is_answered_once_healed(tmp_path):
+    """A client whose link freezes (nothing forwarded either way, as while a cable is out) keeps its socket lent;
+    the thread serves every other connection meanwhile, and the held request, once the link heals, is appended and
+    answered once."""
+    with brokers(tmp_path) as pair, through_proxy(pair) as (proxy, cut):
+        warmed(pair, cut)
+        broker, io = pair.brokers["native"], io_of(pair)
+        proxy.cut_all(FREEZE)
+        cut.sendall(produce(9, WARM, batch(WARM)))  # held in the proxy
+        with pair.connect("native") as other:
+            answered = io.answered
+            for i in range(WARM):
+                other.sendall(produce(9, 100 + i, batch(100 + i), partitions=(1,)))
+                assert struct.unpack_from(">i", read_frame(other))[0] == 100 + i
+            assert io.answered > answered, "the thread stopped serving while one lent socket's link was frozen"
+            assert io.lent == 2
+        assert broker.registry.local_log("t", 0).log_end_offset == WARM  # the held request never arrived
+        answered = io.answered
+        proxy.heal()
+        assert struct.unpack_from(">i", read_frame(cut))[0] == WARM
+        assert io.answered == answered + 1  # by the thread: the socket stayed lent throughout
+        assert broker.registry.local_log("t", 0).log_end_offset == WARM + 1
+
+
+def test_a_link_reset_while_lent_ends_the_connection_and_keeps_what_was_acknowledged(tmp_path):
+    """A firewall's RST on a lent socket comes back to the loop, which ends the connection: no slot, buffer or
+    connection left behind, and every acknowledged record still in the log."""
+    with brokers(tmp_path) as pair, through_proxy(pair) as (proxy, cut):
+        warmed(pair, cut)
+        broker, io = pair.brokers["native"], io_of(pair)
+        returned = io.returned
+        proxy.cut_all(RESET)
+        until(lambda: io.lent == 0 and not broker._connections)
+        assert io.returned == returned + 1
+        assert broker.memory.used == 0
+        log = broker.registry.local_log("t", 0)
+        assert log.log_end_offset == WARM
+        assert [r.value for b in loaded_batches(log) for r in b.records()] == [b"value-%d" % i * 10 for i in range(WARM)]
+        with pair.connect("native") as again:  # the node serves on
+            again.sendall(produce(9, 200, batch(WARM)))
+            assert struct.unpack_from(">i", read_frame(again))[0] == 200

@@ -112,7 +112,7 @@ def stall_report(node: ServeProcess, loop: Loop) -> str:
     ends = {t: (end_offsets(node.port, t, 1), end_offsets(node.port, t, 0)) for t in (IN, OUT)}
     if loop.proc.poll() is None:  # where the loop waits: py-spy (a pinned dependency) reads its threads' stacks
         spy = subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--native", "--pid",
-                              str(loop.proc.pid)], capture_output=True, text=True, timeout=60)
+                              str(loop.proc.pid)], capture_output=True, text=True, timeout=60, check=False)
         where = spy.stdout + spy.stderr
     else:
         where = f"exited with {loop.proc.returncode}"
