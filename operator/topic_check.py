@@ -79,8 +79,9 @@ class TopicView:
 
     @property
     def end_offsets(self) -> int:
-        """Sum of the partitions' log end offsets: records ever written (compaction does not lower it)."""
-        return sum(int(p.get("logEndOffset") or 0) for p in self.partitions)
+        """Sum of the partitions' log end offsets: records ever written (compaction does not lower it). A
+        replicated partition has one entry per replica: only its leader's counts (a follower's trails it)."""
+        return sum(int(p.get("logEndOffset") or 0) for p in self.partitions if p.get("role", "leader") == "leader")
 
     def not_ready_because(self, min_end_offsets: int = 0) -> str | None:
         """Why the Topic does not count as Ready yet, or None if it does."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "demo-data", "bench", "tests", "e2e", "*.egg-info",
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "demo-data", "bench", "tests", "e2e", "*.egg-info",
                                      ".pytest_cache", ".hypothesis", "__pycache__", "*.so")
 
 
@@ -44,7 +44,7 @@ class WheelVenv:
 
 def build(tmp: Path) -> WheelVenv:
     source, wheels, venv = tmp / "source", tmp / "wheels", tmp / "venv"
-    shutil.copytree(ROOT, source, ignore=_NOT_SOURCE)
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCE)
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", "--quiet", "--no-deps", "-w", wheels, source], check=True, capture_output=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)

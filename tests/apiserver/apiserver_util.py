@@ -10,6 +10,7 @@ with the real `shale serve` processes' ports and status as a kubelet would repor
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from chart_util import CRD_FILES, objects, one, render  # noqa: E402
+from chart_util import CHART, CRD_FILES, objects, one, render  # noqa: E402
 from cluster_util import REFRESH_SECONDS, STUCK_AFTER_SECONDS, Cluster, OperatorThread, StorageNodes  # noqa: E402
 from node_util import ServeProcess, free_port  # noqa: E402
 from projection import ConfigMapProjection  # noqa: E402
@@ -81,6 +82,27 @@ def install_crd(api: kubernetes.client.ApiClient, path: Path = CRD_FILES[0]) -> 
 
 # The chart's objects whose API group version 1.20 serves under an older name with the same fields.
 OLDER_NAMES_ON_1_20 = {("policy/v1", "PodDisruptionBudget"): "policy/v1beta1"}  # policy/v1 is served from 1.21
+HELM_VERSION = "v4.1.4"
+# helm's flags for a 1.20 server (test_apiserver_helm.py's docstring says why each; neither is needed on the
+# clusters the chart supports).
+FLAGS_FOR_1_20 = ("--disable-openapi-validation", "--server-side=false")
+
+
+def chart_for_1_20(directory: Path) -> Path:
+    """A copy of the chart under `directory` that a 1.20 server takes: the kubeVersion floor lowered, the CRDs
+    without CEL rules (`crd_for_1_20`), the API versions of `OLDER_NAMES_ON_1_20`. Nothing else differs."""
+    chart = directory / "shale"
+    shutil.copytree(CHART, chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    (chart / "Chart.yaml").write_text(yaml.safe_dump({**meta, "kubeVersion": ">=1.20.0-0"}, sort_keys=False))
+    for crd_file in (chart / "crds").iterdir():  # the Topic and User CRDs
+        crd_file.write_text(yaml.safe_dump(crd_for_1_20(crd_file), sort_keys=False))
+    for template in (chart / "templates").glob("*.yaml"):
+        text = template.read_text()
+        for (version, kind), older in OLDER_NAMES_ON_1_20.items():
+            text = text.replace(f"apiVersion: {version}\nkind: {kind}\n", f"apiVersion: {older}\nkind: {kind}\n")
+        template.write_text(text)
+    return chart
 
 
 def release_objects(namespace: str, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:

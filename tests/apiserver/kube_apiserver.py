@@ -1,6 +1,6 @@
 """A real Kubernetes API server for the tests: etcd and kube-apiserver v1.20.2 on free loopback ports.
 
-kube-apiserver is built once from Debian's `kubernetes` source package by build_kube_apiserver.sh
+kube-apiserver is built once from Debian's `kubernetes` source package by tests/cluster/build_kubernetes.sh
 (`make test` runs it) and cached outside the work tree; etcd is Debian's etcd-server. `ApiServer`
 generates the service-account signing key (openssl), a token file (an administrator in
 `system:masters`; every other user the tests need is a real service account whose token comes from
@@ -33,20 +33,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from node_util import free_port  # noqa: E402
 
 VERSION = "v1.20.2"
-BUILD_SCRIPT = Path(__file__).with_name("build_kube_apiserver.sh")
+BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "cluster" / "build_kubernetes.sh"
 ADMIN = "shale-test-admin"
 START_TIMEOUT = 60.0
 
 
+def cache_dir() -> Path:
+    """Where the slow builds are cached, outside the work tree ($SHALE_APISERVER_CACHE, else ~/.cache/shale)."""
+    return Path(os.environ.get("SHALE_APISERVER_CACHE") or
+                os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shale"))
+
+
 def cached_binary(name: str, version: str) -> Path:
-    """Where build_kube_apiserver.sh and fetch_helm.sh cache a binary (keyed by version, outside the tree)."""
-    base = os.environ.get("SHALE_APISERVER_CACHE") or \
-        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shale")
-    return Path(base) / f"{name}-{version}" / name
+    """Where fetch_helm.sh caches a binary (keyed by version, outside the tree)."""
+    return cache_dir() / f"{name}-{version}" / name
+
+
+def kubernetes_binary(name: str) -> Path:
+    """One of the binaries build_kubernetes.sh caches: kube-apiserver, kubelet, kubectl, pause, …"""
+    return cache_dir() / f"kubernetes-{VERSION}" / name
 
 
 def apiserver_binary() -> Path:
-    return cached_binary("kube-apiserver", VERSION)
+    return kubernetes_binary("kube-apiserver")
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -65,12 +74,19 @@ class ApiServer:
     peer_port: int = field(default_factory=free_port)
     port: int = field(default_factory=free_port)
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    # The address it binds and advertises (the `kubernetes` Service's endpoint): a node's IP in a real cluster.
+    address: str = "127.0.0.1"
+    service_cidr: str = "10.0.0.0/24"
+    authorization: str = "RBAC"
+    # The CA of its serving certificate when given by `extra_args` (--tls-cert-file); else the one it generates.
+    ca: Path | None = None
+    extra_args: tuple[str, ...] = ()
     _etcd: subprocess.Popen | None = field(default=None, init=False)
     _apiserver: subprocess.Popen | None = field(default=None, init=False)
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     @property
     def audit_log(self) -> Path:
@@ -78,8 +94,8 @@ class ApiServer:
 
     @property
     def ca_file(self) -> Path:
-        """The serving certificate kube-apiserver generates with its CA (the file holds both)."""
-        return self.workdir / "certs" / "apiserver.crt"
+        """The serving certificate kube-apiserver generates with its CA (the file holds both), or `ca`."""
+        return self.ca or self.workdir / "certs" / "apiserver.crt"
 
     def start(self) -> "ApiServer":
         binary, etcd = apiserver_binary(), shutil.which("etcd")
@@ -112,12 +128,12 @@ class ApiServer:
         d = self.workdir
         self._apiserver = self._spawn("kube-apiserver", [
             str(apiserver_binary()), f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
-            "--insecure-port=0", f"--cert-dir={d / 'certs'}", "--service-cluster-ip-range=10.0.0.0/24",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}", f"--secure-port={self.port}",
+            "--insecure-port=0", f"--cert-dir={d / 'certs'}", f"--service-cluster-ip-range={self.service_cidr}",
             "--service-account-issuer=https://kubernetes.default.svc", f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}", f"--token-auth-file={d / 'tokens.csv'}",
-            "--authorization-mode=RBAC", f"--audit-policy-file={d / 'audit-policy.yaml'}",
-            f"--audit-log-path={self.audit_log}", "--audit-log-format=json"])
+            f"--authorization-mode={self.authorization}", f"--audit-policy-file={d / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}", "--audit-log-format=json", *self.extra_args])
         self.wait_ready()
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:

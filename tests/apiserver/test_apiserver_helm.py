@@ -12,7 +12,6 @@ in later releases). Neither is needed on the clusters the chart supports.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,28 +19,9 @@ import kubernetes
 import pytest
 import yaml
 
-from apiserver_util import OLDER_NAMES_ON_1_20, RELEASE_VALUES, crd_for_1_20, release_objects
+from apiserver_util import FLAGS_FOR_1_20, HELM_VERSION, RELEASE_VALUES, chart_for_1_20, release_objects
 from chart_util import CHART, RELEASE, one
 from kube_apiserver import ApiServer, cached_binary
-
-HELM_VERSION = "v4.1.4"
-FLAGS_FOR_1_20 = ("--disable-openapi-validation", "--server-side=false")
-
-
-def chart_for_1_20(directory: Path) -> Path:
-    chart = directory / "shale"
-    shutil.copytree(CHART, chart)
-    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
-    (chart / "Chart.yaml").write_text(yaml.safe_dump({**meta, "kubeVersion": ">=1.20.0-0"}, sort_keys=False))
-    for crd_file in (chart / "crds").iterdir():  # the Topic and User CRDs
-        crd_file.write_text(yaml.safe_dump(crd_for_1_20(crd_file), sort_keys=False))
-    for template in (chart / "templates").glob("*.yaml"):
-        text = template.read_text()
-        for (version, kind), older in OLDER_NAMES_ON_1_20.items():
-            text = text.replace(f"apiVersion: {version}\nkind: {kind}\n", f"apiVersion: {older}\nkind: {kind}\n")
-        template.write_text(text)
-    return chart
-
 
 def test_helm_install_upgrade_uninstall(apiserver: ApiServer, tmp_path: Path):
     helm = cached_binary("helm", HELM_VERSION)

@@ -12,7 +12,7 @@ import pytest
 
 from cluster_util import GROUP, PLURAL, VERSION, Cluster, produce
 from k8s_util import ApiServerThread
-from shale.operator.topic_check import TopicNotReady, kube_config, main, wait
+from shale.operator.topic_check import TopicNotReady, TopicView, kube_config, main, wait
 
 
 @pytest.fixture
@@ -63,6 +63,18 @@ def test_ready_counts_only_for_the_current_generation(api_server):
         wait(api, "apps", "prices", timeout=0)
     set_status(ready(2))
     assert wait(api, "apps", "prices", timeout=0).generation == 2
+
+
+def test_a_replicated_partition_counts_its_leaders_end_offset_once():
+    status = ready(1)
+    status["partitions"] = [
+        {"partition": 0, "pod": "shale-0", "role": "leader", "logEndOffset": 5},
+        {"partition": 0, "pod": "shale-1", "role": "follower", "logEndOffset": 4},
+        {"partition": 0, "pod": "shale-2", "role": "offline", "logEndOffset": 2},
+        {"partition": 1, "pod": "shale-1", "role": "leader", "logEndOffset": 7}]
+    view = TopicView.of({"metadata": {"namespace": "apps", "name": "prices", "generation": 1}, "status": status})
+    assert view.end_offsets == 12
+    assert view.not_ready_because(min_end_offsets=13) == "the partitions' end offsets add up to 12, waiting for 13"
 
 
 def test_the_command_reads_the_kubeconfig_and_exits_by_the_topics_state(api_server, tmp_path):
