@@ -25,25 +25,18 @@ demo: $(BIN)/.installed
 	rm -rf demo-data
 	$(BIN)/shale demo --workdir demo-data
 
-# The real cluster's node (tests/cluster): container runtime, CNI plugins, DNS, the image tools.
-CLUSTER_PACKAGES := containerd runc containernetworking-plugins iptables conntrack dnsmasq-base mmdebstrap umoci skopeo
+# The real cluster's node (tests/cluster): container runtime, CNI plugins, DNS, the image tools, and Prometheus
+# and Alertmanager for its alert journey (installed, never started as services: the tests start their own;
+# promtool, which tests/k8s/test_alerts.py runs, comes with prometheus).
+CLUSTER_PACKAGES := containerd runc containernetworking-plugins iptables conntrack dnsmasq-base mmdebstrap umoci skopeo \
+	prometheus prometheus-alertmanager
 
 # Debian's kcat (librdkafka 2.0.2) is the "old librdkafka" client of the protocol tests.
 KCAT := $(shell command -v kcat 2>/dev/null)
 # Spark (the PySpark data source's tests, tests/pipeline) runs on a Java 17+ runtime.
 JAVA := $(shell command -v java 2>/dev/null)
 
-# promtool (tests/k8s/test_alerts.py runs the chart's alerts through it): taken out of Debian's prometheus
-# package into the venv, so that no Prometheus server gets installed or started.
-PROMTOOL := $(shell command -v promtool 2>/dev/null || echo $(BIN)/promtool)
-
-$(BIN)/promtool: | $(BIN)/.installed
-	$(call step,taking promtool out of Debian's prometheus package into $(VENV) (the chart's alert rules are tested with it; no Prometheus server is installed),\
-	  rm -rf $(VENV)/prometheus-deb && mkdir -p $(VENV)/prometheus-deb && cd $(VENV)/prometheus-deb && \
-	  (apt-get download prometheus || (apt-get update && apt-get download prometheus)) && \
-	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(abspath $@) && cd .. && rm -rf prometheus-deb,promtool)
-
-test: $(BIN)/.installed $(PROMTOOL)
+test: $(BIN)/.installed
 ifeq ($(KCAT),)
 	$(call step,installing Debian's kcat with apt-get (librdkafka 2.0.2: the tests' old-librdkafka client),$(call APT_INSTALL,kcat),kcat)
 endif

@@ -17,8 +17,11 @@ KEEP=${KEEP:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+CHART=${CHART:-$ROOT/helm/shale}
+HELM_FLAGS=${HELM_FLAGS:-}
 
 step() { printf '\n== %s\n' "$*"; }
+server_version() { kubectl version -o json | "$PYTHON" -c 'import json, sys; v = json.load(sys.stdin)["serverVersion"]; print(v["major"] + "." + v["minor"])'; }
 fail() { printf 'FAILED: %s\n' "$*" >&2; exit 1; }
 k() { kubectl -n "$NAMESPACE" "$@"; }
 # Waits until the Topic is Ready for its current generation and prints its status (pykube-ng, from KUBECONFIG).
@@ -57,7 +60,8 @@ step "helm install $RELEASE ($IMAGE) into namespace $NAMESPACE"
 repository=${IMAGE%:*}
 tag=${IMAGE##*:}
 # The journey's client speaks PLAINTEXT: security (on by default, docs/kubernetes.md "Security") is off here.
-helm install "$RELEASE" "$ROOT/helm/shale" -n "$NAMESPACE" --create-namespace \
+# shellcheck disable=SC2086  # HELM_FLAGS is a list of flags
+helm install "$RELEASE" "$CHART" -n "$NAMESPACE" --create-namespace $HELM_FLAGS \
     --set image.repository="$repository" --set image.tag="$tag" \
     --set security.enabled=false --set networkPolicy.enabled=false --wait --timeout 5m
 kubectl wait --for condition=Established crd/topics.shale.dev --timeout=60s
@@ -78,9 +82,16 @@ YAML
 check "$TOPIC" --timeout 180
 k get topics
 
-step "the API server refuses a partition decrease and an unknown config key"
+step "a partition decrease and an unknown config key are refused"
 if out=$(k patch topic "$TOPIC" --type=merge -p '{"spec":{"partitions":2}}' 2>&1); then
-    fail "partitions 3 -> 2 was accepted"
+    # An API server before 1.25 does not run the CRD's validation rules (CEL): the operator refuses the
+    # change instead, with the same message, in the Topic's Ready condition (reason NotSupported).
+    echo "accepted by the API server (no CEL rules: Kubernetes $(server_version)); the operator must refuse it"
+    if out=$(check "$TOPIC" --timeout 60 2>&1); then
+        fail "partitions 3 -> 2 was accepted by the API server and by the operator"
+    fi
+    k patch topic "$TOPIC" --type=merge -p '{"spec":{"partitions":3}}'
+    check "$TOPIC" --timeout 120 >/dev/null
 fi
 grep -q "cannot be decreased from 3 to 2" <<<"$out" || fail "unexpected refusal: $out"
 echo "refused: $out"
@@ -93,7 +104,8 @@ YAML
 ); then
     fail "an unknown config key was accepted"
 fi
-grep -q 'unknown field "spec.config.retention.msec"' <<<"$out" || fail "unexpected refusal: $out"
+# Server-side field validation (1.25+) names the whole path; kubectl's own schema check, before it, the key.
+grep -Eq 'unknown field "(spec\.config\.)?retention\.msec"' <<<"$out" || fail "unexpected refusal: $out"
 echo "refused: $out"
 
 step "produce 10 keys x 10 updates and consume them back through $bootstrap"

@@ -4,7 +4,8 @@ worker (every test here is in the `kube-cluster` xdist group; `make test` runs `
 A cold start (empty etcd and image stores) takes ~25 s of 2 shared cores; the images come from image.py's
 cache (`make test` builds them first; a test run without them builds them here). A start that fails fails
 every test that needs the cluster, with each component's log tail; none is skipped. The cluster is
-stopped at the end of the session, and its teardown fails loudly if anything of it is left on the machine.
+stopped after the last test of this folder, and its teardown fails loudly if anything of it is left on the
+machine.
 """
 
 from __future__ import annotations
@@ -15,16 +16,26 @@ from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The helpers these tests share with the other real-Kubernetes tests: the chart (k8s), the API server and
+# its 1.20 chart copy (apiserver), free ports (server).
+for _folder in ("server", "k8s", "apiserver", "cluster"):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / _folder))
 import image  # noqa: E402
 from kube_cluster import KubeCluster  # noqa: E402
 
 
+_HERE = Path(__file__).resolve().parent
+_running: list[KubeCluster] = []
+
+
+def _needs_cluster(item: pytest.Item | None) -> bool:
+    return item is not None and _HERE in Path(item.fspath).resolve().parents
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
     for item in items:
-        if here in Path(item.fspath).parents:
+        if _needs_cluster(item):
             item.add_marker(pytest.mark.xdist_group("kube-cluster"))
 
 
@@ -34,5 +45,20 @@ def kube_cluster(tmp_path_factory) -> Iterator[KubeCluster]:
     if not images.built():
         image.build(Path(sys.executable), images)
     cluster = KubeCluster(tmp_path_factory.mktemp("kube"), images).start()
+    _running.append(cluster)
     yield cluster
-    cluster.stop()
+    _stop()
+
+
+def _stop() -> None:
+    while _running:
+        _running.pop().stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the cluster after the last test that needs it, not at the end of the session: idle, it still
+    costs half a core that the rest of the suite, on the other worker and this one, can use. The tests of
+    this folder run one after another (one xdist group; consecutive without xdist)."""
+    if _running and not _needs_cluster(nextitem):
+        _stop()

@@ -278,9 +278,19 @@ def build(python: Path, target: Images) -> Images:
             (out / "done").write_text(json.dumps({"shale": target.shale, "client": target.client}) + "\n")
             shutil.rmtree(target.directory, ignore_errors=True)
             out.rename(target.directory)
+        prune(keep=target.directory)
         size = sum(p.stat().st_size for p in target.directory.iterdir()) >> 20
         progress(f"built {target.shale} and {target.client} into {target.directory} ({size} MB)")
         return target
+
+
+def prune(keep: Path, newest: int = 2) -> None:
+    """Drop all but the `newest` built keys (`keep` among them): each is ~850 MB, and every change of the
+    package's sources makes a new one."""
+    built = sorted((d for d in keep.parent.iterdir() if (d / "done").exists() and d != keep),
+                   key=lambda d: (d / "done").stat().st_mtime, reverse=True)
+    for old in built[newest - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def main() -> None:

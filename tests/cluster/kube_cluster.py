@@ -18,6 +18,7 @@ of the default StorageClass, bound to the node whose directory holds them.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
@@ -230,21 +231,8 @@ class KubeCluster:
             (d / sub).mkdir(parents=True, exist_ok=True)
         (d / "cni" / "10-shale.conflist").write_text(json.dumps(network.cni_config(node.index, d / "ipam")))
         (d / "containerd" / "config.toml").write_text(_containerd_config(d))
-        self._spawn(f"{node.name}-containerd", ["containerd", "--config", str(d / "containerd" / "config.toml")],
-                    node=node)
-        self._wait(lambda: node.ctr("version", check=False).returncode == 0, f"{node.name}'s containerd")
-        self._import_images(node)
-        for controller in _cgroup_controllers():  # the kubelet wants its cgroup root to exist
-            (controller / node.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
         (d / "resolv.conf").write_text(f"nameserver {network.node_ip(0)}\n")
         (d / "kubelet" / "config.yaml").write_text(yaml.safe_dump(self._kubelet_config(node)))
-        self._spawn(f"{node.name}-kubelet", [
-            str(kubernetes_binary("kubelet")), f"--config={d / 'kubelet' / 'config.yaml'}",
-            f"--kubeconfig={self._kubeconfig(node.name)}", "--container-runtime=remote",
-            f"--container-runtime-endpoint=unix://{node.socket}", f"--node-ip={node.ip}",
-            f"--hostname-override={node.name}", f"--root-dir={d / 'kubelet'}",
-            f"--node-labels=topology.kubernetes.io/zone={node.zone}", "--register-node=true",
-            f"--cert-dir={d / 'kubelet' / 'pki'}", f"--volume-plugin-dir={d / 'volume-plugins'}"], node=node)
         (d / "kube-proxy.yaml").write_text(yaml.safe_dump({
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
             "clientConnection": {"kubeconfig": str(self._kubeconfig("kube-proxy"))},
@@ -253,8 +241,54 @@ class KubeCluster:
             "nodePortAddresses": [f"{node.ip}/32"],
             # kube-proxy leaves the host's conntrack settings alone (0: do not touch).
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"}}))
+        for controller in _cgroup_controllers():  # the kubelet wants its cgroup root to exist
+            (controller / node.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+        self._run_node(node, import_images=True)
+
+    def _run_node(self, node: Node, import_images: bool = False) -> None:
+        """containerd, then the kubelet and kube-proxy of `node`, from the configuration `_start_node` wrote."""
+        d = node.directory
+        self._spawn(f"{node.name}-containerd", ["containerd", "--config", str(d / "containerd" / "config.toml")],
+                    node=node)
+        self._wait(lambda: node.ctr("version", check=False).returncode == 0, f"{node.name}'s containerd")
+        if import_images:
+            self._import_images(node)
+        self._spawn(f"{node.name}-kubelet", [
+            str(kubernetes_binary("kubelet")), f"--config={d / 'kubelet' / 'config.yaml'}",
+            f"--kubeconfig={self._kubeconfig(node.name)}", "--container-runtime=remote",
+            f"--container-runtime-endpoint=unix://{node.socket}", f"--node-ip={node.ip}",
+            f"--hostname-override={node.name}", f"--root-dir={d / 'kubelet'}",
+            f"--node-labels=topology.kubernetes.io/zone={node.zone}", "--register-node=true",
+            f"--cert-dir={d / 'kubelet' / 'pki'}", f"--volume-plugin-dir={d / 'volume-plugins'}"], node=node)
         self._spawn(f"{node.name}-kube-proxy", [str(kubernetes_binary("kube-proxy")), f"--config={d / 'kube-proxy.yaml'}"],
                     node=node)
+
+    def kill_node(self, node: Node) -> None:
+        """The node's power cut, as far as its processes go: the kubelet, kube-proxy, containerd, every shim and
+        every container SIGKILLed at once (volumes and the kernel's page cache stay, as on a process crash)."""
+        for name, proc in list(node.procs.items()):
+            proc.send_signal(signal.SIGKILL)
+        for _ in range(50):
+            if not _kill_cgroups([node.cgroup_root]):
+                break
+            time.sleep(0.1)
+        for pid, cmdline in _processes():
+            if "containerd-shim" in cmdline and str(node.socket) in cmdline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for name, proc in list(node.procs.items()):
+            _kill(proc)
+            del self._procs[name], node.procs[name]
+
+    def restart_node(self, node: Node) -> None:
+        """`kill_node`, then its containerd, kubelet and kube-proxy started again on the same state; until the
+        node is Ready again."""
+        self.kill_node(node)
+        restarted = datetime.datetime.now(datetime.timezone.utc)
+        self._run_node(node)
+        self._wait(lambda: self._nodes_ready(since=restarted), f"{node.name} Ready again")
+        network.write_sysctls({k: v for k, v in self._sysctls.items() if k in network.PANIC_SYSCTLS})
+        network.guard_first()
 
     def _kubelet_config(self, node: Node) -> dict[str, Any]:
         pki = self.directory / "pki"
@@ -282,8 +316,10 @@ class KubeCluster:
         pause = self.directory / "pause.tar"
         if not pause.exists():
             _pause_archive(pause, self.directory / "pause-oci")
+        started = time.monotonic()
         for archive in (pause, self.images.shale_archive, self.images.client_archive):
             node.ctr("images", "import", str(archive))
+        self.timings[f"{node.name}: images imported"] = time.monotonic() - started
 
     def _storage(self) -> None:
         """The default StorageClass and `local` PersistentVolumes in each node's directory."""
@@ -337,6 +373,22 @@ class KubeCluster:
             parts += [f"--- {n} ---\n{_tail(self.apiserver.workdir / f'{n}.log')}" for n in ("etcd", "kube-apiserver")]
         return "\n".join(parts)
 
+    def resident_memory(self) -> dict[str, int]:
+        """RSS in MiB of each component now, and of the node's pods together (their cgroups' processes)."""
+        procs = dict(self._procs)
+        if self.apiserver is not None:
+            procs.update({"etcd": self.apiserver._etcd, "kube-apiserver": self.apiserver._apiserver})
+        found = {name: _rss([proc.pid]) for name, proc in procs.items() if proc is not None and proc.poll() is None}
+        for node in self.nodes:
+            pids: set[int] = set()
+            for path in _cgroup_tree(_cgroup_controllers()[0] / node.cgroup_root.lstrip("/")):
+                with contextlib.suppress(OSError):
+                    pids.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+            found[f"{node.name} pods"] = _rss(pids)
+            found[f"{node.name} shims"] = _rss(pid for pid, cmd in _processes()
+                                               if "containerd-shim" in cmd and str(node.socket) in cmd)
+        return found
+
     # --- processes -----------------------------------------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str], node: Node | None = None) -> subprocess.Popen:
@@ -362,14 +414,18 @@ class KubeCluster:
             time.sleep(0.25)
         raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
-    def _nodes_ready(self) -> bool:
+    def _nodes_ready(self, since: datetime.datetime | None = None) -> bool:
+        """Every node registered and Ready, by a status its kubelet posted after `since` when given."""
         core = kubernetes.client.CoreV1Api(self.apiserver.client())
         try:
             nodes = {n.metadata.name: n for n in core.list_node().items}
-        except kubernetes.client.ApiException:
+        except (kubernetes.client.ApiException, OSError):
             return False
-        return all(any(c.type == "Ready" and c.status == "True" for c in (nodes[n.name].status.conditions or ()))
-                   for n in self.nodes if n.name in nodes) and len(nodes) == len(self.nodes)
+        if len(nodes) != len(self.nodes) or any(n.name not in nodes for n in self.nodes):
+            return False
+        ready = [next((c for c in nodes[n.name].status.conditions or () if c.type == "Ready"), None) for n in self.nodes]
+        return all(c is not None and c.status == "True" and (since is None or c.last_heartbeat_time > since)
+                   for c in ready)
 
     # --- stop ----------------------------------------------------------------------------------------------
 
@@ -482,6 +538,17 @@ def leftovers(directory: Path, cgroup_roots: list[str], created: list[str]) -> l
               if (c / r.lstrip("/")).exists()]
     found += [f"directory {d}" for d in created if os.path.lexists(d)]
     return found + network.leftovers()
+
+
+def _rss(pids) -> int:
+    """The resident memory of `pids` together, MiB."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total // 1024
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -112,13 +112,14 @@ class Release:
 
     def client_pod(self) -> str:
         """A pod of the client image that sleeps, for `client` to exec into (created once per namespace)."""
-        if self.kubectl("get", "pod", CLIENT_POD, check=False).returncode != 0:
+        if self.kubectl("get", "pod", CLIENT_POD, check=False).returncode != 0:  # once per namespace
             self.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": CLIENT_POD},
                         "spec": {"containers": [{"name": "client", "image": self.cluster.images.client,
                                                  "imagePullPolicy": "Never", "command": ["sleep", "infinity"],
                                                  "securityContext": {"runAsUser": 10001, "runAsNonRoot": True}}],
                                  "terminationGracePeriodSeconds": 0}})
-            self.kubectl("wait", "--for=condition=Ready", f"pod/{CLIENT_POD}", "--timeout=120s", timeout=130)
+        # also after a node restart, which restarts its container
+        self.kubectl("wait", "--for=condition=Ready", f"pod/{CLIENT_POD}", "--timeout=120s", timeout=130)
         return CLIENT_POD
 
     def client(self, command: str, *args: str, timeout: float = 300) -> dict[str, Any]:

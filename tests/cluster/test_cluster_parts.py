@@ -76,3 +76,28 @@ def test_pods_get_routes_to_the_cluster_only_and_no_masquerade():
     routes = [ipaddress.ip_network(r["dst"]) for r in bridge["ipam"]["routes"]]
     assert all(r.subnet_of(network.RANGE) for r in routes)  # no default route, nothing outside the range
     assert bridge["ipam"]["ranges"] == [[{"subnet": "198.18.1.0/24", "gateway": "198.18.1.1"}]]
+
+
+def test_servicemonitor_targets_as_prometheus_operator_labels_them():
+    from chart_util import objects, render
+    from monitoring import monitor_targets, rules_for_test
+    rendered = objects(render({"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}},
+                              namespace="ns"))
+    monitor = next(o for o in rendered if o["kind"] == "ServiceMonitor"
+                   and o["metadata"]["labels"]["app.kubernetes.io/component"] == "storage")
+    services = [o for o in rendered if o["kind"] == "Service"]
+    headless = next(s["metadata"]["name"] for s in services if s["spec"].get("clusterIP") == "None")
+    endpoints = [{"metadata": {"namespace": "ns", "name": s["metadata"]["name"]}, "subsets": [{
+        "ports": [{"name": "kafka", "port": 9092}, {"name": "http", "port": 8080}],
+        "addresses": [{"ip": "198.18.0.7", "targetRef": {"kind": "Pod", "name": "shale-storage-1"}}],
+        "notReadyAddresses": [{"ip": "198.18.0.6", "targetRef": {"kind": "Pod", "name": "shale-storage-0"}}]}]}
+        for s in services]
+    # only the headless Service carries the ServiceMonitor's selector; a not-ready pod is scraped too
+    assert monitor_targets(monitor, services, endpoints) == [
+        {"targets": [f"198.18.0.{6 + i}:8080"], "labels": {"namespace": "ns", "service": headless,
+                                                         "pod": f"shale-storage-{i}", "endpoint": "http", "job": headless}}
+        for i in range(2)]
+    rules = next(o for o in rendered if o["kind"] == "PrometheusRule")["spec"]
+    shortened = rules_for_test(rules, "4s")
+    for before, after in zip(rules["groups"][0]["rules"], shortened["groups"][0]["rules"]):
+        assert {**before, "for": "4s"} == after  # only the duration changes

@@ -9,22 +9,30 @@ first acknowledgement after a delete) are printed and appended to the session's 
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
+from chart_util import objects, one, render
 from kube_cluster import KubeCluster
+from kubernetes.client import CoreV1Api
+from monitoring import Monitoring, monitor_targets, rules_for_test, scrape_job
+from node_util import free_port
 from release import POD_CLIENT, Release
+from shale.operator.topic_check import TopicView
 
 TOPIC = "journey-prices"
 VALUES = {
     "storage": {"replicas": 3, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
                 "overrides": {"log.cleaner.backoff.ms": 500}},
-    "operator": {"statusIntervalSeconds": 3},
+    # CleaningStuck after 5 s, for the alert journey (the chart's default is an hour).
+    "operator": {"statusIntervalSeconds": 3, "cleaningStuckAfterSeconds": 5},
     # The journeys' clients speak PLAINTEXT, as e2e/journey.sh's do.
     "security": {"enabled": False},
 }
@@ -37,13 +45,15 @@ def record(cluster: KubeCluster, name: str, figures: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def release(kube_cluster: KubeCluster, tmp_path_factory) -> Release:
+def release(kube_cluster: KubeCluster, tmp_path_factory) -> Iterator[Release]:
+    record(kube_cluster, "cluster start (s)", {k: round(v, 1) for k, v in kube_cluster.timings.items()})
     started = time.monotonic()
     shale = Release(kube_cluster, tmp_path_factory.mktemp("release"), values=VALUES).install()
     ready = shale.wait_ready(storage=3)
     record(kube_cluster, "install", {"helm install to every pod Ready (s)": round(time.monotonic() - started, 1),
                                      "wait (s)": round(ready, 1)})
-    return shale
+    yield shale
+    record(kube_cluster, "resident memory (MiB)", kube_cluster.resident_memory())
 
 
 def in_sync(release: Release, topic: str, replicas: int = 3) -> dict[str, Any]:
@@ -151,3 +161,186 @@ def test_leader_pod_deleted_under_idempotent_acks_all_load(release: Release):
         # first acknowledgement of a record of the partitions the pod led.
         "longest wait between acknowledgements (s)": round(result["longest_gap"], 3),
         "leaders after": {p: v["leader"] for p, v in after.items()}})
+
+
+def _pod_http(release: Release, pod: str, path: str) -> dict[str, Any]:
+    """POST to a storage pod's HTTP port at its pod IP (the host reaches pods over the bridge)."""
+    ip = json.loads(release.kubectl("get", "pod", pod, "-o", "json").stdout)["status"]["podIP"]
+    request = urllib.request.Request(f"http://{ip}:8080{path}", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_stuck_cleaning_alert_fires_at_the_webhook_and_resolves(release: Release, tmp_path: Path):
+    """Prometheus scrapes the storage pods the chart's ServiceMonitor selects (through the API server's
+    Endpoints, as prometheus-operator would translate it) and evaluates the chart's PrometheusRule; a partition's cleaning
+    paused through the documented HTTP call past a shortened threshold makes ShaleCleaningPausedTooLong arrive
+    at Alertmanager's webhook, and a resolved notification follow the resume. The operator's CleaningStuck
+    condition agrees both ways. ShaleDiskAlmostFull, of the storage family, fires for a free-space threshold
+    above what the volumes have."""
+    in_sync(release, TOPIC)
+    values = {**VALUES, "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {
+        "enabled": True, "thresholds": {"cleaningPausedSeconds": 5, "diskFreeRatio": 0.999}}}}
+    rendered = objects(render(values, namespace=release.namespace, release=release.name))
+    monitor = next(o for o in rendered if o["kind"] == "ServiceMonitor" and
+                   o["metadata"]["labels"]["app.kubernetes.io/component"] == "storage")
+    client = release.cluster.client()
+    targets = monitor_targets(monitor, *(client.sanitize_for_serialization(items) for items in (
+        CoreV1Api(client).list_namespaced_service(release.namespace).items,
+        CoreV1Api(client).list_namespaced_endpoints(release.namespace).items)))
+    assert [t["labels"]["pod"] for t in targets] == [f"{release.fullname}-storage-{i}" for i in range(3)]
+    (tmp_path / "targets.json").write_text(json.dumps(targets))
+    monitoring = Monitoring(tmp_path / "monitoring", [scrape_job(monitor, tmp_path / "targets.json")],
+                            rules_for_test(one(rendered, "PrometheusRule")["spec"]),
+                            ports=(free_port(), free_port(), free_port())).start()
+    try:
+        monitoring.wait_for_targets(3)
+        pod = f"{release.fullname}-storage-1"
+        paused_at = time.monotonic()
+        assert _pod_http(release, pod, f"/partitions/{TOPIC}/0/pause?owner=journey")["pause_count"] == 1
+        firing = monitoring.webhook.wait_for(
+            lambda n: n.status == "firing" and n.labels.get("alertname") == "ShaleCleaningPausedTooLong"
+            and (n.labels["pod"], n.labels["topic"], n.labels["partition"]) == (pod, TOPIC, "0"),
+            "ShaleCleaningPausedTooLong firing")
+        assert firing.labels["namespace"] == release.namespace and firing.labels["severity"] == "warning"
+        assert f"{TOPIC}-0 on {pod}" in firing.annotations["summary"]
+        stuck = _wait_condition(release, "CleaningStuck", "True")
+        assert f"partition 0 on pod {pod}: cleaning paused" in stuck["message"]
+
+        resumed_at = time.monotonic()
+        _pod_http(release, pod, f"/partitions/{TOPIC}/0/resume?owner=journey")
+        monitoring.webhook.wait_for(
+            lambda n: n.status == "resolved" and n.labels.get("alertname") == "ShaleCleaningPausedTooLong"
+            and n.labels["pod"] == pod and n.received > resumed_at, "ShaleCleaningPausedTooLong resolved")
+        resolved = time.monotonic()
+        _wait_condition(release, "CleaningStuck", "False")
+
+        disk = monitoring.webhook.wait_for(
+            lambda n: n.status == "firing" and n.labels.get("alertname") == "ShaleDiskAlmostFull",
+            "ShaleDiskAlmostFull firing")
+        assert disk.labels["pod"].startswith(f"{release.fullname}-storage-") and disk.labels["severity"] == "critical"
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}\n--- prometheus ---\n{monitoring.log('prometheus')}\n"
+                             f"--- alertmanager ---\n{monitoring.log('alertmanager')}") from None
+    finally:
+        monitoring.stop()
+    record(release.cluster, "alerts", {"pause to firing at the webhook (s)": round(firing.received - paused_at, 1),
+                                       "resume to resolved at the webhook (s)": round(resolved - resumed_at, 1)})
+
+
+def _wait_condition(release: Release, kind: str, status: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = TopicView.of(release.topic(TOPIC)).condition(kind)
+        if found.get("status") == status:
+            return dict(found)
+        assert time.monotonic() < deadline, f"Topic {TOPIC}: {kind} is not {status} after {timeout:.0f}s: {found}"
+        time.sleep(1)
+
+
+def test_operator_deleted_mid_reconcile_and_apiserver_restarted(release: Release):
+    """A new Topic applied, the operator's pod deleted before it can finish, kube-apiserver SIGKILLed and
+    started again: the new operator converges (the Topic Ready, every replica in sync, the first Topic
+    untouched) and the topic's manifest is written into the topics ConfigMap exactly once."""
+    in_sync(release, TOPIC)
+    name, api = "journey-second", release.cluster.apiserver
+    operator = release.pods("operator")[0]["metadata"]["name"]
+    account = f"system:serviceaccount:{release.namespace}:{release.fullname}-operator"
+    applied = datetime.datetime.now(datetime.timezone.utc)
+    release.apply({"apiVersion": "shale.dev/v1alpha1", "kind": "Topic", "metadata": {"name": name},
+                   "spec": {"partitions": 2, "replicas": 3, "config": {"cleanup.policy": "compact"}}})
+    release.kubectl("delete", "pod", operator, "--wait=false")
+    api.kill_apiserver()
+    api.start_apiserver()
+    started = time.monotonic()
+    release.wait_ready(storage=3)
+    release.wait_topic(name, timeout=180)
+    converged = time.monotonic() - started
+    partitions = in_sync(release, name)
+    assert sorted(partitions) == ["0", "1"]
+    release.wait_topic(TOPIC)
+    writes = [e for e in api.responses(account)
+              if e["verb"] in ("create", "patch", "update") and e["objectRef"].get("resource") == "configmaps"
+              and e["objectRef"].get("name") == f"{release.fullname}-topics"
+              and e["responseStatus"]["code"] < 300 and _at(e) > applied]
+    assert len(writes) == 1, [(e["verb"], e["stageTimestamp"], e["user"]["username"]) for e in writes]
+    record(release.cluster, "operator deleted and API server restarted",
+           {"API server back to the Topic Ready (s)": round(converged, 1)})
+
+
+def _at(event: dict[str, Any]) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(event["stageTimestamp"].replace("Z", "+00:00"))
+
+
+def _stored(release: Release) -> dict[tuple[int, int], tuple[str, str]]:
+    """Every record of the topic now, by (partition, offset)."""
+    consumed = release.client("consume", "--bootstrap", release.bootstrap, "--topic", TOPIC)
+    assert consumed["complete"], consumed["ends"]
+    return {(p, o): (k, v) for k, v, p, o in consumed["records"]}
+
+
+def _restart_counts(release: Release) -> dict[str, int]:
+    """Each storage pod's and the client pod's container restarts, by pod name."""
+    pods = release.pods("storage") + [json.loads(release.kubectl("get", "pod", release.client_pod(), "-o", "json").stdout)]
+    return {p["metadata"]["name"]: sum(c["restartCount"] for c in p["status"].get("containerStatuses", ()))
+            for p in pods}
+
+
+def test_node_restart_with_every_process_killed(release: Release):
+    """The node's kubelet, containerd, kube-proxy, shims and every container SIGKILLed at once, then started
+    again: the pods come back on their volumes, every acknowledged record is there, every replica in sync."""
+    in_sync(release, TOPIC)
+    produced = release.client("produce", "--bootstrap", release.bootstrap, "--topic", TOPIC,
+                              "--keys", "10", "--updates", "5")
+    assert produced["errors"] == [] and len(produced["acked"]) == 50
+    before = _stored(release)
+    restarts = _restart_counts(release)
+
+    started = time.monotonic()
+    release.cluster.restart_node(release.cluster.nodes[0])
+    node_ready = time.monotonic() - started
+    # The pods' statuses say Running until the kubelet has looked again: wait until it restarted each one.
+    deadline = time.monotonic() + 240
+    while True:
+        after_pods = _restart_counts(release)
+        if after_pods.keys() == restarts.keys() and all(after_pods[n] > c for n, c in restarts.items()):
+            break
+        assert time.monotonic() < deadline, f"containers not restarted: {restarts} -> {after_pods}"
+        time.sleep(1)
+    release.wait_ready(storage=3, timeout=300)
+    pods_ready = time.monotonic() - started
+    in_sync(release, TOPIC)
+
+    after = _stored(release)
+    lost = {position: record for position, record in before.items() if after.get(position) != record}
+    assert not lost, f"{len(lost)} records lost or changed, first {list(lost.items())[:5]}"
+    record(release.cluster, "node restart", {"kill to node Ready (s)": round(node_ready, 1),
+                                             "kill to every pod Ready (s)": round(pods_ready, 1),
+                                             "records checked": len(before)})
+
+
+def test_uninstall_keeps_the_data_and_a_reinstall_serves_it(release: Release):
+    """`helm uninstall` leaves the PersistentVolumeClaims (and the Topics) in place, as docs/kubernetes.md says;
+    `helm install` of the same release again serves the same records at the same offsets."""
+    in_sync(release, TOPIC)
+    before = _stored(release)
+    release.helm("uninstall", release.name, "--wait", "--timeout", "180s", timeout=240)
+    deadline = time.monotonic() + 180
+    while release.pods("storage") or release.pods("operator"):
+        assert time.monotonic() < deadline, release.diagnose()
+        time.sleep(1)
+    claims = json.loads(release.kubectl("get", "pvc", "-l", f"app.kubernetes.io/instance={release.name}",
+                                        "-o", "json").stdout)["items"]
+    assert sorted(c["metadata"]["name"] for c in claims) == [f"data-{release.fullname}-storage-{i}" for i in range(3)]
+    assert all(c["status"]["phase"] == "Bound" for c in claims)
+    assert release.topic(TOPIC)["metadata"]["name"] == TOPIC  # a Topic is not part of the release
+
+    started = time.monotonic()
+    release.install()
+    release.wait_ready(storage=3)
+    release.wait_topic(TOPIC)
+    in_sync(release, TOPIC)
+    after = _stored(release)
+    assert after == before
+    record(release.cluster, "uninstall and install", {"install to Topic Ready and in sync (s)":
+                                                      round(time.monotonic() - started, 1), "records": len(after)})
