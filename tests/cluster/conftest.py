@@ -1,5 +1,6 @@
 """The real-cluster fixture: one Kubernetes cluster per test session (kube_cluster.py), on one pytest-xdist
-worker (every test here is in the `kube-cluster` xdist group; `make test` runs `--dist loadgroup`).
+worker: `make test` runs `--dist loadgroup`, and tests/conftest.py's scheduler sends every test of this folder
+to one worker, in file order.
 
 A cold start (empty etcd and image stores) takes ~25 s of 2 shared cores; the images come from image.py's
 cache (`make test` builds them first; a test run without them builds them here). A start that fails fails
@@ -32,13 +33,6 @@ def _needs_cluster(item: pytest.Item | None) -> bool:
     return item is not None and _HERE in Path(item.fspath).resolve().parents
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if _needs_cluster(item):
-            item.add_marker(pytest.mark.xdist_group("kube-cluster"))
-
-
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory) -> Iterator[KubeCluster]:
     images = image.images()
@@ -59,6 +53,6 @@ def _stop() -> None:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the cluster after the last test that needs it, not at the end of the session: idle, it still
     costs half a core that the rest of the suite, on the other worker and this one, can use. The tests of
-    this folder run one after another (one xdist group; consecutive without xdist)."""
+    this folder run one after another (one xdist work unit; consecutive without xdist)."""
     if _running and not _needs_cluster(nextitem):
         _stop()

@@ -10,8 +10,9 @@ not start raises with every component's log tail. `stop` undoes all of it, also 
 left behind (the next start finds it in STATE_FILE): processes, containers and their cgroups, mounts,
 network namespaces, the bridge, iptables chains, the host settings the kubelet changed.
 
-Nodes: `nodes=N` runs N kubelets, each with its own containerd, root directory, cgroup root, node IP on the
-shared bridge and zone label (`topology.kubernetes.io/zone=zone-<i>`). Volumes: `local` PersistentVolumes
+Nodes: `node_count=N` runs N kubelets, each with its own containerd, root directory, cgroup root, node IP on the
+shared bridge and zone label (`topology.kubernetes.io/zone=zone-<i>`); they share the host's network namespace,
+so one kube-proxy (node 0's) programs it. The journeys so far run one node; N > 1 is untried. Volumes: `local` PersistentVolumes
 of the default StorageClass, bound to the node whose directory holds them.
 """
 
@@ -113,6 +114,7 @@ class KubeCluster:
     nodes: list[Node] = field(default_factory=list)
     node_count: int = 1
     apiserver: ApiServer | None = None
+    ca: CertificateAuthority | None = None
     dns: DnsFeed | None = None
     timings: dict[str, float] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -148,7 +150,7 @@ class KubeCluster:
         return self
 
     def _start(self) -> None:
-        for d in ("logs", "pki", "dns-hosts", "cni"):
+        for d in ("logs", "pki", "dns-hosts"):
             (self.directory / d).mkdir(parents=True, exist_ok=True)
         network.create(len(self.nodes))
         network.verify_routes(len(self.nodes))
@@ -260,8 +262,9 @@ class KubeCluster:
             f"--hostname-override={node.name}", f"--root-dir={d / 'kubelet'}",
             f"--node-labels=topology.kubernetes.io/zone={node.zone}", "--register-node=true",
             f"--cert-dir={d / 'kubelet' / 'pki'}", f"--volume-plugin-dir={d / 'volume-plugins'}"], node=node)
-        self._spawn(f"{node.name}-kube-proxy", [str(kubernetes_binary("kube-proxy")), f"--config={d / 'kube-proxy.yaml'}"],
-                    node=node)
+        if node.index == 0:  # every node shares the host's network namespace: one kube-proxy programs it
+            self._spawn(f"{node.name}-kube-proxy", [str(kubernetes_binary("kube-proxy")),
+                                                    f"--config={d / 'kube-proxy.yaml'}"], node=node)
 
     def kill_node(self, node: Node) -> None:
         """The node's power cut, as far as its processes go: the kubelet, kube-proxy, containerd, every shim and
