@@ -58,7 +58,8 @@ def apiserver_binary() -> Path:
     return kubernetes_binary("kube-apiserver")
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` of a component's log, for the error that says why it did not start."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -155,7 +156,7 @@ class ApiServer:
         while time.monotonic() < deadline:
             for name, proc in (("etcd", self._etcd), ("kube-apiserver", self._apiserver)):
                 if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{_tail(self.workdir / f'{name}.log')}")
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log_tail(self.workdir / f'{name}.log')}")
             try:
                 with urllib.request.urlopen(request, timeout=5, context=context) as response:
                     if response.read() == b"ok":
@@ -164,7 +165,7 @@ class ApiServer:
                 last = str(exc)
             time.sleep(0.2)
         raise RuntimeError(f"kube-apiserver not ready after {START_TIMEOUT}s ({last}):\n"
-                           f"{_tail(self.workdir / 'kube-apiserver.log')}")
+                           f"{log_tail(self.workdir / 'kube-apiserver.log')}")
 
     def kill_apiserver(self) -> None:
         """SIGKILL, as a crashed or evicted API server: open watches break without a goodbye."""

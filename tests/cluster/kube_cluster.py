@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import network  # noqa: E402
 from dns_feed import DnsFeed  # noqa: E402
 from image import Images  # noqa: E402
-from kube_apiserver import ApiServer, kubernetes_binary  # noqa: E402
+from kube_apiserver import ApiServer, kubernetes_binary, log_tail  # noqa: E402
 from pki import CertificateAuthority, Pair  # noqa: E402
 
 # One cluster on the machine at a time (the bridge, the node IPs and the fixed ports are the machine's).
@@ -58,13 +58,6 @@ HOST_DIRS = ("/var/log/pods", "/var/log/containers", "/var/lib/cni", "/var/lib/k
              "/run/containerd", "/run/netns")
 VOLUMES_PER_NODE = 8
 VOLUME_SIZE = "10Gi"
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 @dataclass
@@ -371,9 +364,9 @@ class KubeCluster:
 
     def logs(self) -> str:
         """Every component's log tail (what a failed start or a failed journey prints)."""
-        parts = [f"--- {p.stem} ---\n{_tail(p)}" for p in sorted((self.directory / "logs").glob("*.log"))]
+        parts = [f"--- {p.stem} ---\n{log_tail(p)}" for p in sorted((self.directory / "logs").glob("*.log"))]
         if self.apiserver is not None:
-            parts += [f"--- {n} ---\n{_tail(self.apiserver.workdir / f'{n}.log')}" for n in ("etcd", "kube-apiserver")]
+            parts += [f"--- {n} ---\n{log_tail(self.apiserver.workdir / f'{n}.log')}" for n in ("etcd", "kube-apiserver")]
         return "\n".join(parts)
 
     def resident_memory(self) -> dict[str, int]:

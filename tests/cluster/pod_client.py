@@ -8,7 +8,7 @@ COMMAND …` with this file on standard input. Each command prints one JSON docu
   time, every error, and the longest wait between two acknowledgements.
 - `consume`: every record of the topic from the beginning up to the high watermarks as they were when it
   started; with GROUP it commits the offsets after the first COMMIT records of each partition.
-- `describe`: each partition's leader, replicas and in-sync replicas (Metadata).
+- `describe`: each partition's leader, replicas and in-sync replicas (Metadata), or the topic's error.
 - `lag`: each partition's committed offset of GROUP and log end offset, by Kafka's admin APIs
   (ListConsumerGroupOffsets / ListOffsets), and lag = end - committed.
 """
@@ -116,13 +116,14 @@ def lag(args: argparse.Namespace) -> dict:
 
 
 def describe(args: argparse.Namespace) -> dict:
-    """Each partition's leader and in-sync replicas (node ids), from Metadata."""
+    """Each partition's leader and in-sync replicas (node ids), from Metadata; {"error": …} while the topic has
+    an error (UNKNOWN_TOPIC_OR_PART until the nodes have its manifest)."""
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
     topic = admin.list_topics(args.topic, timeout=30).topics[args.topic]
     if topic.error is not None:
-        raise KafkaException(topic.error)
-    return {str(p.id): {"leader": p.leader, "replicas": p.replicas, "isr": p.isrs}
-            for p in topic.partitions.values()}
+        return {"error": str(topic.error)}
+    return {"partitions": {str(p.id): {"leader": p.leader, "replicas": p.replicas, "isr": p.isrs}
+                           for p in topic.partitions.values()}}
 
 
 def main() -> None:
