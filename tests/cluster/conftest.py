@@ -2,7 +2,7 @@
 worker: `make test` runs `--dist loadgroup`, and tests/conftest.py's scheduler sends every test of this folder
 to one worker, in file order.
 
-A cold start (empty etcd and image stores) takes ~25 s of 2 shared cores; the images come from image.py's
+A cold start (empty etcd and image stores) takes 29–34 s, about half of it importing the images; the images come from image.py's
 cache (`make test` builds them first; a test run without them builds them here). A start that fails fails
 every test that needs the cluster, with each component's log tail; none is skipped. The cluster is
 stopped after the last test of this folder, and its teardown fails loudly if anything of it is left on the

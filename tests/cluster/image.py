@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apiserver"))
+from kube_apiserver import cache_dir  # noqa: E402
 from wheel_venv import NOT_SOURCE, ROOT  # noqa: E402
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -52,9 +55,7 @@ START = time.monotonic()
 
 
 def cache_root() -> Path:
-    base = os.environ.get("SHALE_APISERVER_CACHE") or \
-        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shale")
-    return Path(base) / "images"
+    return cache_dir() / "images"
 
 
 def progress(message: str) -> None:

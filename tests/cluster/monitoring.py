@@ -20,12 +20,16 @@ import json
 import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+
+from kube_apiserver import log_tail
 
 SCRAPE_INTERVAL = "2s"
 
@@ -175,8 +179,6 @@ class Monitoring:
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        import urllib.parse
-        import urllib.request
         url = f"{self.prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
         with urllib.request.urlopen(url, timeout=10) as response:
             return json.loads(response.read())["data"]["result"]
@@ -197,7 +199,7 @@ class Monitoring:
         raise AssertionError(f"fewer than {count} targets up after {timeout:.0f}s:\n{self.log('prometheus')}")
 
     def log(self, name: str) -> str:
-        return "\n".join((self.directory / f"{name}.log").read_text(errors="replace").splitlines()[-30:])
+        return log_tail(self.directory / f"{name}.log")
 
     def stop(self) -> None:
         for proc in self.procs.values():
