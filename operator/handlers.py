@@ -43,6 +43,7 @@ from shale.operator.conditions import (PAUSED, READY, REASSIGNING, SCALE_IN_BLOC
                                       rfc3339)
 from shale.operator.configmap import ConflictError, Snapshot, TopicsConfigMap
 from shale.operator.crd import GROUP, MANAGED_ANNOTATION, PAUSE_ANNOTATION, PLURAL, VERSION
+from shale.operator.discovery import lister, wait_for_resources
 from shale.operator.kube import connection_info
 from shale.operator.manifests import (PLACEHOLDER_KEY, PLACEHOLDER_TEXT, DesiredTopic, SpecError, configmap_key,
                                       desired_topic, loaded_digest, parse_applied)
@@ -56,6 +57,7 @@ from shale.operator.status import (NodeReport, Observation, ReportCache, fetch_r
                                    placements, refusals)
 from shale.operator.storage import Storage, StorageError, read_storage
 from shale.operator.timer_work import run_until_stopped
+from shale.operator.user_crd import PLURAL as USERS_PLURAL
 from shale.operator.user_handlers import register as register_users
 
 FINALIZER = f"{GROUP}/topic-operator"
@@ -360,6 +362,11 @@ def build_registry(settings: Settings) -> kopf.OperatorRegistry:
     @kopf.on.login(id="login", registry=registry)
     def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
         return connection_info(memo.ctx.api.configuration)
+
+    @kopf.on.startup(id="discovery", registry=registry)
+    async def wait_for_discovery(memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        await wait_for_resources(lister(memo.ctx.api, GROUP, VERSION), (PLURAL, USERS_PLURAL), f"{GROUP}/{VERSION}",
+                                 logger)
 
     @kopf.on.startup(id="metrics-start", registry=registry)
     async def start_metrics(memo: kopf.Memo, logger: Any, **_: Any) -> None:

@@ -12,8 +12,8 @@ network namespaces, the bridge, iptables chains, the host settings the kubelet c
 
 Nodes: `node_count=N` runs N kubelets, each with its own containerd, root directory, cgroup root, node IP on the
 shared bridge and zone label (`topology.kubernetes.io/zone=zone-<i>`); they share the host's network namespace,
-so one kube-proxy (node 0's) programs it. The journeys so far run one node; N > 1 is untried. Volumes: `local` PersistentVolumes
-of the default StorageClass, bound to the node whose directory holds them.
+so one kube-proxy (node 0's) programs it. Volumes (`_storage`): StorageClass `local` (the default), bound to one
+node, and `shared`, which any node can mount, as network storage.
 """
 
 from __future__ import annotations
@@ -318,23 +318,28 @@ class KubeCluster:
         self.timings[f"{node.name}: images imported"] = time.monotonic() - started
 
     def _storage(self) -> None:
-        """The default StorageClass and `local` PersistentVolumes in each node's directory."""
-        objs: list[dict[str, Any]] = [{
-            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-            "metadata": {"name": "local", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-            "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer",
-            "reclaimPolicy": "Retain"}]
-        for node in self.nodes:
-            for n in range(VOLUMES_PER_NODE):
-                path = node.volumes / f"pv-{n}"
-                path.mkdir(parents=True, exist_ok=True)
-                objs.append({
-                    "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{node.name}-pv-{n}"},
-                    "spec": {"capacity": {"storage": VOLUME_SIZE}, "accessModes": ["ReadWriteOnce"],
-                             "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "local",
-                             "local": {"path": str(path)},
-                             "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{
-                                 "key": "kubernetes.io/hostname", "operator": "In", "values": [node.name]}]}]}}}})
+        """Two StorageClasses of `local` PersistentVolumes: `local` (the default), each volume in one node's
+        directory and bound to that node, as a disk in the machine; and `shared`, each volume in the cluster's
+        directory and mountable on every node, as network storage (a pod that moves takes its data along)."""
+        objs: list[dict[str, Any]] = [
+            {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+             "metadata": {"name": name, "annotations": {"storageclass.kubernetes.io/is-default-class": default}},
+             "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer",
+             "reclaimPolicy": "Retain"} for name, default in (("local", "true"), ("shared", "false"))]
+        every_node = [n.name for n in self.nodes]
+        volumes = [(f"{n.name}-pv-{i}", "local", n.volumes / f"pv-{i}", [n.name])
+                   for n in self.nodes for i in range(VOLUMES_PER_NODE)]
+        volumes += [(f"shared-pv-{i}", "shared", self.directory / "shared-volumes" / f"pv-{i}", every_node)
+                    for i in range(VOLUMES_PER_NODE)]
+        for name, storage_class, path, hosts in volumes:
+            path.mkdir(parents=True, exist_ok=True)
+            objs.append({
+                "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+                "spec": {"capacity": {"storage": VOLUME_SIZE}, "accessModes": ["ReadWriteOnce"],
+                         "persistentVolumeReclaimPolicy": "Retain", "storageClassName": storage_class,
+                         "local": {"path": str(path)},
+                         "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{
+                             "key": "kubernetes.io/hostname", "operator": "In", "values": hosts}]}]}}}})
         self.apply(objs)
 
     # --- using it ------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ entry point and settings.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -42,8 +43,19 @@ def storage_nodes(tmp_path_factory, request) -> Iterator[StorageNodes]:
         assert node.terminate() == 0, node.log()
 
 
+@dataclass
+class ClusterParts:
+    """Everything of `cluster` but the operator: for tests that start it themselves."""
+
+    api: kubernetes.client.ApiClient
+    apiserver: ApiServerThread
+    projection: ConfigMapProjection
+    settings: Settings
+    kubeconfig: Path
+
+
 @pytest.fixture
-def cluster(storage_nodes: StorageNodes, tmp_path: Path, monkeypatch) -> Iterator[Cluster]:
+def cluster_parts(storage_nodes: StorageNodes, tmp_path: Path, monkeypatch) -> Iterator[ClusterParts]:
     server = ApiServerThread().start()
     api = server.client()
     sts, pods = storage_objects(storage_nodes.nodes)
@@ -60,10 +72,18 @@ def cluster(storage_nodes: StorageNodes, tmp_path: Path, monkeypatch) -> Iterato
                         scale_check_interval_seconds=REFRESH_SECONDS,
                         ready_wait_seconds=10, liveness_endpoint=f"http://127.0.0.1:{free_port()}/healthz",
                         metrics_host="127.0.0.1", metrics_port=free_port(), clients_ca_secret=CLIENTS_CA_SECRET)
-    operator = OperatorThread(settings).start()
     try:
-        yield Cluster(api, storage_nodes, operator, projection, server, kubeconfig)
+        yield ClusterParts(api, server, projection, settings, kubeconfig)
     finally:
-        operator.stop()
         projection.stop()
         server.stop()
+
+
+@pytest.fixture
+def cluster(storage_nodes: StorageNodes, cluster_parts: ClusterParts) -> Iterator[Cluster]:
+    parts = cluster_parts
+    operator = OperatorThread(parts.settings).start()
+    try:
+        yield Cluster(parts.api, storage_nodes, operator, parts.projection, parts.apiserver, parts.kubeconfig)
+    finally:
+        operator.stop()

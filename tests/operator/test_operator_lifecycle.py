@@ -8,8 +8,8 @@ import urllib.request
 
 import kubernetes
 
-from cluster_util import (CRD_SCHEMA, REFRESH_SECONDS, STORAGE_NS, Cluster, crd_errors, describe, produce,
-                          unknown_fields)
+from cluster_util import (CRD_SCHEMA, REFRESH_SECONDS, STORAGE_NS, Cluster, OperatorThread, crd_errors, describe,
+                          produce, unknown_fields)
 from node_util import wait_for
 from shale.operator.manifests import PLACEHOLDER_KEY, PLACEHOLDER_TEXT, configmap_key, loaded_digest
 
@@ -278,3 +278,25 @@ def test_kopf_keeps_its_state_in_annotations_so_the_strict_status_schema_prunes_
     assert "kopf" not in (retrying.get("status") or {})  # kopf's default would keep it in status.kopf.progress
     assert crd_errors(retrying) == [] and unknown_fields(retrying, CRD_SCHEMA) == []
     assert cluster.manifest("refused") is None
+
+
+def test_an_operator_started_before_discovery_lists_topics_waits_and_then_serves_them(cluster_parts, storage_nodes):
+    # A kube-apiserver just restarted answers before it publishes the custom groups; kopf scans discovery once,
+    # so an operator started then would never serve Topics (seen on the real cluster: tests/cluster).
+    parts = cluster_parts
+    hidden = {key: parts.apiserver.server.resources.pop(key)
+              for key in ("shale.dev/v1alpha1/topics", "shale.dev/v1alpha1/users")}
+    operator = OperatorThread(parts.settings)
+    operator.thread.start()
+    try:
+        wait_for(lambda: sum(r.url.path == "/apis/shale.dev/v1alpha1" for r in parts.apiserver.requests()) >= 2,
+                 what="the operator to look for its resources twice")
+        assert not operator.ready_flag.is_set() and operator.error is None
+
+        parts.apiserver.server.resources.update(hidden)
+        wait_for(operator.ready_flag.is_set, 30, what="the operator to start once discovery lists Topics")
+        cluster = Cluster(parts.api, storage_nodes, operator, parts.projection, parts.apiserver, parts.kubeconfig)
+        cluster.create_topic("late", 1)
+        cluster.wait_condition("late", "Ready", "True")
+    finally:
+        operator.stop()
