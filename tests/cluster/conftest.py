@@ -26,6 +26,8 @@ from kube_cluster import KubeCluster  # noqa: E402
 
 
 _HERE = Path(__file__).resolve().parent
+# Three nodes in three zones: a partition's replicas on different nodes, and a node lost loses one replica.
+NODES = 3
 _running: list[KubeCluster] = []
 
 
@@ -38,7 +40,7 @@ def kube_cluster(tmp_path_factory) -> Iterator[KubeCluster]:
     images = image.images()
     if not images.built():
         image.build(Path(sys.executable), images)
-    cluster = KubeCluster(tmp_path_factory.mktemp("kube"), images).start()
+    cluster = KubeCluster(tmp_path_factory.mktemp("kube"), images, node_count=NODES).start()
     _running.append(cluster)
     yield cluster
     _stop()

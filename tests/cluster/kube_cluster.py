@@ -18,6 +18,7 @@ node, and `shared`, which any node can mount, as network storage.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import fcntl
@@ -94,8 +95,11 @@ class Node:
         return self.directory / "volumes"
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
-                              capture_output=True, text=True, check=check, timeout=300)
+        result = subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
+                                capture_output=True, text=True, timeout=300)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{self.name}: ctr {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
+        return result
 
 
 @dataclass
@@ -163,7 +167,14 @@ class KubeCluster:
         self.dns = DnsFeed(self.apiserver.client(), self.directory / "dns-hosts")
         self.dns.start()
         for node in self.nodes:
-            self._start_node(node)
+            self._configure_node(node)
+            self._start_containerd(node)
+        # The images go into every node's containerd at once (mostly writing: the unpacked layers), then the kubelets.
+        _pause_archive(self.directory / "pause.tar", self.directory / "pause-oci")
+        with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(self._import_images, self.nodes))
+        for node in self.nodes:
+            self._start_kubelet(node)
         self._wait(self._nodes_ready, "every node Ready")
         # The kubelet has written its kernel tunables by now: a kernel oops must not reboot the machine.
         network.write_sysctls({k: v for k, v in self._sysctls.items() if k in network.PANIC_SYSCTLS})
@@ -220,7 +231,7 @@ class KubeCluster:
                 "--node-monitor-grace-period=20s", "--pod-eviction-timeout=30s",
                 f"--flex-volume-plugin-dir={self.directory / 'flex-volumes'}"]
 
-    def _start_node(self, node: Node) -> None:
+    def _configure_node(self, node: Node) -> None:
         d = node.directory
         for sub in ("containerd", "kubelet", "cni", "ipam", "volumes", "volume-plugins"):
             (d / sub).mkdir(parents=True, exist_ok=True)
@@ -238,16 +249,15 @@ class KubeCluster:
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"}}))
         for controller in _cgroup_controllers():  # the kubelet wants its cgroup root to exist
             (controller / node.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
-        self._run_node(node, import_images=True)
 
-    def _run_node(self, node: Node, import_images: bool = False) -> None:
-        """containerd, then the kubelet and kube-proxy of `node`, from the configuration `_start_node` wrote."""
-        d = node.directory
-        self._spawn(f"{node.name}-containerd", ["containerd", "--config", str(d / "containerd" / "config.toml")],
-                    node=node)
+    def _start_containerd(self, node: Node) -> None:
+        self._spawn(f"{node.name}-containerd",
+                    ["containerd", "--config", str(node.directory / "containerd" / "config.toml")], node=node)
         self._wait(lambda: node.ctr("version", check=False).returncode == 0, f"{node.name}'s containerd")
-        if import_images:
-            self._import_images(node)
+
+    def _start_kubelet(self, node: Node) -> None:
+        """The kubelet and kube-proxy of `node`, from the configuration `_configure_node` wrote."""
+        d = node.directory
         self._spawn(f"{node.name}-kubelet", [
             str(kubernetes_binary("kubelet")), f"--config={d / 'kubelet' / 'config.yaml'}",
             f"--kubeconfig={self._kubeconfig(node.name)}", "--container-runtime=remote",
@@ -281,7 +291,8 @@ class KubeCluster:
         node is Ready again."""
         self.kill_node(node)
         restarted = datetime.datetime.now(datetime.timezone.utc)
-        self._run_node(node)
+        self._start_containerd(node)
+        self._start_kubelet(node)
         self._wait(lambda: self._nodes_ready(since=restarted), f"{node.name} Ready again")
         network.write_sysctls({k: v for k, v in self._sysctls.items() if k in network.PANIC_SYSCTLS})
         network.guard_first()
@@ -310,8 +321,6 @@ class KubeCluster:
     def _import_images(self, node: Node) -> None:
         """The pause image (built here from the static binary), Shale's and the client's, into `k8s.io`."""
         pause = self.directory / "pause.tar"
-        if not pause.exists():
-            _pause_archive(pause, self.directory / "pause-oci")
         started = time.monotonic()
         for archive in (pause, self.images.shale_archive, self.images.client_archive):
             node.ctr("images", "import", str(archive))

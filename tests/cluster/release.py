@@ -140,6 +140,13 @@ class Release:
             for pod in self.pods(component):
                 name = pod["metadata"]["name"]
                 parts.append(f"--- {name} ---\n" + self.kubectl("logs", name, "--tail=40", check=False).stdout)
+                if component == "storage":  # what the kubelet has projected of the topics ConfigMap
+                    parts.append(self.kubectl("exec", name, "-c", "shale", "--", "ls", "-la", "/etc/shale/topics/",
+                                              check=False).stdout)
+        for node in self.cluster.nodes:  # the kubelets' word on the projections
+            log = (self.cluster.directory / "logs" / f"{node.name}-kubelet.log").read_text(errors="replace")
+            lines = [line for line in log.splitlines() if "configmap" in line.lower()]
+            parts.append(f"--- {node.name}-kubelet, lines about ConfigMaps ---\n" + "\n".join(lines[-15:]))
         return "\n".join(parts)
 
 
