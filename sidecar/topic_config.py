@@ -134,13 +134,16 @@ def _integer_type(name: str, bits: int) -> ConfigType:
             raise InvalidConfigError(key, raw, f"Not a number of type {name.upper()}")
         return value
 
-    schema = {
+    schema: dict[str, object] = {
         "x-kubernetes-int-or-string": True,
         "anyOf": [{"type": "integer"}, {"type": "string"}],
         "pattern": f"^{_INTEGER.pattern}$",
-        "minimum": lo,
-        "maximum": hi,
     }
+    if bits < 64:
+        # A long's own bounds are left to `parse`: kube-apiserver keeps a schema's bounds as float64, where
+        # 2^63-1 rounds up to 2^63, and its int64 conversion of that overflows to -2^63, so `maximum: 2^63-1`
+        # refuses every integer (seen on v1.20 in tests/cluster).
+        schema.update(minimum=lo, maximum=hi)
     return ConfigType(name, parse, schema)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from apiserver_util import crd_for_1_20
 from kube_apiserver import ApiServer
+from shale.sidecar.topic_config import CONFIG_KEYS
 
 GROUP, VERSION, PLURAL = "shale.dev", "v1alpha1", "topics"
 _namespaces = itertools.count(1)
@@ -93,6 +94,20 @@ def test_openapi_validation_refuses_bad_topics_with_the_field_named(apiserver: A
         objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     assert refused.value.status == 422
     assert message in json.loads(refused.value.body)["message"]
+
+
+def test_every_integer_key_takes_its_default_and_its_extremes_as_a_yaml_integer(apiserver: ApiServer,
+                                                                                namespace: str):
+    # The server keeps a schema's bounds as float64: a long's 2^63-1 became 2^63 and overflowed its int64
+    # check, so every integer was refused for a long key (tests/cluster found it with file.delete.delay.ms).
+    objects = kubernetes.client.CustomObjectsApi(apiserver.client())
+    integers = [k for k in CONFIG_KEYS if k.type.name in ("int", "long")]
+    for n, config in enumerate(({k.name: k.default for k in integers},
+                                {k.name: (1 << 63) - 1 for k in integers if k.type.name == "long"})):
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Topic", "metadata": {"name": f"integers-{n}"},
+                "spec": {"config": config}}
+        created = objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        assert created["spec"]["config"] == config
 
 
 def test_kubectl_get_topics_prints_the_columns(apiserver: ApiServer, namespace: str, tmp_path: Path):

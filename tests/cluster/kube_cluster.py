@@ -13,7 +13,7 @@ network namespaces, the bridge, iptables chains, the host settings the kubelet c
 Nodes: `node_count=N` runs N kubelets, each with its own containerd, root directory, cgroup root, node IP on the
 shared bridge and zone label (`topology.kubernetes.io/zone=zone-<i>`); they share the host's network namespace,
 so one kube-proxy (node 0's) programs it. Volumes (`_storage`): StorageClass `local` (the default), bound to one
-node, and `shared`, which any node can mount, as network storage.
+node; `small`, a tmpfs that fills up; and `shared`, which any node can mount, as network storage.
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ HOST_DIRS = ("/var/log/pods", "/var/log/containers", "/var/lib/cni", "/var/lib/k
              "/run/containerd", "/run/netns")
 VOLUMES_PER_NODE = 8
 VOLUME_SIZE = "10Gi"
+# Volumes that really fill up (a tmpfs each, bound to its node): the journeys' release runs on them, so a full
+# log dir is a full filesystem, not a threshold.
+SMALL_VOLUMES_PER_NODE = 2
+SMALL_VOLUME_MIB = 128
 
 
 @dataclass
@@ -327,24 +331,30 @@ class KubeCluster:
         self.timings[f"{node.name}: images imported"] = time.monotonic() - started
 
     def _storage(self) -> None:
-        """Two StorageClasses of `local` PersistentVolumes: `local` (the default), each volume in one node's
-        directory and bound to that node, as a disk in the machine; and `shared`, each volume in the cluster's
-        directory and mountable on every node, as network storage (a pod that moves takes its data along)."""
+        """Three StorageClasses of `local` PersistentVolumes: `local` (the default), each volume in one node's
+        directory and bound to that node, as a disk in the machine; `small`, the same on a tmpfs of
+        SMALL_VOLUME_MIB, a disk that fills up; and `shared`, each volume in the cluster's directory and
+        mountable on every node, as network storage (a pod that moves takes its data along)."""
         objs: list[dict[str, Any]] = [
             {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
              "metadata": {"name": name, "annotations": {"storageclass.kubernetes.io/is-default-class": default}},
              "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer",
-             "reclaimPolicy": "Retain"} for name, default in (("local", "true"), ("shared", "false"))]
+             "reclaimPolicy": "Retain"} for name, default in (("local", "true"), ("small", "false"), ("shared", "false"))]
         every_node = [n.name for n in self.nodes]
-        volumes = [(f"{n.name}-pv-{i}", "local", n.volumes / f"pv-{i}", [n.name])
+        volumes = [(f"{n.name}-pv-{i}", "local", n.volumes / f"pv-{i}", [n.name], VOLUME_SIZE)
                    for n in self.nodes for i in range(VOLUMES_PER_NODE)]
-        volumes += [(f"shared-pv-{i}", "shared", self.directory / "shared-volumes" / f"pv-{i}", every_node)
+        volumes += [(f"{n.name}-small-pv-{i}", "small", n.volumes / f"small-pv-{i}", [n.name], f"{SMALL_VOLUME_MIB}Mi")
+                    for n in self.nodes for i in range(SMALL_VOLUMES_PER_NODE)]
+        volumes += [(f"shared-pv-{i}", "shared", self.directory / "shared-volumes" / f"pv-{i}", every_node, VOLUME_SIZE)
                     for i in range(VOLUMES_PER_NODE)]
-        for name, storage_class, path, hosts in volumes:
+        for name, storage_class, path, hosts, size in volumes:
             path.mkdir(parents=True, exist_ok=True)
+            if storage_class == "small":  # unmounted by stop(), as every mount under the cluster's directory
+                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_VOLUME_MIB}m,mode=0755", "tmpfs", str(path)],
+                               check=True, capture_output=True)
             objs.append({
                 "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
-                "spec": {"capacity": {"storage": VOLUME_SIZE}, "accessModes": ["ReadWriteOnce"],
+                "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
                          "persistentVolumeReclaimPolicy": "Retain", "storageClassName": storage_class,
                          "local": {"path": str(path)},
                          "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{

@@ -4,6 +4,8 @@ COMMAND …` with this file on standard input. Each command prints one JSON docu
 
 - `produce`: KEYS keys × UPDATES values with an idempotent `acks=all` producer; every acknowledgement
   (key, value, partition, offset) and every delivery error.
+- `fill`: MIB mebibytes of random values in records of RECORD_KIB, with the same producer: the count and
+  bytes acknowledged and every delivery error.
 - `load`: the same producer, one record in flight at a time, for SECONDS; every acknowledgement with its
   time, every error, and the longest wait between two acknowledgements.
 - `consume`: every record of the topic from the beginning up to the high watermarks as they were when it
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -45,6 +48,26 @@ def produce(args: argparse.Namespace) -> dict:
             producer.poll(0)
     left = producer.flush(120)
     return {"acked": acked, "errors": errors, "unflushed": left}
+
+
+def fill(args: argparse.Namespace) -> dict:
+    """MIB mebibytes of random values in records of RECORD_KIB, with the same producer: how many were
+    acknowledged, and every delivery error (a full disk is one: KAFKA_STORAGE_ERROR)."""
+    producer, acked, errors = _producer(args.bootstrap), [0, 0], []
+
+    def report(err, msg):
+        if err is not None:
+            errors.append(str(err))
+        else:
+            acked[0] += 1
+            acked[1] += len(msg.value())
+
+    for n in range(args.mib * 1024 // args.record_kib):
+        producer.produce(args.topic, key=f"fill-{n}".encode(), value=os.urandom(args.record_kib * 1024),
+                         on_delivery=report)
+        producer.poll(0)
+    left = producer.flush(120)
+    return {"acked": acked[0], "acked_bytes": acked[1], "errors": errors, "unflushed": left}
 
 
 def load(args: argparse.Namespace) -> dict:
@@ -128,7 +151,7 @@ def describe(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["produce", "load", "consume", "lag", "describe"])
+    parser.add_argument("command", choices=["produce", "fill", "load", "consume", "lag", "describe"])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--keys", type=int, default=10)
@@ -136,8 +159,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--group", default="")
     parser.add_argument("--commit", type=int, default=0)
+    parser.add_argument("--mib", type=int, default=1)
+    parser.add_argument("--record-kib", type=int, default=256)
     args = parser.parse_args()
-    commands = {"produce": produce, "load": load, "consume": consume, "lag": lag, "describe": describe}
+    commands = {"produce": produce, "fill": fill, "load": load, "consume": consume, "lag": lag, "describe": describe}
     json.dump(commands[args.command](args), sys.stdout)
 
 

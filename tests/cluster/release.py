@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,14 +141,24 @@ class Release:
             for pod in self.pods(component):
                 name = pod["metadata"]["name"]
                 parts.append(f"--- {name} ---\n" + self.kubectl("logs", name, "--tail=40", check=False).stdout)
-                if component == "storage":  # what the kubelet has projected of the topics ConfigMap
+                if component == "storage":  # what the kubelet has projected, and what the node says it serves
                     parts.append(self.kubectl("exec", name, "-c", "shale", "--", "ls", "-la", "/etc/shale/topics/",
                                               check=False).stdout)
+                    parts.append(self._status_text(pod))
         for node in self.cluster.nodes:  # the kubelets' word on the projections
             log = (self.cluster.directory / "logs" / f"{node.name}-kubelet.log").read_text(errors="replace")
             lines = [line for line in log.splitlines() if "configmap" in line.lower()]
             parts.append(f"--- {node.name}-kubelet, lines about ConfigMaps ---\n" + "\n".join(lines[-15:]))
         return "\n".join(parts)
+
+
+    def _status_text(self, pod: dict[str, Any]) -> str:
+        """The storage pod's /status from its pod IP (the host reaches pods over the bridge), or why not."""
+        try:
+            with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8080/status", timeout=10) as response:
+                return response.read().decode()[:6000]
+        except (OSError, KeyError) as exc:
+            return f"/status: {exc!r}"
 
 
 def _all_ready(pods: list[dict[str, Any]], count: int) -> bool:

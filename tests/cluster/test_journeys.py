@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from chart_util import objects, one, render
-from kube_cluster import KubeCluster
+from kube_cluster import SMALL_VOLUME_MIB, KubeCluster
 from kubernetes.client import CoreV1Api
 from monitoring import Monitoring, monitor_targets, rules_for_test, scrape_job
 from node_util import free_port
@@ -29,7 +29,9 @@ from shale.operator.topic_check import TopicView
 
 TOPIC = "journey-prices"
 VALUES = {
+    # On the cluster's `small` volumes (a tmpfs of 128 MiB each): the alert journey fills one for real.
     "storage": {"replicas": 3, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                "persistence": {"storageClassName": "small", "size": f"{SMALL_VOLUME_MIB}Mi"},
                 "overrides": {"log.cleaner.backoff.ms": 500}},
     # CleaningStuck after 5 s, for the alert journey (the chart's default is an hour).
     "operator": {"statusIntervalSeconds": 3, "cleaningStuckAfterSeconds": 5},
@@ -182,11 +184,12 @@ def test_stuck_cleaning_alert_fires_at_the_webhook_and_resolves(release: Release
     Endpoints, as prometheus-operator would translate it) and evaluates the chart's PrometheusRule; a partition's cleaning
     paused through the documented HTTP call past a shortened threshold makes ShaleCleaningPausedTooLong arrive
     at Alertmanager's webhook, and a resolved notification follow the resume. The operator's CleaningStuck
-    condition agrees both ways. ShaleDiskAlmostFull, of the storage family, fires for a free-space threshold
-    above what the volumes have."""
+    condition agrees both ways. Then a log dir filled for real: a topic's records past half of every storage
+    pod's volume make ShaleDiskAlmostFull (of the storage family) fire for each pod, and deleting the topic
+    resolves it."""
     in_sync(release, TOPIC)
     values = {**VALUES, "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {
-        "enabled": True, "thresholds": {"cleaningPausedSeconds": 5, "diskFreeRatio": 0.999}}}}
+        "enabled": True, "thresholds": {"cleaningPausedSeconds": 5, "diskFreeRatio": 0.5}}}}
     rendered = objects(render(values, namespace=release.namespace, release=release.name))
     monitor = next(o for o in rendered if o["kind"] == "ServiceMonitor" and
                    o["metadata"]["labels"]["app.kubernetes.io/component"] == "storage")
@@ -221,17 +224,43 @@ def test_stuck_cleaning_alert_fires_at_the_webhook_and_resolves(release: Release
         resolved = time.monotonic()
         _wait_condition(release, "CleaningStuck", "False")
 
-        disk = monitoring.webhook.wait_for(
-            lambda n: n.status == "firing" and n.labels.get("alertname") == "ShaleDiskAlmostFull",
-            "ShaleDiskAlmostFull firing")
-        assert disk.labels["pod"].startswith(f"{release.fullname}-storage-") and disk.labels["severity"] == "critical"
+        disk = _fill_and_free(release, monitoring)
     except AssertionError as failure:
         raise AssertionError(f"{failure}\n--- prometheus ---\n{monitoring.log('prometheus')}\n"
                              f"--- alertmanager ---\n{monitoring.log('alertmanager')}") from None
     finally:
         monitoring.stop()
     record(release.cluster, "alerts", {"pause to firing at the webhook (s)": round(firing.received - paused_at, 1),
-                                       "resume to resolved at the webhook (s)": round(resolved - resumed_at, 1)})
+                                       "resume to resolved at the webhook (s)": round(resolved - resumed_at, 1),
+                                       **disk})
+
+
+def _fill_and_free(release: Release, monitoring: Monitoring) -> dict[str, Any]:
+    """ShaleDiskAlmostFull fired for every storage pod by a topic filling 5/8 of each one's volume, then resolved by
+    the topic's deletion; the figures."""
+    fill, pods = "journey-fill", {f"{release.fullname}-storage-{i}" for i in range(3)}
+    release.apply({"apiVersion": "shale.dev/v1alpha1", "kind": "Topic", "metadata": {"name": fill},
+                   "spec": {"partitions": 1, "replicas": 3, "config": {
+                       "cleanup.policy": "delete", "segment.bytes": 8 << 20, "file.delete.delay.ms": 1000}}})
+    release.wait_topic(fill)
+    started = time.monotonic()
+    filled = release.client("fill", "--bootstrap", release.bootstrap, "--topic", fill,
+                            "--mib", str(SMALL_VOLUME_MIB * 5 // 8), "--record-kib", "256")
+    assert filled["errors"] == [] and filled["acked_bytes"] == SMALL_VOLUME_MIB * 5 // 8 << 20, filled
+
+    def disk_alerts(status: str, since: float) -> set[str]:
+        return {n.labels["pod"] for n in monitoring.webhook.notifications if n.status == status
+                and n.labels.get("alertname") == "ShaleDiskAlmostFull" and n.received > since}
+
+    monitoring.webhook.wait_for(lambda n: disk_alerts("firing", started) == pods, "ShaleDiskAlmostFull for every pod")
+    fired = time.monotonic()
+    firing = [n for n in monitoring.webhook.notifications if n.labels.get("alertname") == "ShaleDiskAlmostFull"]
+    assert all(n.labels["severity"] == "critical" for n in firing)
+    deleted = time.monotonic()
+    release.kubectl("delete", "topic", fill)
+    monitoring.webhook.wait_for(lambda n: disk_alerts("resolved", deleted) == pods, "ShaleDiskAlmostFull resolved")
+    return {"fill (MiB)": filled["acked_bytes"] >> 20, "fill start to disk alert for every pod (s)": round(fired - started, 1),
+            "topic deleted to resolved (s)": round(time.monotonic() - deleted, 1)}
 
 
 def _wait_condition(release: Release, kind: str, status: str, timeout: float = 60) -> dict[str, Any]:
@@ -340,3 +369,32 @@ def test_node_restart_with_every_process_killed(release: Release):
                                              "kill to node Ready (s)": round(node_ready, 1),
                                              "kill to every pod Ready (s)": round(pods_ready, 1),
                                              "records checked": len(before)})
+
+
+def test_uninstall_keeps_the_data_and_a_reinstall_serves_it(release: Release):
+    """`helm uninstall` leaves the PersistentVolumeClaims (and the Topics) in place, as docs/kubernetes.md says;
+    `helm install` of the same release again serves the same records at the same offsets, every replica in sync."""
+    in_sync(release, TOPIC)
+    before = _stored(release)
+    release.helm("uninstall", release.name, "--wait", "--timeout", "180s", timeout=240)
+    deadline = time.monotonic() + 180
+    while release.pods("storage") or release.pods("operator"):
+        assert time.monotonic() < deadline, release.diagnose()
+        time.sleep(1)
+    claims = json.loads(release.kubectl("get", "pvc", "-l", f"app.kubernetes.io/instance={release.name}",
+                                        "-o", "json").stdout)["items"]
+    assert sorted(c["metadata"]["name"] for c in claims) == [f"data-{release.fullname}-storage-{i}" for i in range(3)]
+    assert all(c["status"]["phase"] == "Bound" for c in claims)
+    assert release.topic(TOPIC)["metadata"]["name"] == TOPIC  # a Topic is not part of the release
+
+    started = time.monotonic()
+    release.install()
+    release.wait_ready(storage=3)
+    # The Topic's Ready=True is the old operator's until the new one refreshes it: the nodes' own Metadata says
+    # when they serve the topic again, every replica back in its ISR.
+    in_sync(release, TOPIC)
+    settled = time.monotonic() - started
+    after = _stored(release)
+    assert after == before
+    record(release.cluster, "uninstall and install", {"install to every replica in sync (s)": round(settled, 1),
+                                                      "records": len(after)})
