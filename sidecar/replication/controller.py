@@ -186,7 +186,11 @@ class Controller:
         self._wake.set()
 
     def wake(self) -> None:
-        """Run the loop now rather than at the next renewal: `wanted()` has changed (a topic was created)."""
+        """Run the loop now rather than at the next renewal: `wanted()` has changed (a topic was created), and
+        deliver the view again even if the store has not changed: records of a topic this node did not know yet
+        were passed over when their view was applied (another node, whose manifests came first, may have
+        created them), and a quiet store would not deliver them again."""
+        self._delivered = None
         self._wake.set()
 
     # -- the controller thread ---------------------------------------------------------------------------

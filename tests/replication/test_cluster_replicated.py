@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from fault_util import check_acknowledged
-from node_util import (NodeThread, ServeProcess, fetch_sessions, scrape_metrics, start_replicated_cluster,
-                       topic_manifest, wait_for, write_manifests)
+from node_util import (TEST_OVERRIDES, NodeThread, ReplicatedCluster, ServeProcess, fetch_sessions, scrape_metrics,
+                       start_replicated_cluster, topic_manifest, wait_for, write_manifests)
 from shale.sidecar.log.records import decode_batch
 
 
@@ -321,5 +321,34 @@ def test_a_restarted_replica_takes_its_topics_config_again(tmp_path, etcd):
         for n, server in cluster.servers.items():
             (replica,) = _status(server)["topics"]["table"]["partitions"]
             assert replica["cleanup_policy"] == ["compact"], f"node {n}"
+    finally:
+        cluster.stop()
+
+
+def test_a_node_that_reads_a_topic_after_its_records_exist_serves_it_in_a_quiet_store(tmp_path, etcd):
+    # Each node reads its own topics directory, as each pod gets the ConfigMap on its own kubelet's schedule: node
+    # 2 learns of the topic after nodes 0 and 1 created its record, and no store change follows (the ISR lag time
+    # is too long for the leader to shrink node 2 out). Found on the real cluster (tests/cluster): such a node
+    # served nothing until some other record changed.
+    cluster = ReplicatedCluster(tmp_path, etcd)
+    dirs = [tmp_path / f"topics{n}" for n in range(3)]
+    for n, topics in enumerate(dirs):
+        topics.mkdir()
+        cluster.servers[n] = ServeProcess(tmp_path / f"data{n}", topics, "--store", etcd.url, *TEST_OVERRIDES,
+                                          "--override", "replica.lag.time.max.ms=600000", node_id=n)
+    try:
+        for server in cluster.servers.values():
+            server.start()
+        cluster.wait_for_members()
+        manifest = topic_manifest("late", 1, assignment={"partitions": [[0, 1, 2]]})
+        for topics in dirs[:2]:
+            write_manifests(topics / "topics.yaml", manifest)
+        wait_for(lambda: all(getattr(cluster.metadata("late", via=n).get(0), "leader", None) == 0 for n in (0, 1)),
+                 what="nodes 0 and 1 to see late-0 led by node 0")
+        time.sleep(1)  # the store settles: node 2 has applied every view there is
+
+        write_manifests(dirs[2] / "topics.yaml", manifest)
+        wait_for(lambda: [(p["replica"] or {}).get("role") for p in _status(cluster.servers[2])["topics"].get(
+            "late", {}).get("partitions", [])] == ["follower"], what="node 2 to follow late-0")
     finally:
         cluster.stop()
