@@ -8,7 +8,8 @@ OCI image packed by umoci and written by skopeo as a docker-archive that `ctr im
 The Dockerfile stays the recipe for machines with Docker. What the two must share is read from it, not
 restated: the final stage's USER, ENV, ENTRYPOINT, CMD, EXPOSE and WORKDIR become this image's config
 (`dockerfile_config`), and both install the same wheels with `pip install --no-index --find-links`. Where
-they differ, and why (tests/cluster/test_image.py checks each):
+they differ, and why (tests/cluster/test_image_tree.py runs the Dockerfile's own pip lines and checks that the
+image installs the same tree):
 - the base is Debian's python3.11 (3.11.2) with the project in a virtual environment at /opt/shale
   (its bin first on PATH), not python.org's 3.11 in /usr/local: no python image is reachable here;
 - the user 10001 is created by the same `useradd` line as the Dockerfile's.
@@ -83,7 +84,7 @@ class ImageConfig:
     useradd: str = ""  # the RUN line's `useradd …` command, run in the Debian root file system as well
 
 
-def _logical_lines(text: str) -> list[str]:
+def logical_lines(text: str) -> list[str]:
     """Instructions with their continuation lines joined and comments dropped."""
     lines, current = [], ""
     for raw in text.splitlines():
@@ -111,7 +112,7 @@ def dockerfile_config(text: str) -> ImageConfig:
     """The final stage's runtime settings. Only the instructions the Dockerfile uses are understood; any
     other instruction in the final stage is refused, so a new one cannot be silently left out here."""
     stages: list[list[tuple[str, str]]] = []
-    for line in _logical_lines(text):
+    for line in logical_lines(text):
         instruction, _, rest = line.partition(" ")
         instruction = instruction.upper()
         if instruction == "FROM":

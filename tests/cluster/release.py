@@ -140,7 +140,8 @@ class Release:
         for component in ("operator", "storage"):
             for pod in self.pods(component):
                 name = pod["metadata"]["name"]
-                parts.append(f"--- {name} ---\n" + self.kubectl("logs", name, "--tail=40", check=False).stdout)
+                logs = self.kubectl("logs", name, "--tail=40", check=False)
+                parts.append(f"--- {name} ---\n{logs.stdout or logs.stderr}")
                 if component == "storage":  # what the kubelet has projected, and what the node says it serves
                     parts.append(self.kubectl("exec", name, "-c", "shale", "--", "ls", "-la", "/etc/shale/topics/",
                                               check=False).stdout)
@@ -151,14 +152,18 @@ class Release:
             parts.append(f"--- {node.name}-kubelet, lines about ConfigMaps ---\n" + "\n".join(lines[-15:]))
         return "\n".join(parts)
 
-
     def _status_text(self, pod: dict[str, Any]) -> str:
-        """The storage pod's /status from its pod IP (the host reaches pods over the bridge), or why not."""
+        """What the storage pod's /status (from its pod IP: the host reaches pods over the bridge) says of its
+        manifests, its session and each replica of the journeys' topics; or why it could not be read."""
         try:
             with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8080/status", timeout=10) as response:
-                return response.read().decode()[:6000]
-        except (OSError, KeyError) as exc:
+                status = json.load(response)
+        except (OSError, KeyError, ValueError) as exc:
             return f"/status: {exc!r}"
+        replicas = {f"{topic}-{p['partition']}": p.get("replica") for topic, t in status.get("topics", {}).items()
+                    if not topic.startswith("__") for p in t.get("partitions", ())}
+        return json.dumps({"manifests": status.get("manifests"), "errors": status.get("errors"),
+                           "session_valid": status.get("session_valid"), "replicas": replicas})
 
 
 def _all_ready(pods: list[dict[str, Any]], count: int) -> bool:
