@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import re2
 import yaml
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from chart_util import (CRD_FILES, ROOT, as_json_schema, cel, structural_violations, subschemas, topic_schema,
                         unknown_fields)
@@ -277,6 +277,9 @@ def _crd_accepts(key, value) -> bool:
 @given(st.sampled_from(_NUMERIC), st.one_of(st.integers(LONG_MIN * 2, LONG_MAX * 2),
                                             st.integers(INT_MIN - 5, INT_MAX + 5), st.integers(-200000, 30)))
 def test_native_integers_accepted_exactly_as_kafka_does(key, value):
+    # Except a long past 64 bits, which the schema cannot bound (kube-apiserver holds bounds as float64, and 2^63-1
+    # overflows its int64 check): the parser refuses it (tests/test_topic_config.py, past 64 bits).
+    assume(not (key.type.name == "long" and not LONG_MIN <= value <= LONG_MAX))
     assert _crd_accepts(key, value) == _kafka_accepts(key, value), (key.name, value)
 
 

@@ -123,7 +123,10 @@ def test_more_partitions_are_added_without_moving_the_existing_ones(cluster: Clu
     # Load before: pod 0 has 2, pod 1 has 2 (wide's one + narrow's). New ones balance them.
     wait_for(lambda: cluster.manifest("wide")["spec"]["assignment"]["partitions"] == [0, 1, 0, 0, 1, 0],
              what="the new partitions' assignment")
-    cluster.wait_condition("wide", "Ready", "True", timeout=20)
+    # Ready for the new generation: the old one's Ready=True stands until the operator has handled the patch.
+    generation = cluster.topic("wide")["metadata"]["generation"]
+    wait_for(lambda: (c := cluster.condition("wide", "Ready")).get("status") == "True"
+             and c.get("observedGeneration") == generation, 20, what=f"Ready=True for generation {generation}")
     status = wait_for(lambda: (s := cluster.topic("wide")["status"]) and len(s["partitions"]) == 6 and s, 20,
                       what="six partitions in the status")
     assert [p["pod"] for p in status["partitions"]] == ["shale-0", "shale-1", "shale-0", "shale-0", "shale-1",
