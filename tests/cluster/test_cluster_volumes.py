@@ -58,9 +58,12 @@ def test_a_shared_volume_follows_its_claim_to_another_node_and_a_small_one_fills
         assert (first, second, read) == ("node-0", "node-2", "written-on-node-0\n")
 
         # A tmpfs of SMALL_VOLUME_MIB: writing more than it holds fails with ENOSPC, in the pod.
+        # head's error goes to a file and is printed after "refused", so the log's order does not hang on how the
+        # container runtime interleaves stdout and stderr.
         _, filled = _run(cluster, _pod("filler", "tiny", None, f"df -m /v | tail -1; head -c {SMALL_VOLUME_MIB + 1}M "
-                                       "/dev/zero > /v/fill || echo refused", image))
-        size = int(filled.splitlines()[0].split()[1])
-        assert size == SMALL_VOLUME_MIB and filled.strip().endswith("refused"), filled
+                                       "/dev/zero > /v/fill 2>/tmp/err || { echo refused; cat /tmp/err; }", image))
+        lines = filled.splitlines()
+        size = int(lines[0].split()[1])
+        assert size == SMALL_VOLUME_MIB and lines[1] == "refused" and "No space left on device" in lines[2], filled
     finally:
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", timeout=180)
