@@ -15,10 +15,12 @@ endef
 # apt-get install, with an `apt-get update` first only when the package lists are too old to find it.
 APT_INSTALL = apt-get install -y --no-install-recommends $(1) || (apt-get update && apt-get install -y --no-install-recommends $(1))
 
-# setup.py compiles the cleaner's C loops and the codec's C interpreter; a change to any of them reinstalls.
-$(BIN)/.installed: pyproject.toml setup.py sidecar/log/_cleaner_kernel.c sidecar/protocol/_codec_kernel.c
+# setup.py compiles the four C modules (the cleaner's loops, the codec's interpreter, the native Produce, the I/O
+# thread); a change to any of them, or to the build's description, reinstalls.
+C_SOURCES := $(shell find sidecar -name '_*.c')
+$(BIN)/.installed: pyproject.toml setup.py $(C_SOURCES)
 	$(call step,creating the virtual environment $(VENV) with $(PYTHON),$(PYTHON) -m venv $(VENV),venv)
-	$(call step,installing Shale and its pinned Python dependencies into $(VENV) (pip; a few minutes on a fresh machine; compiles sidecar/log/_cleaner_kernel.c, sidecar/protocol/_codec_kernel.c, sidecar/server/_native_produce.c and sidecar/server/_io_thread.c),$(BIN)/pip install --upgrade pip && $(BIN)/pip install -e '.[test]',pip)
+	$(call step,installing Shale and its pinned Python dependencies into $(VENV) (pip; a few minutes on a fresh machine; compiles sidecar/log/_cleaner_kernel.c, sidecar/protocol/_codec_kernel.c, sidecar/server/network/_native_produce.c and sidecar/server/network/_io_thread.c),$(BIN)/pip install --upgrade pip && $(BIN)/pip install -e '.[test]',pip)
 	@touch $@
 
 demo: $(BIN)/.installed

@@ -18,13 +18,13 @@ setup(
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),
         Extension(
-            "shale.sidecar.server._native_produce",
-            sources=["sidecar/server/_native_produce.c"],
+            "shale.sidecar.server.network._native_produce",
+            sources=["sidecar/server/network/_native_produce.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),
         Extension(
-            "shale.sidecar.server._io_thread",
-            sources=["sidecar/server/_io_thread.c"],
+            "shale.sidecar.server.network._io_thread",
+            sources=["sidecar/server/network/_io_thread.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),
         Extension(

@@ -383,7 +383,7 @@ def render(obj: dict[str, Any], header: str) -> str:
 def main(outputs: Sequence[str] = (), kind: str = "topic") -> int:
     """`shale crd`: print the CRD of `kind` (topic or user), or write it to each of `outputs`."""
     if kind == "user":
-        from shale.operator.user_crd import render_yaml as render_user
+        from .user_crd import render_yaml as render_user
 
         text = render_user()
     else:

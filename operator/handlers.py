@@ -39,26 +39,31 @@ from typing import Any, Mapping
 import kopf
 import kubernetes
 
-from shale.operator.conditions import (PAUSED, READY, REASSIGNING, SCALE_IN_BLOCKED, UNMANAGED, Condition, find, merge,
-                                      rfc3339)
-from shale.operator.configmap import ConflictError, Snapshot, TopicsConfigMap
-from shale.operator.crd import GROUP, MANAGED_ANNOTATION, PAUSE_ANNOTATION, PLURAL, VERSION
-from shale.operator.discovery import lister, wait_for_resources
-from shale.operator.kube import connection_info
-from shale.operator.manifests import (PLACEHOLDER_KEY, PLACEHOLDER_TEXT, DesiredTopic, SpecError, configmap_key,
-                                      desired_topic, loaded_digest, parse_applied)
-from shale.operator.metrics import OperatorMetrics
-from shale.operator.moves import (Progress, moves_status, progress_of, reassigning, scale_in_refusal,
-                                  shown_placement)
-from shale.operator.planning import Moves, Restore, lost_topics, plan, plan_restore
-from shale.operator.scaling import scale_loop
-from shale.operator.settings import Settings
-from shale.operator.status import (NodeReport, Observation, ReportCache, fetch_reports, observe, partitions_of,
-                                   placements, refusals)
-from shale.operator.storage import Storage, StorageError, read_storage
-from shale.operator.timer_work import run_until_stopped
-from shale.operator.user_crd import PLURAL as USERS_PLURAL
-from shale.operator.user_handlers import register as register_users
+from .conditions import PAUSED, READY, REASSIGNING, SCALE_IN_BLOCKED, UNMANAGED, Condition, find, merge, rfc3339
+from .configmap import ConflictError, Snapshot, TopicsConfigMap
+from .crd import GROUP, MANAGED_ANNOTATION, PAUSE_ANNOTATION, PLURAL, VERSION
+from .discovery import lister, wait_for_resources
+from .kube import connection_info
+from .manifests import (
+    PLACEHOLDER_KEY,
+    PLACEHOLDER_TEXT,
+    DesiredTopic,
+    SpecError,
+    configmap_key,
+    desired_topic,
+    loaded_digest,
+    parse_applied,
+)
+from .metrics import OperatorMetrics
+from .moves import Progress, moves_status, progress_of, reassigning, scale_in_refusal, shown_placement
+from .planning import Moves, Restore, lost_topics, plan, plan_restore
+from .scaling import scale_loop
+from .settings import Settings
+from .status import NodeReport, Observation, ReportCache, fetch_reports, observe, partitions_of, placements, refusals
+from .storage import Storage, StorageError, read_storage
+from .timer_work import run_until_stopped
+from .user_crd import PLURAL as USERS_PLURAL
+from .user_handlers import register as register_users
 
 FINALIZER = f"{GROUP}/topic-operator"
 _POLL_SECONDS = 0.25  # while a change handler waits for the pods

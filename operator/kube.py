@@ -21,7 +21,6 @@ import os
 import kopf
 import kubernetes
 
-
 # (connect, read) seconds for each of the operator's own requests. The client's default is none at all: a
 # connection that dies without a reset (a NAT or node gone) would hold a handler, and the Topic's lock it
 # holds, forever. The read bound is above the API server's own `--request-timeout` (60 s), which answers first.

@@ -14,10 +14,10 @@ from typing import Any
 
 import kopf
 
-from shale.operator import settings as settings_module
-from shale.operator.handlers import Context, build_registry, kopf_settings
-from shale.operator.kube import api_client
-from shale.operator.settings import Settings
+from . import settings as settings_module
+from .handlers import Context, build_registry, kopf_settings
+from .kube import api_client
+from .settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A `Topic` custom resource → the manifest the storage pods read, and the ConfigMap keys that hold them.
 
-The manifest is what `shale serve --topics` parses (sidecar/server/manifests.py): metadata.uid (the
+The manifest is what `shale serve --topics` parses (sidecar/topics/manifests.py): metadata.uid (the
 CR's uid) becomes the Kafka topic id, spec.topicName is always written out, spec.config holds the keys
 the user set in Kafka's string form, and spec.assignment places each partition's replicas on pods. Config is
 checked with the one topic-config table (`TopicConfig.from_mapping`) so a bad key is reported on the
@@ -16,9 +16,10 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from shale.operator.crd import GROUP, KIND, TOPIC_NAME_MAX, VERSION
-from shale.sidecar.server.manifests import ManifestError, parse_topic
 from shale.sidecar.topic_config import CONFIG_KEYS_BY_NAME, InvalidConfigError, TopicConfig
+from shale.sidecar.topics.manifests import ManifestError, parse_topic
+
+from .crd import GROUP, KIND, TOPIC_NAME_MAX, VERSION
 
 API_VERSION = f"{GROUP}/{VERSION}"
 _KEY_MAX = 253  # a ConfigMap key is at most 253 characters of [-._a-zA-Z0-9]
@@ -78,7 +79,7 @@ class AppliedTopic:
 
 
 # A key beside the Topics' that declares nothing (a YAML comment). The pods take the vanishing of every
-# manifest file for a lost volume and delete nothing (sidecar/server/manifests.py); with this file
+# manifest file for a lost volume and delete nothing (sidecar/topics/manifests.py); with this file
 # still there, removing the last Topic's key is an explicit deletion like any other. No '_' in it, so
 # it is never a Topic's key.
 PLACEHOLDER_KEY = "shale-operator.yaml"

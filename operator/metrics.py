@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from shale.operator.moves import FAILED, ONGOING, PENDING
+from .moves import FAILED, ONGOING, PENDING
 
 MOVE_STATES = (PENDING, ONGOING, FAILED)  # done moves are not counted: they stay in the status only
 

@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from shale.operator.conditions import REASSIGNING, Condition
+from .conditions import REASSIGNING, Condition
 
 Replicas = tuple[int, ...]
 

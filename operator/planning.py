@@ -16,12 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from shale.operator.assignment import Replicas, assign, load_of
-from shale.operator.crd import MANAGED_ANNOTATION, PAUSE_ANNOTATION, TOPIC_NAME_CHANGE_MESSAGE
-from shale.operator.manifests import (AppliedTopic, DesiredTopic, SpecError, configmap_key, desired_topic,
-                                      last_applied, parse_applied, render, to_yaml)
-from shale.operator.moves import Progress, goal, step
-from shale.operator.storage import Storage, StorageError
+from .assignment import Replicas, assign, load_of
+from .crd import MANAGED_ANNOTATION, PAUSE_ANNOTATION, TOPIC_NAME_CHANGE_MESSAGE
+from .manifests import (
+    AppliedTopic,
+    DesiredTopic,
+    SpecError,
+    configmap_key,
+    desired_topic,
+    last_applied,
+    parse_applied,
+    render,
+    to_yaml,
+)
+from .moves import Progress, goal, step
+from .storage import Storage, StorageError
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ import logging
 
 import kubernetes
 
-from shale.operator.configmap import TopicsConfigMap
-from shale.operator.metrics import OperatorMetrics
-from shale.operator.moves import ScaleAction, scale_action
-from shale.operator.planning import applied_topics
-from shale.operator.settings import Settings
-from shale.operator.status import ReportCache, fetch_reports, partitions_of
-from shale.operator.storage import SCALE_IN_ANNOTATION, Storage, StorageError, read_storage
+from .configmap import TopicsConfigMap
+from .metrics import OperatorMetrics
+from .moves import ScaleAction, scale_action
+from .planning import applied_topics
+from .settings import Settings
+from .status import ReportCache, fetch_reports, partitions_of
+from .storage import SCALE_IN_ANNOTATION, Storage, StorageError, read_storage
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 
-from shale.operator.conditions import CLEANING_STUCK, READY, Condition, rfc3339
-from shale.operator.storage import Storage, StorageError
+from .conditions import CLEANING_STUCK, READY, Condition, rfc3339
+from .storage import Storage, StorageError
 
 STUCK_STATES = {"paused": "CleaningPaused", "uncleanable": "PartitionUncleanable"}
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import kubernetes
 
-from shale.operator.settings import Settings
+from .settings import Settings
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 # The StatefulSet's scale-in target while the pods above it are drained (docs/moves.md, "The operator").

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import pykube
 
-from shale.operator.crd import GROUP, KIND, PLURAL, VERSION
+from .crd import GROUP, KIND, PLURAL, VERSION
 
 
 class Topic(pykube.objects.NamespacedAPIObject):

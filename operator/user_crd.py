@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shale.operator.crd import _int64, conditions_schema, crd_object, render, resource_schema
+from .crd import _int64, conditions_schema, crd_object, render, resource_schema
 
 KIND = "User"
 PLURAL = "users"

@@ -33,17 +33,27 @@ from typing import Any
 import kopf
 import kubernetes
 
-from shale.operator.conditions import READY, Condition, find, merge, rfc3339
-from shale.operator.crd import GROUP, VERSION
-from shale.operator.manifests import SpecError
-from shale.operator.settings import Settings
-from shale.operator.storage import Storage, StorageError, read_storage
-from shale.operator.timer_work import run_until_stopped
-from shale.operator.user_admin import AclsDisabled, NodeAdmin, NodeAdminError
-from shale.operator.user_crd import PLURAL
-from shale.operator.user_secret import (ClientsCA, NoClientsCA, SecretConflict, decoded, owned_by, scram_complete,
-                                        scram_values, secret_body, tls_current, tls_values)
-from shale.operator.user_spec import DesiredUser, desired_user
+from .conditions import READY, Condition, find, merge, rfc3339
+from .crd import GROUP, VERSION
+from .manifests import SpecError
+from .settings import Settings
+from .storage import Storage, StorageError, read_storage
+from .timer_work import run_until_stopped
+from .user_admin import AclsDisabled, NodeAdmin, NodeAdminError
+from .user_crd import PLURAL
+from .user_secret import (
+    ClientsCA,
+    NoClientsCA,
+    SecretConflict,
+    decoded,
+    owned_by,
+    scram_complete,
+    scram_values,
+    secret_body,
+    tls_current,
+    tls_values,
+)
+from .user_spec import DesiredUser, desired_user
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 

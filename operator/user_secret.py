@@ -17,8 +17,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from shale.operator.crd import GROUP, VERSION
-from shale.operator.user_crd import KIND
+from .crd import GROUP, VERSION
+from .user_crd import KIND
 
 USER_LABEL = f"{GROUP}/user"
 PASSWORD_BYTES = 24  # 32 URL-safe characters, as Strimzi's default password length

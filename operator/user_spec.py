@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from shale.operator.manifests import SpecError
-from shale.operator.user_crd import AUTHENTICATION_TYPES, USER_NAME_MAX
 from shale.sidecar.security.acl import (
     CLUSTER_NAME,
     SUPPORTED_OPERATIONS,
@@ -26,6 +24,9 @@ from shale.sidecar.security.acl import (
     ResourcePattern,
     ResourceType,
 )
+
+from .manifests import SpecError
+from .user_crd import AUTHENTICATION_TYPES, USER_NAME_MAX
 
 RESOURCE_TYPES = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP, "cluster": ResourceType.CLUSTER,
                   "transactionalId": ResourceType.TRANSACTIONAL_ID}

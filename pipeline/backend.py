@@ -15,7 +15,8 @@ from .files import DataDirectory, ScanStats
 from .options import SourceOptions
 from .ranges import OffsetRange
 from .schema import BatchBuilder
-from .wire import WireCluster, read_range as read_wire_range
+from .wire import WireCluster
+from .wire import read_range as read_wire_range
 
 TP = tuple[str, int]
 

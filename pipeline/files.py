@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from shale.sidecar.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, CheckpointError, TopicPartition, read_offsets
+from shale.sidecar.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, CheckpointError, read_offsets
 from shale.sidecar.log.errors import CorruptRecordError
 from shale.sidecar.log.file_records import BatchPosition, iter_batches
 from shale.sidecar.log.index import MmapIndex
@@ -29,6 +29,7 @@ from shale.sidecar.log.offset_index import OffsetIndex
 from shale.sidecar.log.records import BATCH_OVERHEAD, RecordColumns, check_batch, decode_batch, decode_columns
 from shale.sidecar.log.segment import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, filename_prefix
 from shale.sidecar.log.time_index import TimeIndex
+from shale.sidecar.log.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

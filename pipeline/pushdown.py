@@ -17,7 +17,15 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from pyspark.sql.datasource import (
-    EqualTo, Filter, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual, Not,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
+    Not,
 )
 
 from .ranges import OffsetRange

@@ -20,7 +20,11 @@ import uuid
 from typing import Iterable, Iterator
 
 from confluent_kafka import (
-    TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, KafkaException, TopicPartition,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
 )
 
 from .options import SourceOptions

@@ -14,10 +14,10 @@ import fcntl
 import os
 import secrets
 
-from shale.sidecar.log.log_dir import LOCK_FILE
-from shale.sidecar.security.authorizer import Authorizer
-from shale.sidecar.security.scram import ScramMechanism
-from shale.sidecar.security.store import SecurityStore, Upsertion
+from .log.log_dir import LOCK_FILE
+from .security.authorizer import Authorizer
+from .security.scram import ScramMechanism
+from .security.store import SecurityStore, Upsertion
 
 
 class CredentialError(Exception):

@@ -13,9 +13,10 @@ import os
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Mapping, NamedTuple
+from typing import Iterable, Mapping
 
 from .atomic_file import atomic_write
+from .topic_partition import TopicPartition
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
@@ -28,25 +29,6 @@ CHECKPOINT_VERSION = 0
 
 class CheckpointError(ValueError):
     """A checkpoint or metadata file that does not parse; the message names the file and line."""
-
-
-class TopicPartition(NamedTuple):
-    """A partition's name. A tuple, not a dataclass: it keys the dicts every fetch and produce looks partitions
-    up in (a session's dozens per fetch), and a tuple's hash and equality run in C, not in Python."""
-
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
-
-    @classmethod
-    def parse_dir_name(cls, name: str) -> "TopicPartition":
-        """`<topic>-<partition>`, split at the last dash since topics may contain dashes."""
-        topic, sep, part = name.rpartition("-")
-        if not sep or not topic or not part.isdigit():
-            raise ValueError(f"directory name {name!r} is not in the form of topic-partition")
-        return cls(topic, int(part))
 
 
 @dataclass(frozen=True, order=True, slots=True)

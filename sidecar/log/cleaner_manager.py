@@ -21,9 +21,10 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from .atomic_file import atomic_write
-from .checkpoint import CLEANER_OFFSET_CHECKPOINT, CheckpointError, TopicPartition, read_offsets, write_offsets
+from .checkpoint import CLEANER_OFFSET_CHECKPOINT, CheckpointError, read_offsets, write_offsets
 from .cleaner import CleaningAbortedError, LogToClean, segments_in_range
 from .pause_owners import ANONYMOUS, PAUSES_FILE, SHUTDOWN, PauseFileError, PauseOwner, decode_pauses, encode_pauses
+from .topic_partition import TopicPartition
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .atomic_file import fsync_dir
-from .checkpoint import TopicPartition
-from .segment import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TIME_INDEX_SUFFIX,
-                      TXN_INDEX_SUFFIX, filename_prefix)
+from .segment import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    filename_prefix,
+)
+from .topic_partition import TopicPartition
 
 logger = logging.getLogger(__name__)
 

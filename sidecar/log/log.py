@@ -23,7 +23,7 @@ import crc32c
 
 from ..plural import plural
 from .atomic_file import fsync_dir
-from .checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError, EpochEntry, TopicPartition
+from .checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError, EpochEntry
 from .errors import (
     CorruptIndexError,
     CorruptRecordError,
@@ -36,6 +36,7 @@ from .errors import (
 )
 from .leader_epoch_cache import BatchEpochs, LeaderEpochCache, recovered, truncated_from_end, truncated_from_start
 from .loader import load
+from .open_files import SEGMENT_FILES
 from .producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     BatchMetadata,
@@ -54,12 +55,13 @@ from .records import (
     set_base_offset,
     timestamp_bounds,
 )
-from .open_files import SEGMENT_FILES
 from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, LogSlice
+from .topic_partition import TopicPartition
 from .transaction_index import AbortedTxn
 
 try:  # a leader's common append in one C call, built with the cleaner's kernel; Log._assign's Python otherwise
-    from ._cleaner_kernel import append_produced as _append_produced, prepare_produce as _prepare_produce
+    from ._cleaner_kernel import append_produced as _append_produced
+    from ._cleaner_kernel import prepare_produce as _prepare_produce
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
     _append_produced = _prepare_produce = None
 
@@ -394,19 +396,20 @@ class Log:
                         if txn.is_abort:
                             self.active_segment.txn_index.append(txn.aborted_txn())
                 self.active_segment.append(last_offset, max_ts, max_ts_offset, buf)  # written as it is: no second copy
-            except (OSError, TornSegmentError, CorruptIndexError) as e:
+            except (OSError, TornSegmentError, CorruptIndexError) as failure:
+                error: Exception = failure
                 if update is not None and update.completed:
                     try:
                         self.active_segment.txn_index.truncate_to(first_offset)
                     except OSError as again:
                         logger.error("%s: cannot take back the aborted transactions at offset %d from %s: %s",
                                      self.name, first_offset, self.active_segment.txn_index.path, again)
-                        e = TornSegmentError(f"{self.name}: {self.active_segment.txn_index.path} keeps aborted "
-                                             f"transactions of a failed append at offset {first_offset}: {again}")
+                        error = TornSegmentError(f"{self.name}: {self.active_segment.txn_index.path} keeps aborted "
+                                                 f"transactions of a failed append at offset {first_offset}: {again}")
                 if epochs_before is not None:
                     self.leader_epoch_cache.replace(tuple(epochs_before), f"the failed append at offset {first_offset}")
-                raise self._storage_failed(e, f"append at offset {first_offset}",
-                                           stop_appends=isinstance(e, TornSegmentError)) from e
+                raise self._storage_failed(error, f"append at offset {first_offset}",
+                                           stop_appends=isinstance(error, TornSegmentError)) from error
             if update is not None:
                 self.producer_state.apply(update)
             self.log_end_offset = last_offset + 1

@@ -13,13 +13,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from .checkpoint import TopicPartition
 from .cleaner import Cleaner, CleanerStats, CleaningAbortedError
 from .cleaner_manager import CleanerManager, CleaningState, LogCleaningError
 from .offset_map import OffsetMap
 from .pause_owners import SHUTDOWN, PauseOwner
 from .retention import delete_old_segments
 from .throttler import Throttler
+from .topic_partition import TopicPartition
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from .checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
-    TopicPartition,
     encode_partition_metadata,
     new_topic_id,
     parse_partition_metadata,
@@ -37,6 +36,7 @@ from .errors import LogError
 from .future_replica import parse_move_dir
 from .log import Log, now_ms
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from .topic_partition import TopicPartition
 
 logger = logging.getLogger(__name__)
 

@@ -13,13 +13,21 @@ import os
 import threading
 from typing import Callable, Sequence
 
-from .checkpoint import TopicPartition
 from .errors import LogError
-from .future_replica import (FutureCopy, PendingMove, drop_swapped_out, future_dir_name, recover_moves, remove_future,
-                             swap_in, swap_out)
+from .future_replica import (
+    FutureCopy,
+    PendingMove,
+    drop_swapped_out,
+    future_dir_name,
+    recover_moves,
+    remove_future,
+    swap_in,
+    swap_out,
+)
 from .log import Log, now_ms
 from .log_dir import LogDir
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from .topic_partition import TopicPartition
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .checkpoint import TopicPartition
+from .topic_partition import TopicPartition
 
 PAUSES_FILE = "cleaner-pauses.json"
 PAUSES_VERSION = 1

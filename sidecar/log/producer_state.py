@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from .atomic_file import atomic_write, fsync_dir
-from .errors import CorruptRecordError, InvalidRecordError, InvalidProducerEpochError, OutOfOrderSequenceError
+from .errors import CorruptRecordError, InvalidProducerEpochError, InvalidRecordError, OutOfOrderSequenceError
 from .producer_snapshot import NO_TXN, CorruptSnapshotError, ProducerEntry, encode_snapshot, parse_snapshot
 from .records import (
     BATCH_OVERHEAD,

@@ -18,7 +18,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from shale.sidecar.protocol.codec import (
+from . import compiled_codec, generated_codec
+from .codec import (
     _DECODE_ERRORS,
     SUPPORTED_VERSIONS,
     MalformedFrameError,
@@ -28,8 +29,7 @@ from shale.sidecar.protocol.codec import (
     request_class,
     response_class,
 )
-from shale.sidecar.protocol import compiled_codec, generated_codec
-from shale.sidecar.protocol.generated_codec import KIP511_HEADER_APIS, request_encoder
+from .generated_codec import KIP511_HEADER_APIS, request_encoder
 
 _SIZE = struct.Struct(">i")
 _HEADER_PREFIX = 4096  # a response header is a correlation id and (flexible) a few tagged fields

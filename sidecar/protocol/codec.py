@@ -48,78 +48,117 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kafka.protocol.admin.acl import (
-    CreateAclsRequest, CreateAclsResponse,
-    DeleteAclsRequest, DeleteAclsResponse,
-    DescribeAclsRequest, DescribeAclsResponse,
-)
-from kafka.protocol.admin.configs import (
-    AlterConfigsRequest, AlterConfigsResponse,
-    DescribeConfigsRequest, DescribeConfigsResponse,
-    IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
+    CreateAclsRequest,
+    CreateAclsResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
 )
 from kafka.protocol.admin.cluster import (
-    AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse,
-    DescribeClusterRequest, DescribeClusterResponse,
-    DescribeLogDirsRequest, DescribeLogDirsResponse,
+    AlterReplicaLogDirsRequest,
+    AlterReplicaLogDirsResponse,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
+)
+from kafka.protocol.admin.configs import (
+    AlterConfigsRequest,
+    AlterConfigsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
 )
 from kafka.protocol.admin.groups import (
-    DeleteGroupsRequest, DeleteGroupsResponse,
-    DescribeGroupsRequest, DescribeGroupsResponse,
-    ListGroupsRequest, ListGroupsResponse,
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
 )
 from kafka.protocol.admin.topics import (
-    AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse,
-    CreatePartitionsRequest, CreatePartitionsResponse,
-    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse,
-    CreateTopicsRequest, CreateTopicsResponse,
-    DeleteTopicsRequest, DeleteTopicsResponse,
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
+)
+from kafka.protocol.admin.transactions import (
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
 )
 from kafka.protocol.admin.users import (
-    AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse,
-    DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
 )
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
-from kafka.protocol.data_container import DataContainer
 from kafka.protocol.consumer.group import (
-    HeartbeatRequest, HeartbeatResponse,
-    JoinGroupRequest, JoinGroupResponse,
-    LeaveGroupRequest, LeaveGroupResponse,
-    OffsetCommitRequest, OffsetCommitResponse,
-    OffsetDeleteRequest, OffsetDeleteResponse,
-    OffsetFetchRequest, OffsetFetchResponse,
-    SyncGroupRequest, SyncGroupResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
 )
 from kafka.protocol.consumer.offsets import (
-    ListOffsetsRequest, ListOffsetsResponse,
-    OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
 )
+from kafka.protocol.data_container import DataContainer
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.metadata.find_coordinator import (
-    FindCoordinatorRequest, FindCoordinatorResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
 )
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
-from kafka.protocol.admin.transactions import (
-    DescribeTransactionsRequest, DescribeTransactionsResponse,
-    ListTransactionsRequest, ListTransactionsResponse,
-)
 from kafka.protocol.producer.transaction import (
-    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse,
-    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse,
-    EndTxnRequest, EndTxnResponse,
-    InitProducerIdRequest, InitProducerIdResponse,
-    TxnOffsetCommitRequest, TxnOffsetCommitResponse,
-    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    EndTxnRequest,
+    EndTxnResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest,
+    WriteTxnMarkersResponse,
 )
 from kafka.protocol.sasl import (
-    SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
 )
 
-from shale.sidecar.log.varint import encode_uvarint
-from shale.sidecar.protocol import compiled_codec, generated_codec
+from ..log.varint import encode_uvarint
+from . import compiled_codec, generated_codec
 
 __all__ = [
     "API_NAMES", "SUPPORTED_VERSIONS", "Request",
@@ -128,6 +167,9 @@ __all__ = [
     "request_class", "response_class",
     "reference_decode_request", "reference_encode_response", "reference_encode_response_parts",
 ]
+
+# The largest frame either side reads: Kafka's socket.request.max.bytes default (a server's requests, a fetcher's responses).
+MAX_FRAME_BYTES = 100 * 1024 * 1024
 
 _PAIRS: tuple[tuple[type[ApiMessage], type[ApiMessage]], ...] = (
     (ProduceRequest, ProduceResponse),                      # 0

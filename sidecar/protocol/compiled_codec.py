@@ -24,13 +24,23 @@ from typing import Any, Callable
 
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.schemas.fields.codecs.types import (
-    BitField, Boolean, Bytes, Float64, Int8, Int16, Int32, Int64, String, UnsignedInt16, UUID,
+    UUID,
+    BitField,
+    Boolean,
+    Bytes,
+    Float64,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    String,
+    UnsignedInt16,
 )
 
-from shale.sidecar.protocol.generated_codec import KIP511_HEADER_APIS, _codec_type, _kind, _tagged, _untagged, _uvarint
+from .generated_codec import KIP511_HEADER_APIS, _codec_type, _kind, _tagged, _untagged, _uvarint
 
 try:
-    from shale.sidecar.protocol import _codec_kernel as _kernel
+    from . import _codec_kernel as _kernel
 except ImportError:  # not built: codec.py uses the generated Python codec
     _kernel = None
 

@@ -29,7 +29,17 @@ from typing import Any, Callable
 
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.schemas.fields.codecs.types import (
-    BitField, Boolean, Bytes, Float64, Int8, Int16, Int32, Int64, String, UnsignedInt16, UUID,
+    UUID,
+    BitField,
+    Boolean,
+    Bytes,
+    Float64,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    String,
+    UnsignedInt16,
 )
 
 __all__ = ["request_decoder", "request_encoder", "response_decoder", "response_encoder", "KIP511_HEADER_APIS"]

@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Generic, Mapping, Protocol, TypeVar
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
-from shale.sidecar.replication.topic_record import TopicRecord
+from ..log.topic_partition import TopicPartition
+from .store_records import NodeRegistration, PartitionRecord
+from .topic_record import TopicRecord
 
 logger = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ import uuid
 from dataclasses import replace
 from typing import Callable, Mapping, NamedTuple
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.replication import preferred_leader, reassignment
-from shale.sidecar.replication.control_store import ControlStore, SessionLost, StoreUnavailable, StoreView, Versioned
-from shale.sidecar.replication.election import NotEnoughLiveNodes, choose_replicas, decide
-from shale.sidecar.replication.records import UNKNOWN_INCARNATION, NodeRegistration, PartitionRecord
+from ..log.topic_partition import TopicPartition
+from . import preferred_leader, reassignment
+from .control_store import ControlStore, SessionLost, StoreUnavailable, StoreView, Versioned
+from .election import NotEnoughLiveNodes, choose_replicas, decide
+from .store_records import UNKNOWN_INCARNATION, NodeRegistration, PartitionRecord
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Callable
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from ..log.topic_partition import TopicPartition
 
 
 @dataclass(eq=False, slots=True)

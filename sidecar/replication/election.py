@@ -11,9 +11,9 @@ from __future__ import annotations
 import zlib
 from typing import Mapping
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.replication.control_store import StoreView, Versioned
-from shale.sidecar.replication.records import NO_LEADER, UNKNOWN_INCARNATION, NodeRegistration, PartitionRecord
+from ..log.topic_partition import TopicPartition
+from .control_store import StoreView, Versioned
+from .store_records import NO_LEADER, UNKNOWN_INCARNATION, NodeRegistration, PartitionRecord
 
 
 class NotEnoughLiveNodes(ValueError):

@@ -18,12 +18,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.log.errors import CorruptRecordError, LogError
-from shale.sidecar.log.log import Log
-from shale.sidecar.log.records import BATCH_OVERHEAD, BatchHeader
-from shale.sidecar.replication.records import NodeRegistration
-from shale.sidecar.replication.truncation import (
+from ..log.errors import CorruptRecordError, LogError
+from ..log.log import Log
+from ..log.records import BATCH_OVERHEAD, BatchHeader
+from ..log.topic_partition import TopicPartition
+from .store_records import NodeRegistration
+from .truncation import (
     EpochEndOffset,
     fetch_start,
     out_of_range_reset,

@@ -13,12 +13,16 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.protocol.error_codes import (
-    FENCED_LEADER_EPOCH, NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH,
+from ..log.topic_partition import TopicPartition
+from ..protocol.error_codes import (
+    FENCED_LEADER_EPOCH,
+    NONE,
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    NOT_LEADER_OR_FOLLOWER,
+    UNKNOWN_LEADER_EPOCH,
 )
-from shale.sidecar.replication.control_store import Versioned
-from shale.sidecar.replication.records import UNKNOWN_INCARNATION, PartitionRecord
+from .control_store import Versioned
+from .store_records import UNKNOWN_INCARNATION, PartitionRecord
 
 NO_EPOCH = -1  # a request that carries no leader epoch (Kafka's Optional.empty)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from shale.sidecar.replication.control_store import StoreView
-from shale.sidecar.replication.records import NO_LEADER, UNKNOWN_INCARNATION, PartitionRecord
+from .control_store import StoreView
+from .store_records import NO_LEADER, UNKNOWN_INCARNATION, PartitionRecord
 
 
 def imbalanced(records: Iterable[PartitionRecord], view: StoreView, percentage: int) -> set[int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from shale.sidecar.replication.records import NO_LEADER, UNKNOWN_INCARNATION, PartitionRecord
+from .store_records import NO_LEADER, UNKNOWN_INCARNATION, PartitionRecord
 
 
 class InvalidTarget(ValueError):

@@ -24,23 +24,23 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Protocol
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.log.errors import LogError
-from shale.sidecar.log.log import Log
-from shale.sidecar.protocol import error_codes
-from shale.sidecar.protocol.client_codec import decode_response, encode_request
-from shale.sidecar.protocol.codec import ProtocolError
-from shale.sidecar.replication.follower import (
+from ..log.errors import LogError
+from ..log.log import Log
+from ..log.topic_partition import TopicPartition
+from ..protocol import error_codes
+from ..protocol.client_codec import decode_response, encode_request
+from ..protocol.codec import ProtocolError
+from ..server_config import ServerConfig
+from .fetch_session_handler import FetchSessionHandler
+from .follower import (
     FollowState,
     UnreplicatedRecordsKept,
     apply_fetched,
     apply_reset,
     start_following,
 )
-from shale.sidecar.replication.fetch_session_handler import FetchSessionHandler
-from shale.sidecar.replication.records import NodeRegistration
-from shale.sidecar.replication.response_frames import ResponseFrames
-from shale.sidecar.server.server_config import ServerConfig
+from .response_frames import ResponseFrames
+from .store_records import NodeRegistration
 
 logger = logging.getLogger(__name__)
 

@@ -19,19 +19,19 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.log.log import Log
-from shale.sidecar.plural import plural
-from shale.sidecar.protocol.error_codes import NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
-from shale.sidecar.replication import preferred_leader, reassignment
-from shale.sidecar.replication.control_store import StoreView, Versioned
-from shale.sidecar.replication.controller import Wanted
-from shale.sidecar.replication.delayed_produce import DelayedProduces, Waiter
-from shale.sidecar.replication.follower import holds_unreplicated
-from shale.sidecar.replication.partition import PartitionState, Role
-from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord
-from shale.sidecar.replication.throttle import ReplicationQuota, names_replica
-from shale.sidecar.server.topics import NodeAddress, TopicError, TopicRegistry
+from ..log.log import Log
+from ..log.topic_partition import TopicPartition
+from ..plural import plural
+from ..protocol.error_codes import NONE, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION
+from ..topics.registry import NodeAddress, TopicError, TopicRegistry
+from . import preferred_leader, reassignment
+from .control_store import StoreView, Versioned
+from .controller import Wanted
+from .delayed_produce import DelayedProduces, Waiter
+from .follower import holds_unreplicated
+from .partition import PartitionState, Role
+from .store_records import NO_LEADER, NodeRegistration, PartitionRecord
+from .throttle import ReplicationQuota, names_replica
 
 logger = logging.getLogger(__name__)
 

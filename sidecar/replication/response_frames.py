@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from shale.sidecar.server.connection import MAX_FRAME_BYTES
+from ..protocol.codec import MAX_FRAME_BYTES
 
 _SCRATCH_BYTES = 64 * 1024  # one read of small answers (an idle partition's Fetch answer is ~100 bytes)
 

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from shale.sidecar.topic_config import LONG_MAX
+from ..topic_config import LONG_MAX
 
 
 def names_replica(throttled_replicas: tuple[str, ...], partition: int, node_id: int) -> bool:

@@ -13,7 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from shale.sidecar.replication.records import RecordError, load_object
+from ..topic_config import TopicConfig
+from ..topics.registry import TopicSpec
+from .store_records import RecordError, load_object
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,11 @@ class TopicRecord:
     @property
     def partitions(self) -> int:
         return len(self.assignment)
+
+    def spec(self) -> TopicSpec:
+        """The spec this record declares; InvalidConfigError for a config this node refuses."""
+        return TopicSpec(self.name, self.partitions, TopicConfig.from_mapping(self.config), origin="api",
+                         topic_id=self.topic_id, assignment=self.assignment)
 
     def to_json(self) -> str:
         return json.dumps({"name": self.name, "topic_id": self.topic_id, "partitions": self.partitions,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from shale.sidecar.protocol import error_codes
+from ..protocol import error_codes
 
 WILDCARD_RESOURCE = "*"
 WILDCARD_PRINCIPAL = "User:*"

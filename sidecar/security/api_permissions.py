@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shale.sidecar.protocol import error_codes
-from shale.sidecar.security.acl import AUTHORIZATION_ERRORS, AclOperation, ResourceType
+from ..protocol import error_codes
+from .acl import AUTHORIZATION_ERRORS, AclOperation, ResourceType
 
 _O, _R = AclOperation, ResourceType
 

@@ -13,12 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shale.sidecar.security.acl import (
-    IMPLIED_BY, SUPPORTED_OPERATIONS, WILDCARD_HOST, WILDCARD_PRINCIPAL, WILDCARD_RESOURCE, AclBinding,
-    AclBindingFilter, AclOperation, AclPermissionType, PatternType, ResourcePattern, ResourceType,
+from .acl import (
+    IMPLIED_BY,
+    SUPPORTED_OPERATIONS,
+    WILDCARD_HOST,
+    WILDCARD_PRINCIPAL,
+    WILDCARD_RESOURCE,
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
 )
-from shale.sidecar.security.principal import KafkaPrincipal
-
+from .principal import KafkaPrincipal
 
 MAX_REMEMBERED = 100_000
 

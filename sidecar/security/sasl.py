@@ -22,11 +22,11 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from shale.sidecar.protocol import error_codes
-from shale.sidecar.protocol.codec import API_NAMES
-from shale.sidecar.security.errors import AuthenticationFailed
-from shale.sidecar.security.principal import KafkaPrincipal
-from shale.sidecar.security.scram import CredentialLookup, ScramMechanism, ScramServer
+from ..protocol import error_codes
+from ..protocol.codec import API_NAMES
+from .errors import AuthenticationFailed
+from .principal import KafkaPrincipal
+from .scram import CredentialLookup, ScramMechanism, ScramServer
 
 SASL_HANDSHAKE = 17
 API_VERSIONS = 18

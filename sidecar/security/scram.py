@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from shale.sidecar.security.errors import AuthenticationFailed
+from .errors import AuthenticationFailed
 
 TOKEN_AUTH = "tokenauth"
 

@@ -19,14 +19,22 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shale.sidecar.log.atomic_file import atomic_write
-from shale.sidecar.protocol import error_codes
-from shale.sidecar.security.acl import (
-    ANY_FILTER, AccessControlEntry, AclBinding, AclBindingFilter, AclOperation, AclPermissionType, InvalidAclError,
-    PatternType, ResourcePattern, ResourceType,
+from ..log.atomic_file import atomic_write
+from ..protocol import error_codes
+from .acl import (
+    ANY_FILTER,
+    AccessControlEntry,
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    InvalidAclError,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
 )
-from shale.sidecar.security.authorizer import Authorizer
-from shale.sidecar.security.scram import ScramCredential, ScramMechanism
+from .authorizer import Authorizer
+from .scram import ScramCredential, ScramMechanism
 
 FILE_NAME = "shale-security.json"
 FORMAT_VERSION = 1

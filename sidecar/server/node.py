@@ -17,46 +17,46 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.log.errors import LogError
-from shale.sidecar.log.log import AppendInfo, Log
-from shale.sidecar.log.log_dirs import LogDirs, parse_log_dirs
-from shale.sidecar.plural import plural
-from shale.sidecar.security.authorizer import Authorizer
-from shale.sidecar.security.principal import parse_super_users
-from shale.sidecar.security.store import SecurityStore
-from shale.sidecar.server.acl_admin import AclAdmin
-from shale.sidecar.server.admin import AdminApis
-from shale.sidecar.protocol.error_codes import NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
-from shale.sidecar.server.authorization import authorize_handlers
-from shale.sidecar.server.security_sync import SharedSecurity
-from shale.sidecar.server.broker import Broker
-from shale.sidecar.server.channel import SASL_HANDLERS
-from shale.sidecar.server.dynamic_broker_configs import DynamicBrokerConfigs
-from shale.sidecar.server.inter_broker import InterBrokerClient
-from shale.sidecar.server.listener_security import listener_securities, split_settings
-from shale.sidecar.server.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
-from shale.sidecar.server.http_api import HttpApi, HttpSecurity
-from shale.sidecar.server.log_dir_moves import LogDirMoves
-from shale.sidecar.server.maintenance import Maintenance
-from shale.sidecar.server.manifests import ORIGIN_PREFIX, ManifestSource, require_path, watch
-from shale.sidecar.server.metrics import NodeMetrics
-from shale.sidecar.server.producer_ids import ProducerIdAllocator
-from shale.sidecar.server.transaction_coordinator import TransactionCoordinator
-from shale.sidecar.server.transaction_records import TRANSACTION_STATE_TOPIC
-from shale.sidecar.server.txn_markers import MarkerChannels
-from shale.sidecar.server.reassignments import Reassignments
-from shale.sidecar.server.server_config import ServerConfig
-from shale.sidecar.server.store_topics import StoreTopics
-from shale.sidecar.replication.control_store import ControlStore, StoreView
-from shale.sidecar.replication.controller import Controller, new_incarnation
-from shale.sidecar.replication.follower import holds_unreplicated
-from shale.sidecar.replication.records import ListenerAddress, NodeRegistration
-from shale.sidecar.replication.replica_fetcher import FetcherConfig, ReplicaFetchers
-from shale.sidecar.replication.replica_manager import LeaderRebalance, ReplicaManager
-from shale.sidecar.replication.throttle import ReplicationQuota
-from shale.sidecar.server.topics import NodeAddress, TopicRegistry
-from shale.sidecar.topic_config import TopicConfig
+from ..log.errors import LogError
+from ..log.log import AppendInfo, Log
+from ..log.log_dirs import LogDirs, parse_log_dirs
+from ..log.topic_partition import TopicPartition
+from ..plural import plural
+from ..protocol.error_codes import NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
+from ..replication.control_store import ControlStore, StoreView
+from ..replication.controller import Controller, new_incarnation
+from ..replication.follower import holds_unreplicated
+from ..replication.replica_fetcher import FetcherConfig, ReplicaFetchers
+from ..replication.replica_manager import LeaderRebalance, ReplicaManager
+from ..replication.store_records import ListenerAddress, NodeRegistration
+from ..replication.throttle import ReplicationQuota
+from ..security.authorizer import Authorizer
+from ..security.principal import parse_super_users
+from ..security.store import SecurityStore
+from ..server_config import ServerConfig
+from ..topic_config import TopicConfig
+from ..topics.manifests import ORIGIN_PREFIX, ManifestSource, require_path, watch
+from ..topics.registry import NodeAddress, TopicRegistry
+from .apis.acl_admin import AclAdmin
+from .apis.admin import AdminApis
+from .apis.authorization import authorize_handlers
+from .apis.broker import Broker
+from .apis.reassignments import Reassignments
+from .apis.store_topics import StoreTopics
+from .coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
+from .coordinator.producer_ids import ProducerIdAllocator
+from .coordinator.transaction_coordinator import TransactionCoordinator
+from .coordinator.transaction_records import TRANSACTION_STATE_TOPIC
+from .coordinator.txn_markers import MarkerChannels
+from .network.channel import SASL_HANDLERS
+from .network.inter_broker import InterBrokerClient
+from .network.listener_security import listener_securities, split_settings
+from .ops.dynamic_broker_configs import DynamicBrokerConfigs
+from .ops.http_api import HttpApi, HttpSecurity
+from .ops.log_dir_moves import LogDirMoves
+from .ops.maintenance import Maintenance
+from .ops.metrics import NodeMetrics
+from .ops.security_sync import SharedSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -86,13 +86,13 @@ def open_store(url: str, cluster_id: str) -> ControlStore:
     in a pod the in-cluster config (namespace: the pod's service account's), elsewhere $KUBECONFIG or
     ~/.kube/config (namespace: the current context's, else "default"). ValueError for anything else."""
     if url.startswith("etcd://"):
-        from shale.sidecar.replication.etcd_store import EtcdStore, parse_endpoints
+        from ..replication.store.etcd_store import EtcdStore, parse_endpoints
 
         return EtcdStore(parse_endpoints(url), cluster_id)
     if url == "kubernetes":
         import kubernetes
 
-        from shale.sidecar.replication.kube_store import KubeStore
+        from ..replication.store.kube_store import KubeStore
 
         try:
             kubernetes.config.load_incluster_config()

@@ -10,13 +10,13 @@ import signal
 import socket
 from contextlib import ExitStack
 
-from shale.sidecar.log.log_dir import LogDirLockedError
-from shale.sidecar.security.listeners import LISTENERS, ListenerConfig
-from shale.sidecar.server.connection import tune_malloc
-from shale.sidecar.server.http_api import HttpSecurity
-from shale.sidecar.server.listener_security import split_settings
-from shale.sidecar.server.node import ServeOptions, StorageNode, parse_host_port
-from shale.sidecar.server.server_config import parse_overrides
+from ..log.log_dir import LogDirLockedError
+from ..security.listeners import LISTENERS, ListenerConfig
+from ..server_config import parse_overrides
+from .network.connection import tune_malloc
+from .network.listener_security import split_settings
+from .node import ServeOptions, StorageNode, parse_host_port
+from .ops.http_api import HttpSecurity
 
 logger = logging.getLogger(__name__)
 

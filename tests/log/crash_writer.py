@@ -95,7 +95,7 @@ def build_append(rng: random.Random, seed: int, seq: int, next_offset: int):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from shale.sidecar.log.checkpoint import TopicPartition
+    from shale.sidecar.log.topic_partition import TopicPartition
     from shale.sidecar.log.log_dir import LogDir
 
     p = argparse.ArgumentParser()

@@ -47,7 +47,8 @@ from cleaner_util import (
 from logtest_util import T0, dir_snapshot, drop_unclosed, make_config
 
 from shale.sidecar.dump_log import dump_files
-from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, TopicPartition
+from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner import (
     CHUNK_BYTES,
     CleanerStats,

@@ -25,7 +25,8 @@ from cleaner_util import (
 )
 from logtest_util import T0, FakeClock, dir_snapshot, make_config
 
-from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, TopicPartition
+from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner_manager import (
     CleanableOffsets,
     CleanerManager,

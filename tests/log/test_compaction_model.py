@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from logtest_util import FakeClock, dir_snapshot, make_config, segment_batches
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner import Cleaner
 from shale.sidecar.log.cleaner_manager import CleanerManager, CleaningState, CleaningStateError
 from shale.sidecar.log.compression import Compression

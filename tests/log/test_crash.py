@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shale.sidecar.log.checkpoint import RECOVERY_POINT_CHECKPOINT, TopicPartition, read_offsets
+from shale.sidecar.log.checkpoint import RECOVERY_POINT_CHECKPOINT, read_offsets
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import CLEAN_SHUTDOWN_FILE, LogDir
 from shale.sidecar.log.records import Record, decode_batch, encode_batch
 

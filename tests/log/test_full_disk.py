@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from fs_util import PAGE, fill, small_fs
 from logtest_util import T0, all_records, drop_unclosed, make_config, read_batch_at, segment_batches, simple_batch
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.log_dir import CLEAN_SHUTDOWN_FILE, LogDir

@@ -9,7 +9,8 @@ import re
 import pytest
 from logtest_util import T0, FakeClock, all_records, drop_unclosed, records_batch
 
-from shale.sidecar.log.checkpoint import TopicPartition, parse_offsets
+from shale.sidecar.log.checkpoint import parse_offsets
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir, LogDirLockedError, delete_dir_name
 from shale.sidecar.topic_config import TopicConfig
 

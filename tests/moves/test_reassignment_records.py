@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from shale.sidecar.replication import reassignment
 from shale.sidecar.replication.controller import alter_partition_error
-from shale.sidecar.replication.records import NO_LEADER, PartitionRecord, RecordError
+from shale.sidecar.replication.store_records import NO_LEADER, PartitionRecord, RecordError
 
 NODES = range(5)
 LIVE = {n: f"inc{n}" for n in NODES}

@@ -23,7 +23,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from fault_util import AckedLoad, check_acknowledged
 from node_util import start_replicated_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.replication.throttle import ReplicationQuota, names_replica
-from shale.sidecar.server.dynamic_broker_configs import FILE
+from shale.sidecar.server.ops.dynamic_broker_configs import FILE
 from shale.sidecar.topic_config import LONG_MAX
 
 
@@ -182,7 +182,7 @@ def test_a_dynamic_throttle_survives_a_restart_and_a_broken_file_is_reported(tmp
         kept.write_text('{"configs": {"follower.replication.throttled.rate": ')  # torn by hand
         cluster.restart(0)
         assert follower_rate()[0] == "DEFAULT_CONFIG"
-        assert f"ERROR shale.sidecar.server.dynamic_broker_configs: {kept} cannot be read" in node.log()
+        assert f"ERROR shale.sidecar.server.ops.dynamic_broker_configs: {kept} cannot be read" in node.log()
         assert kept.read_text() == '{"configs": {"follower.replication.throttled.rate": '  # left for a person
     finally:
         cluster.stop()

@@ -6,7 +6,7 @@ refuses, a ConfigMap emptied by hand or deleted — and the checks: the pods' pa
 byte as before, the ConfigMap as it was (written back from the Topics, in one write), the Topic's
 condition and Warning Event saying why, and after restarting the pod processes every record still
 readable. The pods' part (deleting nothing while their topics directory is empty) is the node's guard
-for a mass disappearance of manifests (sidecar/server/manifests.py); these tests expect it.
+for a mass disappearance of manifests (sidecar/topics/manifests.py); these tests expect it.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from shale.operator.manifests import (SpecError, configmap_key, desired_topic, l
                                       parse_applied, render, to_yaml)
 from shale.operator.planning import Restore, lost_topics, plan, plan_restore
 from shale.operator.storage import Storage, StorageError, StoragePod
-from shale.sidecar.server.manifests import parse_topic
-from shale.sidecar.server.topics import topic_uuid
+from shale.sidecar.topics.manifests import parse_topic
+from shale.sidecar.topics.registry import topic_uuid
 
 UID = "0f7c3a52-9d8e-4b1a-8c55-1e2f3a4b5c6d"
 DNS = "{pod}.{service}.{namespace}.svc:9092"

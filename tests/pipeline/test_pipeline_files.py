@@ -14,7 +14,7 @@ from logtest_util import dir_snapshot, make_config  # noqa: E402
 
 from shale.pipeline.files import DataDirectory, ScanStats  # noqa: E402
 from shale.pipeline.schema import BatchBuilder  # noqa: E402
-from shale.sidecar.log.checkpoint import TopicPartition  # noqa: E402
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.compression import Compression  # noqa: E402
 from shale.sidecar.log.errors import CorruptRecordError  # noqa: E402
 from shale.sidecar.log.log_dir import LogDir  # noqa: E402

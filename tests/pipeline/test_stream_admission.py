@@ -11,7 +11,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from shale.pipeline.options import OptionError, SourceOptions
 from shale.pipeline.stream_reader import ShaleStreamReader
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.topic_config import TopicConfig

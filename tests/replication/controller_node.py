@@ -18,10 +18,10 @@ import logging
 import sys
 import time
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.controller import Controller, Wanted, new_incarnation
-from shale.sidecar.replication.etcd_store import EtcdStore
-from shale.sidecar.replication.records import NodeRegistration
+from shale.sidecar.replication.store.etcd_store import EtcdStore
+from shale.sidecar.replication.store_records import NodeRegistration
 
 
 def emit(**event: object) -> None:

@@ -9,7 +9,7 @@ import asyncio
 import struct
 from dataclasses import dataclass, field
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log import Log
 from shale.sidecar.protocol import error_codes
 from shale.sidecar.protocol.codec import decode_request, encode_response

@@ -7,9 +7,9 @@ from typing import Callable
 
 import pytest
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import ControlStore, StoreUnavailable
-from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
+from shale.sidecar.replication.store_records import NodeRegistration, PartitionRecord
 from shale.sidecar.replication.topic_record import TopicRecord
 
 TP = TopicPartition("orders", 3)

@@ -21,7 +21,7 @@ from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
 from clients_util import build, call
 from fault_util import check_acknowledged
 from node_util import KubeStoreUrl, start_replicated_cluster, topic_manifest, wait_for
-from shale.sidecar.replication.etcd_store import EtcdStore
+from shale.sidecar.replication.store.etcd_store import EtcdStore
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 RESOURCE_TOPIC = 2

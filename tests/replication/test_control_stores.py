@@ -19,10 +19,10 @@ import kubernetes
 import pytest
 
 from node_util import wait_for
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import ControlStore, SessionLost
-from shale.sidecar.replication.etcd_store import EtcdStore
-from shale.sidecar.replication.kube_store import KubeStore
+from shale.sidecar.replication.store.etcd_store import EtcdStore
+from shale.sidecar.replication.store.kube_store import KubeStore
 from shale.sidecar.replication.topic_record import TopicRecord
 from store_util import RECORD, TP, assert_unavailable, node
 

@@ -24,13 +24,13 @@ import pytest
 
 import stop_util
 from node_util import wait_for
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import StoreView
 from shale.sidecar.replication.controller import Controller, Wanted, alter_partition_error, new_incarnation
 from shale.sidecar.replication.election import choose_replicas
-from shale.sidecar.replication.etcd_store import EtcdStore
-from shale.sidecar.replication.records import NodeRegistration, PartitionRecord
-from shale.sidecar.server.server_config import ServerConfig, ServerConfigError
+from shale.sidecar.replication.store.etcd_store import EtcdStore
+from shale.sidecar.replication.store_records import NodeRegistration, PartitionRecord
+from shale.sidecar.server_config import ServerConfig, ServerConfigError
 
 # Two-second sessions: a loaded test machine (two cores, many processes) can stall a process for most of a
 # second, and a node that misses its deadline is fenced and comes back under a new incarnation.

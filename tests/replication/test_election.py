@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import StoreView, Versioned
 from shale.sidecar.replication.election import NotEnoughLiveNodes, choose_replicas, decide, round_robin
-from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord
+from shale.sidecar.replication.store_records import NO_LEADER, NodeRegistration, PartitionRecord
 
 TP = TopicPartition("orders", 0)
 

@@ -15,9 +15,9 @@ import pytest
 
 from etcd_util import EtcdServer, PortTaken
 from node_util import free_port, wait_for
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import session_ttl_seconds
-from shale.sidecar.replication.etcd_store import EtcdStore, parse_endpoints
+from shale.sidecar.replication.store.etcd_store import EtcdStore, parse_endpoints
 from store_util import RECORD, TP, assert_unavailable, node
 
 

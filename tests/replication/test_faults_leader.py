@@ -67,7 +67,7 @@ def test_leader_sigkill_of_the_group_coordinator_keeps_the_committed_offsets(tmp
     from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 
     from clients_util import build, call
-    from shale.sidecar.server.offset_records import partition_for
+    from shale.sidecar.server.coordinator.offset_records import partition_for
 
     cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("events", 1, replicas=3),
                                        extra=("--override", "group.initial.rebalance.delay.ms=0"))

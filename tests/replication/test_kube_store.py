@@ -19,9 +19,9 @@ from apiserver_util import release_objects
 from chart_util import by_kind
 from kube_apiserver import ADMIN, ApiServer
 from node_util import wait_for
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import SessionLost, StoreUnavailable
-from shale.sidecar.replication.kube_store import KubeStore, LeaseObserver, micro_time
+from shale.sidecar.replication.store.kube_store import KubeStore, LeaseObserver, micro_time
 from store_util import RECORD, TP, node
 
 _namespaces = itertools.count(1)

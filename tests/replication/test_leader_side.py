@@ -24,16 +24,16 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 from clients_util import build, call, read_frame, request_frame
 from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log import parse_batch_set
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.protocol.error_codes import (
     FENCED_LEADER_EPOCH, NONE, NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, REQUEST_TIMED_OUT,
     UNKNOWN_LEADER_EPOCH,
 )
-from shale.sidecar.replication.etcd_store import EtcdStore
-from shale.sidecar.replication.records import NodeRegistration
-from shale.sidecar.server.broker import MAX_HANDLING_PER_CONNECTION
+from shale.sidecar.replication.store.etcd_store import EtcdStore
+from shale.sidecar.replication.store_records import NodeRegistration
+from shale.sidecar.server.apis.broker import MAX_HANDLING_PER_CONNECTION
 
 TOPIC = "replicated"
 TP = TopicPartition(TOPIC, 0)

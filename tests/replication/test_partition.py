@@ -10,13 +10,13 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.error_codes import (
     FENCED_LEADER_EPOCH, NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH,
 )
 from shale.sidecar.replication.control_store import Versioned
 from shale.sidecar.replication.partition import FollowerState, PartitionState, Role
-from shale.sidecar.replication.records import PartitionRecord
+from shale.sidecar.replication.store_records import PartitionRecord
 
 TP = TopicPartition("t", 0)
 LAG = 30_000

@@ -10,11 +10,11 @@ from hypothesis import given, strategies as st
 
 from fault_util import AckedLoad, check_acknowledged
 from node_util import start_replicated_cluster, topic_manifest, wait_for
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import StoreView
 from shale.sidecar.replication.controller import alter_partition_error
 from shale.sidecar.replication.preferred_leader import handover, imbalanced, is_handover
-from shale.sidecar.replication.records import NO_LEADER, PartitionRecord
+from shale.sidecar.replication.store_records import NO_LEADER, PartitionRecord
 from store_util import node
 
 LIVE = StoreView("1", {n: node(n, f"i{n}") for n in (1, 2, 3)})

@@ -18,16 +18,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from log_leader import LedPartition, LogLeader
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.errors import CorruptRecordError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import BatchHeader, Record, encode_batch
 from shale.sidecar.protocol.client_codec import decode_response
 from shale.sidecar.protocol.codec import encode_response
 from shale.sidecar.replication.follower import apply_fetched, apply_reset, start_following, whole_batches
-from shale.sidecar.replication.records import NodeRegistration
+from shale.sidecar.replication.store_records import NodeRegistration
 from shale.sidecar.replication.replica_fetcher import FetcherConfig, LeaderUnreachable, ReplicaFetchers, _Connection
-from shale.sidecar.server.server_config import ServerConfig
+from shale.sidecar.server_config import ServerConfig
 from shale.sidecar.topic_config import TopicConfig
 
 TP = TopicPartition("orders", 0)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.replication.records import NO_LEADER, NodeRegistration, PartitionRecord, RecordError
+from shale.sidecar.log.topic_partition import TopicPartition
+from shale.sidecar.replication.store_records import NO_LEADER, NodeRegistration, PartitionRecord, RecordError
 
 node_ids = st.integers(min_value=0, max_value=2**31 - 1)
 texts = st.text(max_size=40)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shale.sidecar.replication.records import RecordError
+from shale.sidecar.replication.store_records import RecordError
 from shale.sidecar.replication.topic_record import TopicRecord
 
 node_ids = st.integers(min_value=0, max_value=2**31 - 1)

@@ -1,4 +1,4 @@
-"""The authorization layer (sidecar/server/authorization.py) against the authorizer's own decisions: for random
+"""The authorization layer (sidecar/server/apis/authorization.py) against the authorizer's own decisions: for random
 ACL sets and requests, each item's answer is the authorizer's verdict, the handler sees exactly the allowed
 items, and listings hide what may not be described. Requests go through the real codec; the handler behind
 the layer is a recorder that answers every item it is given with NONE."""
@@ -30,8 +30,8 @@ from shale.sidecar.security.acl import (  # noqa: E402
 )
 from shale.sidecar.security.authorizer import Authorizer  # noqa: E402
 from shale.sidecar.security.principal import KafkaPrincipal  # noqa: E402
-from shale.sidecar.server.authorization import UNCHECKED, authorize_handlers  # noqa: E402
-from shale.sidecar.server.broker import ConnectionInfo  # noqa: E402
+from shale.sidecar.server.apis.authorization import UNCHECKED, authorize_handlers  # noqa: E402
+from shale.sidecar.server.apis.broker import ConnectionInfo  # noqa: E402
 
 O, P, R = AclOperation, AclPermissionType, ResourceType
 ALICE = KafkaPrincipal.user("alice")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shale.sidecar.replication.records import ListenerAddress, NodeRegistration, RecordError
+from shale.sidecar.replication.store_records import ListenerAddress, NodeRegistration, RecordError
 
 names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=12)
 hosts = st.text(min_size=1, max_size=30) | st.sampled_from(["127.0.0.2", "::1", "fe80::1%eth0", "node-0.svc"])

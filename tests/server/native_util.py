@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.protocol.client_codec import encode_request
-from shale.sidecar.server.broker import API_PRODUCE, Broker, advertised_range
-from shale.sidecar.server.topics import NodeAddress, TopicRegistry, TopicSpec
+from shale.sidecar.server.apis.broker import API_PRODUCE, Broker, advertised_range
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 from shale.sidecar.topic_config import TopicConfig
 
 NOW = int(time.time() * 1000)

@@ -38,8 +38,8 @@ from kafka.protocol.admin.configs import (
 )
 from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 
-from shale.sidecar.log.checkpoint import TopicPartition
-from shale.sidecar.server.topics import API_TOPICS_FILE, topic_uuid
+from shale.sidecar.log.topic_partition import TopicPartition
+from shale.sidecar.topics.registry import API_TOPICS_FILE, topic_uuid
 from shale.sidecar.topic_config import CONFIG_KEYS, TopicConfig
 
 from node_util import NodeThread, free_port, topic_manifest, write_manifests

@@ -37,9 +37,9 @@ from kafka.structs import OffsetAndMetadata
 
 from clients_util import build, call, partition_dir, read_frame, request_frame
 from node_util import NodeThread, ServeProcess, start_cluster, topic_manifest, wait_for, write_manifests
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.codec import API_NAMES
-from shale.sidecar.server.topics import API_TOPICS_FILE
+from shale.sidecar.topics.registry import API_TOPICS_FILE
 
 DECLARED = "declared"  # declared by a manifest in every node of this file
 FAST = ("--override", "group.initial.rebalance.delay.ms=0")

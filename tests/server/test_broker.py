@@ -15,10 +15,10 @@ from aiokafka.structs import TopicPartition as AioTP
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
 from kafka.errors import KafkaError
 
-from shale.sidecar.log.checkpoint import TopicPartition as SidecarTP
+from shale.sidecar.log.topic_partition import TopicPartition as SidecarTP
 from shale.sidecar.log.log_dir import LogDir
-from shale.sidecar.server.broker import Broker
-from shale.sidecar.server.topics import NodeAddress, TopicRegistry, TopicSpec
+from shale.sidecar.server.apis.broker import Broker
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 from shale.sidecar.topic_config import TopicConfig
 
 TOPICS = {
@@ -322,7 +322,7 @@ def test_malformed_frames_close_only_that_connection(server, caplog):
     port = server.broker.port
     # Metadata v4 header with a client id, then a body cut short inside its topic array's length.
     bad = struct.pack(">hhih", 3, 4, 7, 3) + b"bad" + b"\xff\xff\xff"
-    with caplog.at_level(logging.ERROR, logger="shale.sidecar.server.broker"):
+    with caplog.at_level(logging.ERROR, logger="shale.sidecar.server.apis.broker"):
         assert _raw_exchange(port, struct.pack(">i", len(bad)) + bad) == b""  # closed, no reply
         assert _raw_exchange(port, struct.pack(">i", 200 * 1024 * 1024)) == b""  # over the frame limit
         assert _raw_exchange(port, struct.pack(">i", 3) + b"abc") == b""  # too short for a header

@@ -26,8 +26,8 @@ from clients_util import build, call, read_frame, request_frame, stored_batches,
 from node_util import NodeThread, topic_manifest, wait_for, write_manifests
 from kafka_schema_util import message_classes
 from test_offset_records import KAFKA_SCHEMAS
-from shale.sidecar.server.group_coordinator import GroupState
-from shale.sidecar.server.offset_records import (
+from shale.sidecar.server.coordinator.group_coordinator import GroupState
+from shale.sidecar.server.coordinator.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
     OffsetCommitKey,

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import ControlType, Record, encode_batch, end_txn_marker_batch, parse_control_key
-from shale.sidecar.server.coordinator_log import declare_internal_topic, loaded_batches
-from shale.sidecar.server.topics import NodeAddress, TopicRegistry
+from shale.sidecar.server.coordinator.coordinator_log import declare_internal_topic, loaded_batches
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry
 from shale.sidecar.topic_config import TopicConfig
 
 # A batch: a list of (key, value) data records, or the ControlType of a transaction marker.

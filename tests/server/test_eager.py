@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from shale.sidecar.server import eager
+from shale.sidecar.server.network import eager
 
 
 async def _no_wait(log: list) -> str:

@@ -18,13 +18,13 @@ import pytest
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 
 from clients_util import build, request_frame
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, decode_batch, encode_batch
 from shale.sidecar.protocol import codec
-from shale.sidecar.server.broker import ConnectionInfo
-from shale.sidecar.server.group_coordinator import OFFSETS_TOPIC_CONFIG, GroupCoordinator, GroupState
-from shale.sidecar.server.offset_records import (
+from shale.sidecar.server.apis.broker import ConnectionInfo
+from shale.sidecar.server.coordinator.group_coordinator import OFFSETS_TOPIC_CONFIG, GroupCoordinator, GroupState
+from shale.sidecar.server.coordinator.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
     OffsetCommitKey,
@@ -35,7 +35,7 @@ from shale.sidecar.server.offset_records import (
     encode_key,
     partition_for,
 )
-from shale.sidecar.server.topics import NodeAddress, TopicRegistry, TopicSpec
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 from shale.sidecar.topic_config import TopicConfig
 
 COMMIT, FETCH, FIND, JOIN, HEARTBEAT, LEAVE, SYNC = 8, 9, 10, 11, 12, 13, 14

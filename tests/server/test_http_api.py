@@ -13,7 +13,7 @@ from kafka import KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner_manager import CleaningState
 from shale.sidecar.log.log import now_ms
 

@@ -21,13 +21,13 @@ import pytest
 from fault_proxy import FREEZE, RESET, FaultProxy
 from native_util import Brokers, batch, brokers, exchange, fetch, produce, read_frame
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
-from shale.sidecar.server._io_thread import READ_BYTES, IoThread
-from shale.sidecar.server.connection import Connection
-from shale.sidecar.server.coordinator_log import loaded_batches
-from shale.sidecar.server.metrics import _io_thread_families
-from shale.sidecar.server.native_produce import appended
+from shale.sidecar.server.network._io_thread import READ_BYTES, IoThread
+from shale.sidecar.server.network.connection import Connection
+from shale.sidecar.server.coordinator.coordinator_log import loaded_batches
+from shale.sidecar.server.ops.metrics import _io_thread_families
+from shale.sidecar.server.network.native_produce import appended
 
 
 def frame(body: bytes) -> bytes:

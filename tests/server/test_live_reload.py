@@ -12,7 +12,7 @@ from kafka.admin import KafkaAdminClient
 from watchdog.events import DirMovedEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.topic_config import TopicConfig
 
 from node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests

@@ -11,15 +11,10 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
 
 from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from shale.sidecar.log.checkpoint import (
-    CLEANER_OFFSET_CHECKPOINT,
-    LOG_START_OFFSET_CHECKPOINT,
-    RECOVERY_POINT_CHECKPOINT,
-    TopicPartition,
-    read_offsets,
-)
+from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, read_offsets
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner_manager import CleaningState
-from shale.sidecar.server.server_config import (
+from shale.sidecar.server_config import (
     SERVER_CONFIG_KEYS,
     ServerConfig,
     ServerConfigError,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shale.sidecar.server.manifests import (
+from shale.sidecar.topics.manifests import (
     API_VERSION, HELD_DELETION_DISABLED, HELD_MISSING, ORIGIN_PREFIX, ManifestError, ManifestSource, parse_topic,
     require_path, watch,
 )

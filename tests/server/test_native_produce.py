@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from native_util import HI, LO, NOW, Brokers, batch, brokers, exchange, fetch, produce, read_frame
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.protocol.client_codec import decode_response
-from shale.sidecar.server import native_produce
-from shale.sidecar.server.broker import API_PRODUCE
+from shale.sidecar.server.network import native_produce
+from shale.sidecar.server.apis.broker import API_PRODUCE
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["io thread", "event loop"])

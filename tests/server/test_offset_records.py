@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
 from kafka_schema_util import message_classes
 
-from shale.sidecar.server.offset_records import (
+from shale.sidecar.server.coordinator.offset_records import (
     GroupMetadataKey,
     GroupMetadataValue,
     MemberMetadata,

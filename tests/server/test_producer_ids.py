@@ -10,8 +10,8 @@ import pytest
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
 from shale.sidecar.protocol.codec import decode_request, encode_response
-from shale.sidecar.server import producer_ids
-from shale.sidecar.server.producer_ids import (
+from shale.sidecar.server.coordinator import producer_ids
+from shale.sidecar.server.coordinator.producer_ids import (
     COORDINATOR_NOT_AVAILABLE,
     INVALID_REQUEST,
     NODE_STRIDE as S,

@@ -8,8 +8,8 @@ import threading
 import pytest
 from hypothesis import given, strategies as st
 
-from shale.sidecar.server import metrics
-from shale.sidecar.server.metrics import REQUEST_BUCKETS, RequestStats
+from shale.sidecar.server.ops import metrics
+from shale.sidecar.server.ops.metrics import REQUEST_BUCKETS, RequestStats
 
 APIS = st.sampled_from(["Produce", "Fetch", "Metadata"])
 SECONDS = st.sampled_from([0.0, *REQUEST_BUCKETS, 61.0]) | st.floats(0, 100, allow_nan=False)

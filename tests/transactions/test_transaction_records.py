@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka_schema_util import message_classes
 
-from shale.sidecar.server.transaction_records import (
+from shale.sidecar.server.coordinator.transaction_records import (
     TransactionRecordError,
     decode_key,
     decode_value,
     encode_key,
     encode_value,
 )
-from shale.sidecar.server.transaction_state import TxnMetadata, TxnState
+from shale.sidecar.server.coordinator.transaction_state import TxnMetadata, TxnState
 
 KAFKA_SCHEMAS = {
     "TransactionLogKey": {"type": "data", "name": "TransactionLogKey", "validVersions": "0", "flexibleVersions": "none",

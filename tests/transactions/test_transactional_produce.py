@@ -20,7 +20,7 @@ from shale.sidecar.protocol.error_codes import (
     INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD, INVALID_TXN_STATE, NOT_COORDINATOR, NOT_ENOUGH_REPLICAS,
     PRODUCER_FENCED, TRANSACTION_ABORTABLE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNSTABLE_OFFSET_COMMIT,
 )
-from shale.sidecar.server.transaction_verification import produce_error
+from shale.sidecar.server.apis.transaction_verification import produce_error
 from txn_util import RawTransactions, plain, produce_raw
 
 TOPIC = "txn-checks"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from shale.sidecar.log.checkpoint import TopicPartition
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.records import decode_batch, parse_control_key, parse_end_txn_marker
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
-from shale.sidecar.server.txn_markers import (
+from shale.sidecar.server.coordinator.txn_markers import (
     API_WRITE_TXN_MARKERS, REQUEST_VERSION, Marker, request_body, request_partitions, response_markers,
 )
 
