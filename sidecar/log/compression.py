@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
+from typing import cast
 
 import cramjam
 import lz4.frame
@@ -242,12 +243,12 @@ def _lz4_level(level: int | None) -> int:
         return _LZ4_FAST
     if not 1 <= level <= 17:
         raise ValueError(f"lz4: compression level must be 1..17, got {level}")
-    return min(max(level, lz4.frame.COMPRESSIONLEVEL_MINHC), 12)
+    return cast(int, min(max(level, lz4.frame.COMPRESSIONLEVEL_MINHC), 12))
 
 
 def _lz4_compress(data: bytes, level: int | None) -> bytes:
     # Header: magic, FLG 0x60 (v1, independent blocks, no checksums, no size), BD 0x40 (64 KB).
-    return lz4.frame.compress(
+    return cast(bytes, lz4.frame.compress(
         data,
         compression_level=_lz4_level(level),
         block_size=lz4.frame.BLOCKSIZE_MAX64KB,
@@ -255,7 +256,7 @@ def _lz4_compress(data: bytes, level: int | None) -> bytes:
         content_checksum=False,
         block_checksum=False,
         store_size=False,
-    )
+    ))
 
 
 def _lz4_decompress(data: bytes, max_size: int) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import CorruptRecordError
 from .message_reader import MessageReader
@@ -36,61 +36,61 @@ class _Schema:
     name: str
     label: str  # what DumpLogSegments prints before the JSON
     max_version: int
-    read: Callable[[MessageReader], dict]
-    write: Callable[[dict, int], dict]
+    read: Callable[[MessageReader], dict[str, Any]]
+    write: Callable[[dict[str, Any], int], dict[str, Any]]
 
 
-def _array(r: MessageReader, field: str, element: Callable[[MessageReader], dict]) -> list[dict]:
+def _array(r: MessageReader, field: str, element: Callable[[MessageReader], dict[str, Any]]) -> list[dict[str, Any]]:
     """A compact array of structs (every schema here is flexible from version 0)."""
     return [element(r) for _ in range(r.array_length(True, field))]
 
 
-def _read_voter_id(r: MessageReader) -> dict:
+def _read_voter_id(r: MessageReader) -> dict[str, Any]:
     voter = {"voterId": r.int32()}  # LeaderChangeMessage's Voter at version 0: VoterDirectoryId is 1+
     r.skip_tagged_fields()
     return voter
 
 
-def _read_leader_change(r: MessageReader) -> dict:
+def _read_leader_change(r: MessageReader) -> dict[str, Any]:
     out = {"version": r.int16(), "leaderId": r.int32(), "voters": _array(r, "voters", _read_voter_id),
            "grantingVoters": _array(r, "grantingVoters", _read_voter_id)}
     r.skip_tagged_fields()
     return out
 
 
-def _write_leader_change(m: dict, version: int) -> dict:
-    def voter(v: dict) -> dict:
+def _write_leader_change(m: dict[str, Any], version: int) -> dict[str, Any]:
+    def voter(v: dict[str, Any]) -> dict[str, Any]:
         return {"voterId": v["voterId"], "voterDirectoryId": _uuid_text(_ZERO_UUID)} if version >= 1 else dict(v)
 
     return {"version": m["version"], "leaderId": m["leaderId"], "voters": [voter(v) for v in m["voters"]],
             "grantingVoters": [voter(v) for v in m["grantingVoters"]]}
 
 
-def _read_snapshot_header(r: MessageReader) -> dict:
+def _read_snapshot_header(r: MessageReader) -> dict[str, Any]:
     out = {"version": r.int16(), "lastContainedLogTimestamp": r.int64()}
     r.skip_tagged_fields()
     return out
 
 
-def _read_snapshot_footer(r: MessageReader) -> dict:
+def _read_snapshot_footer(r: MessageReader) -> dict[str, Any]:
     out = {"version": r.int16()}
     r.skip_tagged_fields()
     return out
 
 
-def _read_kraft_version(r: MessageReader) -> dict:
+def _read_kraft_version(r: MessageReader) -> dict[str, Any]:
     out = {"version": r.int16(), "kRaftVersion": r.int16()}
     r.skip_tagged_fields()
     return out
 
 
-def _read_endpoint(r: MessageReader) -> dict:
+def _read_endpoint(r: MessageReader) -> dict[str, Any]:
     out = {"name": r.string(True, "name"), "host": r.string(True, "host"), "port": r.uint16()}
     r.skip_tagged_fields()
     return out
 
 
-def _read_voter(r: MessageReader) -> dict:
+def _read_voter(r: MessageReader) -> dict[str, Any]:
     voter_id, directory = r.int32(), _uuid_text(r.uuid())
     endpoints = _array(r, "endpoints", _read_endpoint)
     feature = {"minSupportedVersion": r.int16(), "maxSupportedVersion": r.int16()}
@@ -100,13 +100,13 @@ def _read_voter(r: MessageReader) -> dict:
     return out
 
 
-def _read_voters(r: MessageReader) -> dict:
+def _read_voters(r: MessageReader) -> dict[str, Any]:
     out = {"version": r.int16(), "voters": _array(r, "voters", _read_voter)}
     r.skip_tagged_fields()
     return out
 
 
-def _as_read(m: dict, version: int) -> dict:
+def _as_read(m: dict[str, Any], version: int) -> dict[str, Any]:
     """Every field of these version-0-only messages is in version 0: the JSON is the message as read."""
     return m
 
@@ -122,7 +122,7 @@ _SCHEMAS = {
 KRAFT_CONTROL_TYPES = frozenset(_SCHEMAS)
 
 
-def decode_value(control_type: ControlType, value: bytes | None) -> dict:
+def decode_value(control_type: ControlType, value: bytes | None) -> dict[str, Any]:
     """The value of a KRaft control record as Kafka's JSON converter writes it (field names in camelCase)."""
     schema = _SCHEMAS[control_type]
     if value is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .atomic_file import atomic_write
 from .checkpoint import EpochEntry, encode_epoch_entries, parse_epoch_entries
@@ -229,7 +229,7 @@ class LeaderEpochCache:
                 atomic_write(self.path, encode_epoch_entries(self._entries))
                 self.dirty = False
 
-    def _replace(self, change, reason: str) -> None:
+    def _replace(self, change: Callable[[Entries], Entries], reason: str) -> None:
         """Change memory at once and write the file; a failed write leaves the cache dirty (Kafka flushes these later)."""
         with self._lock:
             entries = change(self._entries)

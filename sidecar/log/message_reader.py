@@ -9,6 +9,7 @@ read and the byte where it stopped.
 from __future__ import annotations
 
 import struct
+from typing import cast
 
 _I16, _U16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">H"), struct.Struct(">i"), struct.Struct(">q")
 
@@ -36,16 +37,16 @@ class MessageReader:
         return int.from_bytes(self._take(1), "big", signed=True)
 
     def int16(self) -> int:
-        return _I16.unpack(self._take(2))[0]
+        return cast(int, _I16.unpack(self._take(2))[0])
 
     def uint16(self) -> int:
-        return _U16.unpack(self._take(2))[0]
+        return cast(int, _U16.unpack(self._take(2))[0])
 
     def int32(self) -> int:
-        return _I32.unpack(self._take(4))[0]
+        return cast(int, _I32.unpack(self._take(4))[0])
 
     def int64(self) -> int:
-        return _I64.unpack(self._take(8))[0]
+        return cast(int, _I64.unpack(self._take(8))[0])
 
     def uuid(self) -> bytes:
         return bytes(self._take(16))

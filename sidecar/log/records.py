@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field, fields
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 import crc32c
 
@@ -169,7 +169,7 @@ class RecordBatch:
     records: tuple[Record, ...] = field(default=())
 
 
-def compute_crc(batch: bytes | memoryview) -> int:
+def compute_crc(batch: bytes | bytearray | memoryview) -> int:
     """CRC-32C over attributes through the last record byte, as Kafka computes it."""
     return crc32c.crc32c(memoryview(batch)[CRC_START:])
 
@@ -498,4 +498,4 @@ def parse_end_txn_marker(value: bytes | None) -> int:
     version, epoch = struct.unpack_from(">hi", value)
     if version < 0:
         raise CorruptRecordError(f"end transaction marker has negative version {version}")
-    return epoch
+    return cast(int, epoch)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, cast
 
 from kafka.protocol.admin.acl import (
     CreateAclsRequest,
@@ -338,7 +338,8 @@ _DECODE_ERRORS = (struct.error, IndexError, ValueError, TypeError, UnicodeDecode
                   OverflowError, AssertionError, KeyError, EOFError, MemoryError)
 
 
-def _message_class(table: dict, api_key: int, api_version: int, correlation_id: int | None, what: str):
+def _message_class(table: dict[int, type[ApiMessage]], api_key: int, api_version: int, correlation_id: int | None,
+                   what: str) -> type[ApiMessage]:
     """The message class for an API key and version we serve, or the error that names them."""
     cls = table.get(api_key)
     if cls is None:
@@ -355,7 +356,8 @@ def _message_class(table: dict, api_key: int, api_version: int, correlation_id: 
 _HEADER_PREFIX = 64 * 1024
 
 
-def _generated(built: dict, table: dict, build, api_key: int, api_version: int):
+def _generated(built: dict[tuple[int, int], Any], table: dict[int, type[ApiMessage]],
+               build: Callable[[type, int], Any], api_key: int, api_version: int) -> Any:
     """The generated decoder or encoder of a served API version (built on first use), or None."""
     found = built.get((api_key, api_version))
     if found is None:
@@ -366,13 +368,13 @@ def _generated(built: dict, table: dict, build, api_key: int, api_version: int):
     return found
 
 
-def _request_decoders(cls: type, version: int) -> tuple:
+def _request_decoders(cls: type, version: int) -> tuple[Callable[..., Any], ...]:
     """The decoders to try in turn: the compiled one (when built), then the generated Python."""
     generated = generated_codec.request_decoder(cls, version)
     return (compiled_codec.request_decoder(cls, version), generated) if compiled_codec.available else (generated,)
 
 
-def _response_encoders(cls: type, version: int) -> tuple:
+def _response_encoders(cls: type, version: int) -> tuple[Callable[..., Any] | None, Callable[..., Any]]:
     """(the compiled encoder or None, the generated one): see `encode_response`."""
     compiled = compiled_codec.response_encoder(cls, version) if compiled_codec.available else None
     return compiled, generated_codec.response_encoder(cls, version)
@@ -467,7 +469,7 @@ def reference_decode_request(frame: bytes | bytearray | memoryview) -> Request:
 # Responses
 
 
-def _build(data_class: type, values: Mapping[str, Any], version: int | None) -> Any:
+def _build(data_class: type[Any], values: Mapping[str, Any], version: int | None) -> Any:
     fields = data_class._struct.fields
     kwargs: dict[str, Any] = {}
     for name, value in values.items():
@@ -485,14 +487,15 @@ def _build(data_class: type, values: Mapping[str, Any], version: int | None) -> 
     return data_class(version=version, **kwargs)
 
 
-def _fast_encoding(api_key: int, api_version: int, correlation_id: int, body: Any, framed: bool) -> bytes | list | None:
+def _fast_encoding(api_key: int, api_version: int, correlation_id: int, body: Any,
+                   framed: bool) -> bytes | list[Any] | None:
     """A dict body through the compiled encoder (the whole response as bytes, or parts around record sets left in
     files), else through the generated one (parts); None when both leave it to the reference. Parts start with
     an empty placeholder for the size prefix."""
     if body.__class__ is not dict:
         return None
-    encoders = _ENCODERS.get((api_key, api_version)) or _generated(
-        _ENCODERS, _RESPONSES, _response_encoders, api_key, api_version)
+    encoders: tuple[Callable[..., bytes | list[Any]] | None, Callable[..., list[Any]]] | None = _ENCODERS.get(
+        (api_key, api_version)) or _generated(_ENCODERS, _RESPONSES, _response_encoders, api_key, api_version)
     if encoders is None:
         return None
     compiled, generated = encoders
@@ -511,7 +514,7 @@ def encode_response(api_key: int, api_version: int, correlation_id: int,
                     body: Any, *, framed: bool = False) -> bytes:
     """:func:`reference_encode_response`'s bytes: a dict body through the compiled or generated encoder when it
     takes it, anything else (and what they leave) through the reference."""
-    out = _fast_encoding(api_key, api_version, correlation_id, body, framed)
+    out: Any = _fast_encoding(api_key, api_version, correlation_id, body, framed)
     if out.__class__ is bytes:
         return out
     if out is not None:
@@ -579,7 +582,7 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 _MARKER = b"\x00shale-records\x00" + bytes(range(200, 216))  # 32 bytes no real record set starts with
 
 
-def _swap_external(value: Any, found: list) -> Any:
+def _swap_external(value: Any, found: list[Any]) -> Any:
     """`value` with every external record set replaced by a unique placeholder of the marker's length."""
     if isinstance(value, Mapping):
         return {k: _swap_external(v, found) for k, v in value.items()}
@@ -594,21 +597,21 @@ def _swap_external(value: Any, found: list) -> Any:
 
 
 def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any], *,
-                          framed: bool = False) -> list:
+                          framed: bool = False) -> list[Any]:
     """:func:`reference_encode_response_parts`'s pieces, from the compiled or generated encoder when it takes the
     body."""
     out = _fast_encoding(api_key, api_version, correlation_id, body, framed)
     if out.__class__ is bytes:
         return [out]
     if out is not None:
-        return _pieces(out, framed)
+        return _pieces(cast("list[Any]", out), framed)
     return reference_encode_response_parts(api_key, api_version, correlation_id, body, framed=framed)
 
 
-def _pieces(parts: list, framed: bool) -> list:
+def _pieces(parts: list[Any], framed: bool) -> list[Any]:
     """A generated encoder's parts as the reference cuts them: runs of bytes joined, around each external set."""
-    pieces: list = []
-    run: list = []
+    pieces: list[Any] = []
+    run: list[Any] = []
     total = 0
     for part in parts:
         if isinstance(part, _BYTES_LIKE):
@@ -626,7 +629,7 @@ def _pieces(parts: list, framed: bool) -> list:
 
 
 def reference_encode_response_parts(api_key: int, api_version: int, correlation_id: int,
-                                    body: Mapping[str, Any], *, framed: bool = False) -> list:
+                                    body: Mapping[str, Any], *, framed: bool = False) -> list[Any]:
     """:func:`reference_encode_response` as a list of ``bytes`` and the body's external record sets, in wire order.
 
     ``body`` is a dict as for :func:`encode_response`; any value with an integer ``size`` that is not
@@ -636,7 +639,7 @@ def reference_encode_response_parts(api_key: int, api_version: int, correlation_
     order, with ``size`` bytes for each external one, gives the same bytes as :func:`encode_response` with
     the record sets inline.
     """
-    found: list = []
+    found: list[Any] = []
     swapped = _swap_external(body, found)
     out = reference_encode_response(api_key, api_version, correlation_id, swapped, framed=framed)
     if not found:
@@ -644,7 +647,7 @@ def reference_encode_response_parts(api_key: int, api_version: int, correlation_
     compact = response_class(api_key).flexible_version_q(api_version)
     placeholder_len = len(_MARKER)
     old_prefix = encode_uvarint(placeholder_len + 1) if compact else struct.pack(">i", placeholder_len)
-    parts: list = []
+    parts: list[Any] = []
     pos = 0
     for i, ext in enumerate(found):
         marker = _MARKER[:-4] + struct.pack(">I", i)

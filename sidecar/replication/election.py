@@ -21,7 +21,7 @@ class NotEnoughLiveNodes(ValueError):
     here the partition record is not created until enough nodes are live."""
 
 
-def decide(current: Versioned | None, replicas: tuple[int, ...], view: StoreView, unclean: bool, *,
+def decide(current: Versioned[PartitionRecord] | None, replicas: tuple[int, ...], view: StoreView, unclean: bool, *,
            tp: TopicPartition | None = None) -> PartitionRecord | None:
     """The record to write for a partition, or None when electors leave it as it is.
 

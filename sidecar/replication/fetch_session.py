@@ -44,7 +44,7 @@ class CachedPartition:
     high_watermark: int = -1
     log_start_offset: int = -1
 
-    def must_answer(self, out: dict) -> bool:
+    def must_answer(self, out: dict[str, Any]) -> bool:
         """Kafka's maybeUpdateResponseData with update: records, an error, a diverging epoch, or a changed high
         watermark or log start offset put the partition in the answer (and the last-answered values change)."""
         answer = False
@@ -84,9 +84,10 @@ class FetchContext:
     topics: list[tuple[str, list[Any]]]
     error: int = NONE
     session_id: int = INVALID_SESSION_ID
-    _answer: Callable[[list[dict], int], tuple[int, int, list[dict]]] | None = field(default=None, repr=False)
+    _answer: Callable[[list[dict[str, Any]], int], tuple[int, int, list[dict[str, Any]]]] | None = field(
+        default=None, repr=False)
 
-    def answer(self, responses: list[dict], now_ms: int) -> tuple[int, int, list[dict]]:
+    def answer(self, responses: list[dict[str, Any]], now_ms: int) -> tuple[int, int, list[dict[str, Any]]]:
         """(error code, session id, responses) of the answer to the read `responses` (Fetch's topic list)."""
         if self._answer is None:
             return self.error, self.session_id, responses
@@ -149,8 +150,8 @@ class FetchSessionCache:
         return FetchContext(_by_topic(session.partitions), session_id=session_id,
                             _answer=lambda responses, now: self._incremental(session, epoch, responses))
 
-    def _open(self, topics: list[tuple[str, list[Any]]], responses: list[dict], follower: bool,
-              now_ms: int) -> tuple[int, int, list[dict]]:
+    def _open(self, topics: list[tuple[str, list[Any]]], responses: list[dict[str, Any]], follower: bool,
+              now_ms: int) -> tuple[int, int, list[dict[str, Any]]]:
         """A full fetch's answer: everything read, and a new session on it if a slot is free or can be freed."""
         requested = {(topic, p.partition): p for topic, partitions in topics for p in partitions}
         partitions: OrderedDict[Key, CachedPartition] = OrderedDict()
@@ -166,7 +167,8 @@ class FetchSessionCache:
         self._sessions[session_id] = FetchSession(session_id, follower, partitions, now_ms, now_ms)
         return NONE, session_id, responses
 
-    def _incremental(self, session: FetchSession, epoch: int, responses: list[dict]) -> tuple[int, int, list[dict]]:
+    def _incremental(self, session: FetchSession, epoch: int,
+                     responses: list[dict[str, Any]]) -> tuple[int, int, list[dict[str, Any]]]:
         """An incremental fetch's answer: only the partitions that changed; those with records go to the back of
         the session, so the next read's byte budget starts with the others (Kafka's round robin)."""
         if session.epoch != next_epoch(epoch):  # a later request of this session was accepted meanwhile

@@ -69,7 +69,7 @@ class FollowerState:
 class PendingChange:
     """An ISR change handed to the controller and not yet seen committed (or missed) in a view."""
 
-    based_on: Versioned
+    based_on: Versioned[PartitionRecord]
     proposed: PartitionRecord
     since_ms: int
 
@@ -81,7 +81,7 @@ class PartitionState:
     tp: TopicPartition
     me: int
     role: Role = Role.NONE
-    committed: Versioned | None = None
+    committed: Versioned[PartitionRecord] | None = None
     leader_epoch: int = NO_EPOCH
     leader_epoch_start_offset: int = -1  # the leader's LEO when its epoch began (followers expand only past it)
     followers: dict[int, FollowerState] = field(default_factory=dict)
@@ -90,7 +90,8 @@ class PartitionState:
 
     # -- transitions ---------------------------------------------------------------------------
 
-    def become_leader(self, versioned: Versioned, leader_leo: int, now_ms: int, live: Mapping[int, str]) -> None:
+    def become_leader(self, versioned: Versioned[PartitionRecord], leader_leo: int, now_ms: int,
+                      live: Mapping[int, str]) -> None:
         """Kafka's makeLeader for a new epoch: every follower starts afresh; ISR members count as caught up now."""
         record = versioned.record
         self.role, self.committed, self.live, self.pending = Role.LEADER, versioned, dict(live), None
@@ -99,20 +100,20 @@ class PartitionState:
         self.followers = {r: FollowerState(self.live.get(r), last_caught_up_ms=now_ms if r in record.isr else None)
                           for r in record.replicas if r != self.me}
 
-    def become_follower(self, versioned: Versioned) -> None:
+    def become_follower(self, versioned: Versioned[PartitionRecord]) -> None:
         self.role, self.committed, self.pending = Role.FOLLOWER, versioned, None
         self.leader_epoch = versioned.record.leader_epoch
         self.followers = {}
         self.leader_epoch_start_offset = -1
 
-    def resign(self, versioned: Versioned | None) -> None:
+    def resign(self, versioned: Versioned[PartitionRecord] | None) -> None:
         """No valid leader we could follow or be (elections pending, or a record naming our previous process)."""
         self.role, self.pending, self.followers, self.leader_epoch_start_offset = Role.NONE, None, {}, -1
         if versioned is not None:
             self.committed = versioned
             self.leader_epoch = versioned.record.leader_epoch
 
-    def update(self, versioned: Versioned, live: Mapping[int, str]) -> None:
+    def update(self, versioned: Versioned[PartitionRecord], live: Mapping[int, str]) -> None:
         """A newer record in the same role and leader epoch (an ISR change), and the live nodes of its view.
 
         A follower whose process changed (or whose session ended) starts afresh: it is out of sync at once, as

@@ -11,7 +11,7 @@ to the replicas before the move. These are Kafka's `PartitionReassignmentReplica
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from .store_records import NO_LEADER, UNKNOWN_INCARNATION, PartitionRecord
 
@@ -94,7 +94,7 @@ def _with_leader(record: PartitionRecord, replicas: tuple[int, ...], isr: tuple[
                  live: Mapping[int, str]) -> PartitionRecord:
     """The record on `replicas` and `isr` with no move; the leader kept if it stays, else moved to the first ISR
     member (in replica order) known to run the process it was in sync as, else none (the electors' turn)."""
-    fields: dict = dict(replicas=replicas, isr=isr, adding_replicas=(), removing_replicas=())
+    fields: dict[str, Any] = dict(replicas=replicas, isr=isr, adding_replicas=(), removing_replicas=())
     if record.leader != NO_LEADER and record.leader not in isr:
         known = dict(zip(record.isr, record.isr_incarnations))
         leader = next((r for r in replicas if r in isr and known.get(r, UNKNOWN_INCARNATION) != UNKNOWN_INCARNATION
@@ -103,7 +103,7 @@ def _with_leader(record: PartitionRecord, replicas: tuple[int, ...], isr: tuple[
     return record.changed(**fields)
 
 
-def describe(record: PartitionRecord) -> dict:
+def describe(record: PartitionRecord) -> dict[str, list[int]]:
     """The move in progress as `/status` and ListPartitionReassignments show it."""
     return {"replicas": list(record.replicas), "adding": list(record.adding_replicas),
             "removing": list(record.removing_replicas), "target": list(record.target_replicas)}

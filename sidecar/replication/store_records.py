@@ -193,7 +193,7 @@ class PartitionRecord:
             raise RecordError(f"{where}: not a partition record ({exc}): {text!r}") from None
 
 
-def load_object(text: str | bytes, where: str) -> dict:
+def load_object(text: str | bytes, where: str) -> dict[str, Any]:
     """A store value as a JSON object, or RecordError naming `where`."""
     try:
         raw = json.loads(text)

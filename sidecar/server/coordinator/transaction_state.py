@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 from ...protocol.error_codes import (
     CONCURRENT_TRANSACTIONS,
@@ -118,14 +119,14 @@ def valid_timeout(timeout_ms: int, max_timeout_ms: int) -> bool:
     return 0 < timeout_ms <= max_timeout_ms
 
 
-def _to(meta: TxnMetadata, state: TxnState, now_ms: int, **changes) -> TxnMetadata:
+def _to(meta: TxnMetadata, state: TxnState, now_ms: int, **changes: Any) -> TxnMetadata:
     if meta.state not in VALID_PREVIOUS[state]:
         raise IllegalTransition(f"transactional id {meta.transactional_id!r}: {meta.state.name} -> {state.name}")
     return replace(meta, state=state, last_update_timestamp_ms=now_ms, **changes)
 
 
 def init_producer_id(meta: TxnMetadata, timeout_ms: int, max_timeout_ms: int, now_ms: int,
-                     new_producer_id, expected: tuple[int, int] | None = None) -> Outcome:
+                     new_producer_id: Callable[[], int], expected: tuple[int, int] | None = None) -> Outcome:
     """InitProducerId for a transactional id (Kafka's prepareInitProducerIdTransit).
 
     `expected` is the (producer id, epoch) a KIP-360 client sends (v3+); `new_producer_id` is called only
