@@ -127,8 +127,9 @@ def test_more_partitions_are_added_without_moving_the_existing_ones(cluster: Clu
     generation = cluster.topic("wide")["metadata"]["generation"]
     wait_for(lambda: (c := cluster.condition("wide", "Ready")).get("status") == "True"
              and c.get("observedGeneration") == generation, 20, what=f"Ready=True for generation {generation}")
-    status = wait_for(lambda: (s := cluster.topic("wide")["status"]) and len(s["partitions"]) == 6 and s, 20,
-                      what="six partitions in the status")
+    status = wait_for(lambda: (s := cluster.topic("wide")["status"]) and len(s["partitions"]) == 6
+                      and all("logEndOffset" in p for p in s["partitions"]) and s, 20,
+                      what="six partitions with their offsets in the status")
     assert [p["pod"] for p in status["partitions"]] == ["shale-0", "shale-1", "shale-0", "shale-0", "shale-1",
                                                         "shale-0"]
     # The old partitions kept their data (nothing moved); the new ones start empty.
