@@ -96,7 +96,9 @@ class ReplicaManager:
     def __init__(self, registry: TopicRegistry, *, replica_lag_time_max_ms: int = 30000,
                  default_replication_factor: int = 1, clock_ms: Callable[[], int] = monotonic_ms,
                  leader_quota: ReplicationQuota | None = None, follower_quota: ReplicationQuota | None = None,
-                 leader_rebalance: LeaderRebalance | None = None) -> None:
+                 leader_rebalance: LeaderRebalance | None = None,
+                 wake_fetches: Callable[[TopicPartition], None] | None = None,
+                 wake_consumers: Callable[[TopicPartition], None] | None = None) -> None:
         self.registry = registry
         self.leader_rebalance = leader_rebalance  # None: leadership stays where elections put it
         # Kafka's replication throttles (throttle.py), and the bytes moved by reassignments (KIP-373's
@@ -111,9 +113,10 @@ class ReplicaManager:
         self.clock_ms = clock_ms
         self.controller: Leadership | None = None
         self.fetchers: Fetchers | None = None
-        self.wake_fetches: Callable[[TopicPartition], None] = lambda tp: None  # the broker's poke
-        # The high watermark alone rose: consumers may read more, followers (reading to the log end) may not.
-        self.wake_consumers: Callable[[TopicPartition], None] = lambda tp: self.wake_fetches(tp)
+        # The fetch purgatory's pokes: an append or a follower's progress wakes fetches of the partition; the
+        # high watermark alone rose: consumers may read more, followers (reading to the log end) may not.
+        self.wake_fetches: Callable[[TopicPartition], None] = wake_fetches or (lambda tp: None)
+        self.wake_consumers: Callable[[TopicPartition], None] = wake_consumers or self.wake_fetches
         self.delayed = DelayedProduces()
         self.partitions: dict[TopicPartition, Partition] = {}
         self.view = StoreView(revision="")

@@ -41,6 +41,7 @@ from .apis.acl_admin import AclAdmin
 from .apis.admin import AdminApis
 from .apis.authorization import authorize_handlers
 from .apis.broker import Broker
+from .apis.fetch_purgatory import FetchPurgatory
 from .apis.reassignments import Reassignments
 from .apis.store_topics import StoreTopics
 from .coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
@@ -169,6 +170,8 @@ class StorageNode:
             inter_broker = self.listeners[0].advertised
             address = NodeAddress(options.node_id, inter_broker.host, inter_broker.port)
         self.registry = TopicRegistry(self.log_dir, address, on_change=self._topic_changed)
+        # Fetches parked until their partitions change: appends, commits, markers and high watermarks wake them.
+        self.purgatory = FetchPurgatory()
         # With a control store, the store's partition records decide where replicas live and who leads
         # (docs/replication.md); the controller thread and the fetchers start with the event loop (run()).
         self.replicas: ReplicaManager | None = None
@@ -185,7 +188,8 @@ class StorageNode:
                 follower_quota=quota(config.follower_replication_throttled_rate),
                 leader_rebalance=LeaderRebalance(config.leader_imbalance_check_interval_seconds * 1000,
                                                  config.leader_imbalance_per_broker_percentage)
-                if config.auto_leader_rebalance_enable else None)
+                if config.auto_leader_rebalance_enable else None,
+                wake_fetches=self.purgatory.poke, wake_consumers=self.purgatory.poke_consumers)
             self.registry.replication = self.replicas
         self.maintenance = Maintenance(self.log_dir, self.registry, self.server_config)
         self.moves = LogDirMoves(self.log_dir, self.maintenance, run_exclusive=self._on_loop,
@@ -231,25 +235,26 @@ class StorageNode:
                              queued_max_request_bytes=self.server_config.queued_max_request_bytes,
                              fetch_session_slots=self.server_config.max_incremental_fetch_session_cache_slots,
                              consumer_fetch_sessions=not self.authorizing,
-                             replicas=self.replicas, listeners=self.listeners,
+                             replicas=self.replicas, listeners=self.listeners, purgatory=self.purgatory,
                              handlers={**SASL_HANDLERS, **self.admin.handlers(), **self.groups.handlers(),
                                        **Reassignments(self.registry, store_topics, self._store_view).handlers(),
                                        **AclAdmin(self.security, authorizer_enabled=self.authorizing,
                                                   shared=self.shared_security).handlers(),
-                                       **self.transactions.handlers()})
-        if self.authorizing:  # every API checked as Kafka's broker checks it (authorization.py)
-            self.broker.handlers = authorize_handlers(self.broker.handlers, self.authorizer,
-                                                      self.registry.topic_named_by,
-                                                      self.metrics.security.authorization_refused)
-        self.groups.on_append = self.broker.poke  # commits wake fetches of __consumer_offsets
-        self.groups.address_on = self.broker.address_on  # FindCoordinator answers the request's listener
+                                       **self.transactions.handlers()},
+                             # Produce asks the coordinator about a producer's first transactional batch to a partition.
+                             verify_transaction=self.transactions.verify_partition,
+                             # every API checked as Kafka's broker checks it (authorization.py)
+                             authorize=functools.partial(authorize_handlers, authorizer=self.authorizer,
+                                                         topic_name=self.registry.topic_named_by,
+                                                         on_refused=self.metrics.security.authorization_refused)
+                             if self.authorizing else None,
+                             on_failed_authentication=self.metrics.security.failed_authentication)
+        self.groups.on_append = self.purgatory.poke  # commits wake fetches of __consumer_offsets
+        self.groups.address_on = self.broker.partitions.address_on  # FindCoordinator answers the request's listener
         self.groups.find_transaction_coordinator = self.transactions.find_coordinator  # ... key type 1 too
-        self.transactions.on_append = self.broker.poke  # markers wake read_committed fetches
+        self.transactions.on_append = self.purgatory.poke  # markers wake read_committed fetches
         self.transactions.on_offsets_marker = self.groups.complete_txn_offsets  # TxnOffsetCommit made visible
-        # Produce asks the coordinator about a producer's first transactional batch to a partition.
-        self.broker.verify_transaction = self.transactions.verify_partition
-        self.admin.address_on = self.broker.address_on  # ... and DescribeCluster
-        self.broker.on_failed_authentication = self.metrics.security.failed_authentication
+        self.admin.address_on = self.broker.partitions.address_on  # ... and DescribeCluster
         if self.replicas is not None:
             self.groups.append = self._append_as_leader
             self.groups.replicated = self._replicated
@@ -295,7 +300,7 @@ class StorageNode:
         deleted another way (DeleteTopics) is forgotten by the manifests, so no last good spec brings it back;
         fetches waiting on the topic look again, and a deleted topic's committed offsets go (onPartitionsDeleted)."""
         self.maintenance.topic_changed(name)
-        self.broker.topic_changed(name)
+        self.purgatory.topic_changed(name)
         if self.replicas is not None:
             # The partitions the controller may still have written for it (the last snapshot it read), not only
             # those of the last view: a record it re-created after another node deleted the topic's (it still

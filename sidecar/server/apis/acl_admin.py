@@ -18,8 +18,8 @@ from ...protocol import codec
 from ...protocol.error_codes import NONE, SECURITY_DISABLED
 from ...security.acl import AclBinding, AclBindingFilter, InvalidAclError
 from ...security.store import Deletion, SecurityStore, Upsertion
+from ..network.handler import ConnectionInfo, Handler
 from ..ops.security_sync import SharedSecurity
-from .broker import ConnectionInfo, Handler
 
 logger = logging.getLogger(__name__)
 

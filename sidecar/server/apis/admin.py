@@ -65,10 +65,11 @@ from ...server_config import SERVER_CONFIG_KEYS, SERVER_CONFIG_KEYS_BY_NAME, Ser
 from ...topic_config import CONFIG_KEYS, CONFIG_KEYS_BY_NAME, InvalidConfigError, TopicConfig
 from ...topics.manifests import ORIGIN_PREFIX, RESERVED
 from ...topics.registry import CapacityError, TopicError, TopicRegistry, TopicSpec, topic_id_for, topic_uuid
+from ..network.handler import ConnectionInfo, Handler
 from ..ops.dynamic_broker_configs import DynamicBrokerConfigs
 from ..ops.log_dir_moves import LogDirMoves
 from .authorized_operations import CLUSTER_OPERATIONS
-from .broker import ConnectionInfo, Handler, controller_id
+from .partitions import controller_id
 from .store_topics import StoreConflict, StoreTopics
 
 logger = logging.getLogger(__name__)

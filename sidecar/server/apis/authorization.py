@@ -33,7 +33,7 @@ from ...protocol.error_codes import (
 )
 from ...security.acl import AUTHORIZATION_ERRORS, CLUSTER_NAME, AclOperation, ResourceType
 from ...security.authorizer import Authorizer
-from .broker import ConnectionInfo, Handler
+from ..network.handler import ConnectionInfo, Handler
 
 logger = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from ...replication.store_records import PartitionRecord
 from ...replication.topic_record import TopicRecord
 from ...topics.manifests import ORIGIN_PREFIX
 from ...topics.registry import TopicRegistry
+from ..network.handler import ConnectionInfo, Handler
 from .admin import AdminError
-from .broker import ConnectionInfo, Handler
 from .store_topics import StoreConflict, StoreTopics
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ static const char *const name_text[N_NAMES] = {
 static PyObject *names[N_NAMES];
 static PyObject *zero, *minus_one;
 /* Appends made by this module, counted before the parked fetches are looked at: a Fetch that read the log and
- * parks from another thread than the I/O thread's compares it before and after parking (Broker._park). */
+ * parks from another thread than the I/O thread's compares it before and after parking (FetchPurgatory.park). */
 static unsigned long long appends;
 
 #define API_PRODUCE 0

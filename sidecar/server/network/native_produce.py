@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from ...log.log import Log, append_in_c_call
 from ...protocol import codec, compiled_codec
+from .handler import API_PRODUCE
 
 try:
     from ._native_produce import appended
@@ -32,7 +33,6 @@ except ImportError:  # pragma: no cover - a checkout without the compiled extens
         """The native appends made in this process (none without the extension)."""
         return 0
 
-API_PRODUCE = 0
 FIRST_BATCH_VERSION = 3  # Produce v3+ carries v2 record batches; v0-2 are refused (by the handler, as ever)
 
 
