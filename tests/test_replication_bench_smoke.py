@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-import bench_module
+from support import bench_module
 import pytest
 
 RECORDS, LATENCY, KILLS, MEM_PARTITIONS = 2000, 20, 3, 3

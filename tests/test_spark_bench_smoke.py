@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-import bench_module
+from support import bench_module
 import pytest
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import network
 from dns_feed import hosts_file, records
-from image import DOCKERFILE, dockerfile_config
+from support.image import DOCKERFILE, dockerfile_config
 
 
 def test_image_config_is_the_dockerfiles_final_stage():
@@ -79,7 +79,7 @@ def test_pods_get_routes_to_the_cluster_only_and_no_masquerade():
 
 
 def test_servicemonitor_targets_as_prometheus_operator_labels_them():
-    from chart_util import objects, render
+    from support.chart_util import objects, render
     from monitoring import monitor_targets, rules_for_test
     rendered = objects(render({"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}},
                               namespace="ns"))

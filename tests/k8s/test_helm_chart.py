@@ -22,11 +22,10 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from chart_util import CHART, FULL_VALUES, NAMESPACE, RELEASE, by_kind, objects, one, render
+from support.chart_util import CHART, FULL_VALUES, NAMESPACE, RELEASE, by_kind, objects, one, render
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from clients_util import build, call, exchange, request_frame  # noqa: E402
+from support.clients_util import build, call, exchange, request_frame
 
 from shale.operator import settings as operator_settings
 from shale.operator.crd import render_yaml

@@ -44,7 +44,7 @@ from cleaner_util import (
     tombstone,
     unkeyed,
 )
-from logtest_util import T0, dir_snapshot, drop_unclosed, make_config
+from support.logtest_util import T0, dir_snapshot, drop_unclosed, make_config
 
 from shale.sidecar.dump_log import dump_files
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, TopicPartition

@@ -24,7 +24,7 @@ import struct
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from logtest_util import FakeClock, dir_snapshot, make_config
+from support.logtest_util import FakeClock, dir_snapshot, make_config
 
 import crc32c
 import xxhash

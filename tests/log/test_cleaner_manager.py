@@ -23,7 +23,7 @@ from cleaner_util import (
     record,
     temp_files,
 )
-from logtest_util import T0, FakeClock, dir_snapshot, make_config
+from support.logtest_util import T0, FakeClock, dir_snapshot, make_config
 
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, TopicPartition
 from shale.sidecar.log.cleaner_manager import (

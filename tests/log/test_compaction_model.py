@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from logtest_util import FakeClock, dir_snapshot, make_config, segment_batches
+from support.logtest_util import FakeClock, dir_snapshot, make_config, segment_batches
 
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.cleaner import Cleaner

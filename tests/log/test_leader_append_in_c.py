@@ -29,7 +29,7 @@ from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import Header, Record, encode_batch
 from shale.sidecar.log.open_files import SEGMENT_FILES
 from shale.sidecar.topic_config import TopicConfig
-from fs_util import PAGE, fill, small_fs
+from support.fs_util import PAGE, fill, small_fs
 
 NOW = 1_800_000_000_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

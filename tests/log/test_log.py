@@ -7,7 +7,7 @@ import random
 import struct
 
 import pytest
-from logtest_util import (
+from support.logtest_util import (
     T0,
     FakeClock,
     all_records,

@@ -7,7 +7,7 @@ import os
 import re
 
 import pytest
-from logtest_util import T0, FakeClock, all_records, drop_unclosed, records_batch
+from support.logtest_util import T0, FakeClock, all_records, drop_unclosed, records_batch
 
 from shale.sidecar.log.checkpoint import TopicPartition, parse_offsets
 from shale.sidecar.log.log_dir import LogDir, LogDirLockedError, delete_dir_name

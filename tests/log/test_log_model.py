@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from logtest_util import T0, FakeClock, make_config, segment_batches
+from support.logtest_util import T0, FakeClock, make_config, segment_batches
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import OffsetOutOfRangeError, RecordTooLargeError

@@ -12,8 +12,8 @@ import os
 
 import pytest
 from cleaner_util import keys_in_log, make_cleaner, offsets_in_log, record
-from fs_util import fill, small_fs
-from logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config, segment_batches, simple_batch
+from support.fs_util import fill, small_fs
+from support.logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config, segment_batches, simple_batch
 
 from shale.sidecar.log.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,

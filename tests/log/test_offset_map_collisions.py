@@ -16,7 +16,7 @@ import random
 from collections import Counter
 
 import pytest
-from logtest_util import FakeClock, all_records, make_config
+from support.logtest_util import FakeClock, all_records, make_config
 
 from shale.sidecar.log.cleaner import Cleaner, LogToClean
 from shale.sidecar.log.log import Log

@@ -14,7 +14,7 @@ from kafka.record.default_records import DefaultRecordBatch as KafkaBatch
 from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaBuilder
 from kafka.record.util import decode_varint as kafka_decode_varint
 from kafka.record.util import encode_varint as kafka_encode_varint
-from logtest_util import FakeClock, all_records, batch_specs, make_config
+from support.logtest_util import FakeClock, all_records, batch_specs, make_config
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.log import Log

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config
+from support.logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config
 
 from shale.sidecar.log.errors import (
     InvalidProducerEpochError,

@@ -8,7 +8,7 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from logtest_util import batch_specs
+from support.logtest_util import batch_specs
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import CorruptRecordError

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from cleaner_util import temp_files
-from logtest_util import T0, FakeClock, make_config
+from support.logtest_util import T0, FakeClock, make_config
 
 from shale.sidecar.log.errors import OffsetOutOfRangeError
 from shale.sidecar.log.log import Log

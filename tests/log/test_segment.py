@@ -10,7 +10,7 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from logtest_util import FakeClock, segment_batches
+from support.logtest_util import FakeClock, segment_batches
 
 from shale.sidecar.log.errors import InvalidIndexEntryError
 from shale.sidecar.log.records import Record, decode_batch, encode_batch

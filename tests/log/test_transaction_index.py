@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logtest_util import FakeClock
+from support.logtest_util import FakeClock
 from shale.sidecar.log.errors import CorruptIndexError
 from shale.sidecar.log.segment import CLEANED_SUFFIX, DELETED_SUFFIX, LogSegment
 from shale.sidecar.log.transaction_index import (

@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from node_util import NodeThread, topic_manifest, write_manifests
+from support.node_util import NodeThread, topic_manifest, write_manifests
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.cleaner_manager import CleanerManager, CleaningState, CleaningStateError
 from shale.sidecar.log.pause_owners import PAUSES_FILE, PauseFileError, PauseOwner, decode_pauses, encode_pauses

@@ -18,11 +18,11 @@ from kafka.protocol.admin.topics import (
     ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse,
 )
 
-from fault_proxy import FREEZE
-from fault_util import AckedLoad, check_acknowledged
-from node_util import (NodeThread, ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for,
-                       write_manifests)
-from clients_util import build, call, partition_dir, stored_records
+from support.fault_proxy import FREEZE
+from support.fault_util import AckedLoad, check_acknowledged
+from support.node_util import (NodeThread, ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for,
+                               write_manifests)
+from support.clients_util import build, call, partition_dir, stored_records
 from shale.sidecar.protocol.error_codes import (
     INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR, NO_REASSIGNMENT_IN_PROGRESS, NONE, POLICY_VIOLATION,
     UNKNOWN_TOPIC_OR_PARTITION,

@@ -20,8 +20,8 @@ from hypothesis import given, strategies as st
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from fault_util import AckedLoad, check_acknowledged
-from node_util import start_replicated_cluster, topic_manifest, wait_for, write_manifests
+from support.fault_util import AckedLoad, check_acknowledged
+from support.node_util import start_replicated_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.replication.throttle import ReplicationQuota, names_replica
 from shale.sidecar.server.dynamic_broker_configs import FILE
 from shale.sidecar.topic_config import LONG_MAX

@@ -5,7 +5,7 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from k8s_util import ApiServerThread
+from support.k8s_util import ApiServerThread
 from shale.operator.configmap import ConflictError, TopicsConfigMap
 
 

@@ -8,9 +8,9 @@ import urllib.request
 
 import kubernetes
 
-from cluster_util import (CRD_SCHEMA, REFRESH_SECONDS, STORAGE_NS, Cluster, OperatorThread, crd_errors, describe,
-                          produce, unknown_fields)
-from node_util import wait_for
+from support.cluster_util import (CRD_SCHEMA, REFRESH_SECONDS, STORAGE_NS, Cluster, OperatorThread, crd_errors,
+                                  describe, produce, unknown_fields)
+from support.node_util import wait_for
 from shale.operator.manifests import PLACEHOLDER_KEY, PLACEHOLDER_TEXT, configmap_key, loaded_digest
 
 

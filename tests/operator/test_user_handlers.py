@@ -16,8 +16,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from cluster_util import Cluster
-from node_util import wait_for
+from support.cluster_util import Cluster
+from support.node_util import wait_for
 from user_util import (GROUP, GROUP_G, PLURAL, READ_ORDERS, VERSION, create_clients_ca, create_user, secret, user,
                        wait_ready)
 from shale.operator.user_admin import ITERATIONS, MECHANISM, NodeAdmin

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chart_util import ROOT, as_json_schema, cel, structural_violations
+from support.chart_util import ROOT, as_json_schema, cel, structural_violations
 from shale.operator import user_crd
 from shale.operator.manifests import SpecError
 from shale.operator.user_spec import OPERATIONS, PATTERN_TYPES, PERMISSIONS, RESOURCE_TYPES, desired_user

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from node_util import wait_for
+from support.node_util import wait_for
 from spark_util import consume_all, set_cleaning, start_serve, wait_for_clean
 
 from shale.pipeline.follower_counts import (

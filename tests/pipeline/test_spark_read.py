@@ -12,7 +12,7 @@ import time
 import pytest
 from pyspark.sql import functions as F
 from spark_util import consume_all, produce, rows, scan_reports, start_serve
-from node_util import topic_manifest, wait_for
+from support.node_util import topic_manifest, wait_for
 
 from shale.pipeline.options import SourceOptions
 from shale.pipeline.wire import WireCluster

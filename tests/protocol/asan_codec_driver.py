@@ -10,14 +10,11 @@ read and refused. Not collected by pytest (no test_ prefix).
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
 import sys
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 path, seed, examples = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 spec = importlib.util.spec_from_file_location("shale.sidecar.protocol._codec_kernel", path)

@@ -18,9 +18,9 @@ from kafka.errors import (InvalidReplicationAssignmentError, InvalidReplicationF
                           TopicAlreadyExistsError)
 from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
 
-from clients_util import build, call
-from fault_util import check_acknowledged
-from node_util import KubeStoreUrl, start_replicated_cluster, topic_manifest, wait_for
+from support.clients_util import build, call
+from support.fault_util import check_acknowledged
+from support.node_util import KubeStoreUrl, start_replicated_cluster, topic_manifest, wait_for
 from shale.sidecar.replication.etcd_store import EtcdStore
 
 UNKNOWN_TOPIC_OR_PARTITION = 3

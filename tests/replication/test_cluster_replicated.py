@@ -9,9 +9,9 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from fault_util import check_acknowledged
-from node_util import (TEST_OVERRIDES, NodeThread, ReplicatedCluster, ServeProcess, fetch_sessions, scrape_metrics,
-                       start_replicated_cluster, topic_manifest, wait_for, write_manifests)
+from support.fault_util import check_acknowledged
+from support.node_util import (TEST_OVERRIDES, NodeThread, ReplicatedCluster, ServeProcess, fetch_sessions,
+                               scrape_metrics, start_replicated_cluster, topic_manifest, wait_for, write_manifests)
 from shale.sidecar.log.records import decode_batch
 
 
@@ -247,7 +247,7 @@ def test_followers_fetch_through_one_session_per_leader_and_stay_byte_identical(
 
 
 def test_five_nodes_spread_three_replicas_and_survive_a_node_lost(tmp_path, etcd):
-    from fault_util import AckedLoad
+    from support.fault_util import AckedLoad
 
     # The topic is declared once all five nodes are live: replicas are chosen from the nodes live when a
     # partition's record is created (as Kafka's controller chooses from the registered brokers).

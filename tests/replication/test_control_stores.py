@@ -1,5 +1,5 @@
-"""The ControlStore contract, run against both real engines: EtcdStore on etcd (tests/etcd_util.py) and
-KubeStore on a real kube-apiserver (tests/apiserver/kube_apiserver.py, a fresh namespace per test).
+"""The ControlStore contract, run against both real engines: EtcdStore on etcd (tests/support/etcd_util.py) and
+KubeStore on a real kube-apiserver (tests/support/kube_apiserver.py, a fresh namespace per test).
 
 "Another node" is a second store object with its own connections, as another `shale serve` process would
 be. Waits on the engines' timers (lease expiry) poll with a generous deadline and fail loudly; nothing
@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import kubernetes
 import pytest
 
-from node_util import wait_for
+from support.node_util import wait_for
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import ControlStore, SessionLost
 from shale.sidecar.replication.etcd_store import EtcdStore

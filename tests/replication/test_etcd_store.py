@@ -1,4 +1,4 @@
-"""What only EtcdStore does, against a real etcd (tests/etcd_util.py): the keys a person sees with etcdctl,
+"""What only EtcdStore does, against a real etcd (tests/support/etcd_util.py): the keys a person sees with etcdctl,
 unreadable values, a frozen etcd, several endpoints. The contract both stores share is in
 test_control_stores.py."""
 
@@ -13,8 +13,8 @@ import urllib.request
 import etcd3gw
 import pytest
 
-from etcd_util import EtcdServer, PortTaken
-from node_util import free_port, wait_for
+from support.etcd_util import EtcdServer, PortTaken
+from support.node_util import free_port, wait_for
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import session_ttl_seconds
 from shale.sidecar.replication.etcd_store import EtcdStore, parse_endpoints
@@ -141,7 +141,7 @@ def test_endpoints_from_the_store_url():
 
 
 def test_etcd_server_moves_off_a_taken_port_on_first_start_only(tmp_path):
-    """tests/etcd_util.py: free_port() races with other processes; a restart must keep its address."""
+    """tests/support/etcd_util.py: free_port() races with other processes; a restart must keep its address."""
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
         blocker.listen()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from fault_util import CLIENTS, AckedLoad
-from node_util import start_replicated_cluster, topic_manifest, wait_for
+from support.fault_util import CLIENTS, AckedLoad
+from support.node_util import start_replicated_cluster, topic_manifest, wait_for
 from shale.sidecar.replication.etcd_store import EtcdStore
 
 TOPIC = topic_manifest("load", 1, replicas=3, config={"min.insync.replicas": 2})

@@ -8,8 +8,8 @@ import time
 
 from confluent_kafka import Producer
 
-from fault_util import check_acknowledged
-from node_util import start_replicated_cluster, topic_manifest
+from support.fault_util import check_acknowledged
+from support.node_util import start_replicated_cluster, topic_manifest
 from shale.sidecar.log.records import decode_batch
 
 LEADER_NOT_AVAILABLE = 5

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apiserver_util import release_objects
-from chart_util import by_kind
-from kube_apiserver import ADMIN, ApiServer
-from node_util import wait_for
+from support.apiserver_util import release_objects
+from support.chart_util import by_kind
+from support.kube_apiserver import ADMIN, ApiServer
+from support.node_util import wait_for
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import SessionLost, StoreUnavailable
 from shale.sidecar.replication.kube_store import KubeStore, LeaseObserver, micro_time

@@ -22,8 +22,8 @@ from kafka.protocol.consumer.offsets import (
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
-from clients_util import build, call, read_frame, request_frame
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
+from support.clients_util import build, call, read_frame, request_frame
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log import parse_batch_set
 from shale.sidecar.log.records import Record, encode_batch

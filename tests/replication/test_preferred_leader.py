@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from hypothesis import given, strategies as st
 
-from fault_util import AckedLoad, check_acknowledged
-from node_util import start_replicated_cluster, topic_manifest, wait_for
+from support.fault_util import AckedLoad, check_acknowledged
+from support.node_util import start_replicated_cluster, topic_manifest, wait_for
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.replication.control_store import StoreView
 from shale.sidecar.replication.controller import alter_partition_error

@@ -402,7 +402,7 @@ def test_a_leader_gone_from_its_port_is_lost_and_reported_refused_until_it_is_ba
 
 def test_a_leader_cut_off_from_this_node_only_is_named_again_once_its_session_would_have_expired(tmp_path):
     """A network cut between this follower and a live leader (every connection reset at its first request,
-    tests/fault_proxy.py's RESET): lost for at most `broker.session.timeout.ms` — a dead leader's session has
+    tests/support/fault_proxy.py's RESET): lost for at most `broker.session.timeout.ms` — a dead leader's session has
     expired by then, so a leader the store still names live is alive — and not again in the same episode, while
     the fetcher goes on failing. Before, this node's Metadata named no leader for as long as the cut lasted."""
     async def scenario():

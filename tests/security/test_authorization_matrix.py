@@ -8,7 +8,6 @@ own decoder. With: no answer carries any authorization error. The principal is t
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -56,18 +55,17 @@ from kafka.protocol.producer.transaction import (
     TxnOffsetCommitResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from clients_util import build, call  # noqa: E402
-from node_util import ServeProcess, topic_manifest, write_manifests  # noqa: E402
+from support.clients_util import build, call
+from support.node_util import ServeProcess, topic_manifest, write_manifests
 
-from shale.sidecar.protocol import codec  # noqa: E402
-from shale.sidecar.security.acl import (  # noqa: E402
+from shale.sidecar.protocol import codec
+from shale.sidecar.security.acl import (
     CLUSTER_NAME, AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern,
     ResourceType,
 )
-from shale.sidecar.security.api_permissions import API_PERMISSIONS  # noqa: E402
-from shale.sidecar.security.authorizer import Authorizer  # noqa: E402
-from shale.sidecar.security.store import SecurityStore  # noqa: E402
+from shale.sidecar.security.api_permissions import API_PERMISSIONS
+from shale.sidecar.security.authorizer import Authorizer
+from shale.sidecar.security.store import SecurityStore
 
 O, R = AclOperation, ResourceType
 TOPIC_AUTH, GROUP_AUTH, CLUSTER_AUTH, TXN_AUTH = 29, 30, 31, 53

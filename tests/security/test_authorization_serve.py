@@ -8,7 +8,6 @@ refusal logged with the principal and the topic."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import confluent_kafka
@@ -24,15 +23,14 @@ from kafka.admin import ResourcePatternFilter, ResourceType
 from kafka.admin import ACLResourcePatternType
 from kafka.errors import TopicAuthorizationFailedError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests  # noqa: E402
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
 
-from shale.sidecar.security.acl import (  # noqa: E402
+from shale.sidecar.security.acl import (
     CLUSTER_NAME, AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern as Rp,
     ResourceType as Rt,
 )
-from shale.sidecar.security.authorizer import Authorizer  # noqa: E402
-from shale.sidecar.security.store import SecurityStore  # noqa: E402
+from shale.sidecar.security.authorizer import Authorizer
+from shale.sidecar.security.store import SecurityStore
 
 ANON = "User:ANONYMOUS"
 TOPICS = ("orders", "orders-eu", "secret")

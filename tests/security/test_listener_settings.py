@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tls_util import make_pki
-from node_util import ServeProcess, free_port, topic_manifest, write_manifests
+from support.tls_util import make_pki
+from support.node_util import ServeProcess, free_port, topic_manifest, write_manifests
 from shale.sidecar.security.listeners import ListenerConfigError, SecurityProtocol
 from shale.sidecar.server.inter_broker import InterBrokerClient, parse_jaas_options
 from shale.sidecar.server.listener_security import listener_securities, listener_setting, split_settings

@@ -24,9 +24,10 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from tls_util import RawClient, client_context, kafka_python_round_trip, kcat_env, make_pki, seed_user, tls_overrides
-from clients_util import read_frame
-from node_util import ServeProcess, free_port, wait_for, write_manifests, topic_manifest
+from support.tls_util import (RawClient, client_context, kafka_python_round_trip, kcat_env, make_pki, seed_user,
+                              tls_overrides)
+from support.clients_util import read_frame
+from support.node_util import ServeProcess, free_port, wait_for, write_manifests, topic_manifest
 
 PASSWORD = "alice-Secret-4711"
 NODE_PASSWORD = "node-Secret-0815"

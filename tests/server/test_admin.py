@@ -42,7 +42,7 @@ from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.server.topics import API_TOPICS_FILE, topic_uuid
 from shale.sidecar.topic_config import CONFIG_KEYS, TopicConfig
 
-from node_util import NodeThread, free_port, topic_manifest, write_manifests
+from support.node_util import NodeThread, free_port, topic_manifest, write_manifests
 
 DECLARED = "declared"  # the topic the manifest declares in every test
 

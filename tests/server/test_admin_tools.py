@@ -35,8 +35,8 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersions
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 from kafka.structs import OffsetAndMetadata
 
-from clients_util import build, call, partition_dir, read_frame, request_frame
-from node_util import NodeThread, ServeProcess, start_cluster, topic_manifest, wait_for, write_manifests
+from support.clients_util import build, call, partition_dir, read_frame, request_frame
+from support.node_util import NodeThread, ServeProcess, start_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.protocol.codec import API_NAMES
 from shale.sidecar.server.topics import API_TOPICS_FILE

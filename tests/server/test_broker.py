@@ -230,7 +230,7 @@ def test_pipelined_answers_keep_request_order_behind_a_waiting_fetch(server):
     from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
-    from clients_util import build, read_frame, request_frame
+    from support.clients_util import build, read_frame, request_frame
 
     topic = "pipelined"
     end = server.registry.local_log(topic, 0).log_end_offset

@@ -22,9 +22,9 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTP
 from kafka.protocol.consumer.group import JoinGroupRequest, JoinGroupResponse
 
-from clients_util import build, call, read_frame, request_frame, stored_batches, stored_records
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from kafka_schema_util import message_classes
+from support.clients_util import build, call, read_frame, request_frame, stored_batches, stored_records
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
+from support.kafka_schema_util import message_classes
 from test_offset_records import KAFKA_SCHEMAS
 from shale.sidecar.server.group_coordinator import GroupState
 from shale.sidecar.server.offset_records import (

@@ -21,7 +21,7 @@ from pathlib import Path
 import confluent_kafka
 import pytest
 
-from node_util import ServeProcess, free_port, topic_manifest, write_manifests
+from support.node_util import ServeProcess, free_port, topic_manifest, write_manifests
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import LOG_OVERHEAD, Record, decode_batch, encode_batch

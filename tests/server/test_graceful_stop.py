@@ -11,7 +11,7 @@ import urllib.request
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
 
-from node_util import ServeProcess, free_port, topic_manifest, wait_for, write_manifests
+from support.node_util import ServeProcess, free_port, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import RECOVERY_POINT_CHECKPOINT, TopicPartition, read_offsets
 from shale.sidecar.log.log_dir import CLEAN_SHUTDOWN_FILE
 

@@ -17,7 +17,7 @@ from typing import Callable
 import pytest
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 
-from clients_util import build, request_frame
+from support.clients_util import build, request_frame
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, decode_batch, encode_batch

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from fault_proxy import FREEZE, RESET, FaultProxy
+from support.fault_proxy import FREEZE, RESET, FaultProxy
 from native_util import Brokers, batch, brokers, exchange, fetch, produce, read_frame
 
 from shale.sidecar.log.checkpoint import TopicPartition

@@ -23,9 +23,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
-from clients_util import build, call, closes_without_reply, read_frame, request_frame
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
-from test_http_api import request, scrape
+from support.clients_util import build, call, closes_without_reply, read_frame, request_frame
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from support.http_util import request, scrape
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.protocol.error_codes import NONE, POLICY_VIOLATION
 

@@ -15,7 +15,7 @@ from watchdog.observers import Observer
 from shale.sidecar.log.checkpoint import TopicPartition
 from shale.sidecar.topic_config import TopicConfig
 
-from node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests
+from support.node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests
 
 # Retention runs every 100 ms from the start, so a config change shows in the log within a test's patience.
 FAST = {"log.retention.check.interval.ms": "100", "log.initial.task.delay.ms": "0"}

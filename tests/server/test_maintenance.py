@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
 
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,

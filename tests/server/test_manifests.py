@@ -18,7 +18,7 @@ from shale.sidecar.server.manifests import (
 )
 from shale.sidecar.topic_config import TopicConfig
 
-from node_util import topic_manifest, wait_for, write_manifests
+from support.node_util import topic_manifest, wait_for, write_manifests
 
 
 def by_name(specs) -> dict:

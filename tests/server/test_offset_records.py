@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
-from kafka_schema_util import message_classes
+from support.kafka_schema_util import message_classes
 
 from shale.sidecar.server.offset_records import (
     GroupMetadataKey,

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from node_util import ServeProcess, free_port, wait_for
+from support.node_util import ServeProcess, free_port, wait_for
 from shale.sidecar.plural import plural
 
 

@@ -26,9 +26,9 @@ from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsRespo
 from kafka.protocol.admin.transactions import DescribeTransactionsRequest, DescribeTransactionsResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from clients_util import build, call
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
-from txn_util import read_to_end
+from support.clients_util import build, call
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from support.txn_util import read_to_end
 from shale.sidecar.protocol.error_codes import CONCURRENT_TRANSACTIONS, NONE
 
 IN, OUT, GROUP, TXN_ID = "eos-in", "eos-out", "eos-loop", "eos-loop-1"

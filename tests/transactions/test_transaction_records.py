@@ -12,7 +12,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka_schema_util import message_classes
+from support.kafka_schema_util import message_classes
 
 from shale.sidecar.server.transaction_records import (
     TransactionRecordError,

@@ -12,8 +12,8 @@ from hypothesis import given, strategies as st
 from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 
-from clients_util import build, call, stored_batches
-from node_util import ServeProcess, topic_manifest, write_manifests
+from support.clients_util import build, call, stored_batches
+from support.node_util import ServeProcess, topic_manifest, write_manifests
 from shale.sidecar.log.records import ControlType, Record, encode_batch, end_txn_marker_batch
 from shale.sidecar.protocol.error_codes import (
     CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, INVALID_PRODUCER_EPOCH,
@@ -21,7 +21,7 @@ from shale.sidecar.protocol.error_codes import (
     PRODUCER_FENCED, TRANSACTION_ABORTABLE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNSTABLE_OFFSET_COMMIT,
 )
 from shale.sidecar.server.transaction_verification import produce_error
-from txn_util import RawTransactions, plain, produce_raw
+from support.txn_util import RawTransactions, plain, produce_raw
 
 TOPIC = "txn-checks"
 

@@ -14,11 +14,11 @@ from kafka.protocol.producer.transaction import (
     InitProducerIdRequest, InitProducerIdResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 )
 
-from clients_util import build, call, stored_batches
-from node_util import (
+from support.clients_util import build, call, stored_batches
+from support.node_util import (
     ReplicatedCluster, ServeProcess, start_replicated_cluster, topic_manifest, wait_for, write_manifests,
 )
-from txn_util import read_to_end
+from support.txn_util import read_to_end
 from shale.sidecar.log.records import decode_batch, parse_control_key, parse_end_txn_marker
 from shale.sidecar.security.acl import (
     CLUSTER_NAME, AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern,

@@ -18,9 +18,9 @@ from kafka.protocol.admin.transactions import (
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from clients_util import build, call, stored_batches
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
-from txn_util import read_to_end
+from support.clients_util import build, call, stored_batches
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from support.txn_util import read_to_end
 from shale.sidecar.security.acl import (
     AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern, ResourceType,
 )

@@ -17,8 +17,8 @@ from kafka.protocol.producer.transaction import (
     TxnOffsetCommitResponse,
 )
 
-from clients_util import build, call
-from node_util import wait_for
+from support.clients_util import build, call
+from support.node_util import wait_for
 from shale.sidecar.log.records import Record, encode_batch
 
 
