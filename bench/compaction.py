@@ -54,12 +54,12 @@ from perf_doc import update_section  # noqa: E402  (beside this script)
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Compaction (issue: Retention and compaction)"
 
-from shale.sidecar.log.varint import encode_varint  # noqa: E402
 from shale.sidecar.log import cleaner_kernel  # noqa: E402
 from shale.sidecar.log.cleaner import Cleaner, LogToClean  # noqa: E402
 from shale.sidecar.log.log import Log  # noqa: E402
 from shale.sidecar.log.offset_map import SLOT_SIZE, OffsetMap, default_hash  # noqa: E402
 from shale.sidecar.log.records import BATCH_OVERHEAD, check_batch, decode_records  # noqa: E402
+from shale.sidecar.log.varint import encode_varint  # noqa: E402
 from shale.sidecar.topic_config import TopicConfig  # noqa: E402
 
 MiB = 1 << 20

@@ -50,9 +50,9 @@ from perf_doc import update_section  # noqa: E402  (beside this script)
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Log engine (issue: Log engine)"
 
-from shale.sidecar.topic_config import TopicConfig  # noqa: E402
 from shale.sidecar.log.log import Log  # noqa: E402
 from shale.sidecar.log.records import BATCH_OVERHEAD, Record, encode_batch  # noqa: E402
+from shale.sidecar.topic_config import TopicConfig  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30

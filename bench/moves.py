@@ -4,7 +4,7 @@ throttled move against idle.
     .venv/bin/python bench/moves.py              # full run, updates docs/performance.md ("Moves")
     .venv/bin/python bench/moves.py --quick      # small run, prints only (add --markdown to write the doc)
 
-One real `shale serve` (tests/server/node_util.py's `ServeProcess`) with two log dirs on the same filesystem
+One real `shale serve` (tests/support/node_util.py's `ServeProcess`) with two log dirs on the same filesystem
 (bench/out/, deleted at the end) and one topic of one partition, `segment.bytes` a quarter of its size so the
 move copies sealed segments and the active one. confluent-kafka preloads it with N MB of 1 KiB records
 (bench/broker.py's `produce`). In order:
@@ -30,7 +30,7 @@ move copies sealed segments and the active one. confluent-kafka preloads it with
    move, in rounds of 100 records (10 warm-up) until `/status` shows it done (rounds begun before it ended
    count). The issue's goal: p99 during ≤ 2× idle.
 3. latency under a throttled reassignment (a move between nodes; `--no-reassign` leaves it out): a real etcd
-   (tests/etcd_util.py) and three `shale serve --store etcd://…` nodes (node_util's `start_replicated_cluster`),
+   (tests/support/etcd_util.py) and three `shale serve --store etcd://…` nodes (node_util's `start_replicated_cluster`),
    with `leader.replication.throttled.rate` and `follower.replication.throttled.rate` set on every node and the
    topic's `leader/follower.replication.throttled.replicas` `*`. A topic of one partition on nodes [0, 1]
    preloaded with the same N MB (`acks=1`, then until the high watermark reaches the end: in-sync replication
@@ -62,14 +62,21 @@ from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path[:0] = [HERE, os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "server")]
-from kafka.admin import KafkaAdminClient  # noqa: E402
-
+# Beside this script, and the tests' helpers (tests/support/).
+sys.path[:0] = [HERE, os.path.join(ROOT, "tests")]
 from broker import OUT_DIR, RECORD_SIZE, ServerProcess, make_values, percentile, produce, produce_latency  # noqa: E402
-from etcd_util import EtcdServer  # noqa: E402
-from node_util import (ReplicatedCluster, ServeProcess, start_replicated_cluster, topic_manifest,  # noqa: E402
-                       wait_for, write_manifests)
+from kafka.admin import KafkaAdminClient  # noqa: E402
 from perf_doc import machine_facts, update_section  # noqa: E402
+
+from support.etcd_util import EtcdServer  # noqa: E402
+from support.node_util import (  # noqa: E402
+    ReplicatedCluster,
+    ServeProcess,
+    start_replicated_cluster,
+    topic_manifest,
+    wait_for,
+    write_manifests,
+)
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Moves (issue 16)"

@@ -6,8 +6,8 @@
     .venv/bin/python bench/replication.py --quick --throughput-only --records 100000 --rounds 4
                                                        # CPU per MB and the ratio alone, to compare two builds
 
-One real etcd (tests/etcd_util.py) and three real `shale serve --store etcd://…` processes on loopback, started
-by the replication tests' harness (tests/server/node_util.py's `start_replicated_cluster`, node ids 0–2, data
+One real etcd (tests/support/etcd_util.py) and three real `shale serve --store etcd://…` processes on loopback, started
+by the replication tests' harness (tests/support/node_util.py's `start_replicated_cluster`, node ids 0–2, data
 under bench/out/, deleted at the end), with the broker's default session settings (`broker.session.timeout.ms`
 2000, `broker.heartbeat.interval.ms` 500). The client is confluent-kafka in this process, driven by
 bench/broker.py's `produce` and `produce_latency`, so the figures compare with that benchmark's. In order:
@@ -29,7 +29,7 @@ bench/broker.py's `produce` and `produce_latency`, so the figures compare with t
    the acknowledgement of the first record the producer sent after it. The killed node is restarted on its
    data directory, and the next kill waits until it is back in the ISR. `--kills` times (default 50).
    Afterwards a consumer reads the partition: every acknowledged record must be at its acknowledged offset
-   (a loss is counted and printed, and fails the run), and tests/replication/fault_util.py's
+   (a loss is counted and printed, and fails the run), and tests/support/fault_util.py's
    `check_acknowledged` checks the replicas' bytes and epochs.
 """
 
@@ -57,15 +57,15 @@ from confluent_kafka import libversion as librdkafka_version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
-sys.path[:0] = [os.path.dirname(os.path.abspath(__file__))] + [
-    os.path.join(ROOT, "tests", d) for d in ("", "server", "replication")]
-from broker import (Phase, ServerProcess, make_values, percentile, produce,  # noqa: E402
-                    produce_latency, profile_phase)
-from etcd_util import EtcdServer  # noqa: E402
-from fault_util import check_acknowledged  # noqa: E402
-from node_util import ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for, write_manifests  # noqa: E402
+# Beside this script, and the tests' helpers (tests/support/).
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.join(ROOT, "tests")]
+from broker import Phase, ServerProcess, make_values, percentile, produce, produce_latency, profile_phase  # noqa: E402
 from perf_doc import machine_facts, update_section  # noqa: E402
+
 from shale.sidecar.replication.controller import ELECTIONS_PER_WRITE  # noqa: E402
+from support.etcd_util import EtcdServer  # noqa: E402
+from support.fault_util import check_acknowledged  # noqa: E402
+from support.node_util import ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for, write_manifests  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 LAST = os.path.join(OUT_DIR, "replication-last.pickle")  # the last full run's Results, for --rewrite-doc
@@ -836,7 +836,7 @@ def markdown(res: Results, facts: str, command: str) -> str:
 Measured {datetime.date.today().isoformat()} with `{command}` (wall time {res.wall_s:.0f} s; one-minute load
 average {res.load[0]:.2f} before, {res.load[1]:.2f} after). MB = 10^6 bytes of record values, MiB/KiB = 2^20/2^10 bytes.
 
-Machine: {facts}. One etcd and three `shale serve --store etcd://…` nodes (tests/server/node_util.py's
+Machine: {facts}. One etcd and three `shale serve --store etcd://…` nodes (tests/support/node_util.py's
 `start_replicated_cluster`: default session settings, `offsets.topic.num.partitions=5`) and the client
 ({res.client}, in the benchmark's process) share the machine; data on the disk of `bench/out/`.
 

@@ -31,11 +31,24 @@ from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "security"))
-from broker import (OUT_DIR, RECORD_SIZE, ROOT, Phase, ServerProcess, consume, free_port, make_values,  # noqa: E402
-                    produce, profile_phase, start_shale, wait_for_topics)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the tests' helpers, tests/support/
+from broker import (  # noqa: E402
+    OUT_DIR,
+    RECORD_SIZE,
+    ROOT,
+    Phase,
+    ServerProcess,
+    consume,
+    free_port,
+    make_values,
+    produce,
+    profile_phase,
+    start_shale,
+    wait_for_topics,
+)
 from perf_doc import records_rounds_main  # noqa: E402
-from tls_util import make_pki, seed_user, tls_overrides  # noqa: E402
+
+from support.tls_util import make_pki, seed_user, tls_overrides  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## TLS (issue 17)"

@@ -30,8 +30,19 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from broker import (OUT_DIR, PRODUCER_CONFIG, RECORD_SIZE, ROOT, Phase, ServerProcess, make_values,  # noqa: E402
-                    profile_phase, send, start_shale, wait_for_topics)
+from broker import (  # noqa: E402
+    OUT_DIR,
+    PRODUCER_CONFIG,
+    RECORD_SIZE,
+    ROOT,
+    Phase,
+    ServerProcess,
+    make_values,
+    profile_phase,
+    send,
+    start_shale,
+    wait_for_topics,
+)
 from perf_doc import records_rounds_main  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 
-import bench_module
 import pytest
 
 from shale.sidecar.log import log as log_module
+from support import bench_module
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 
-import bench_module
 import pytest
+
+from support import bench_module
 
 MiB = 1 << 20
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 
-import bench_module
 import pytest
+
+from support import bench_module
 
 
 @pytest.fixture(scope="module")

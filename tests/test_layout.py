@@ -14,7 +14,7 @@ import sys
 
 import yaml
 
-from wheel_venv import ROOT
+from support.wheel_venv import ROOT
 
 TOP_LEVEL = ("operator", "sidecar", "pipeline")
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 
-import bench_module
 import pytest
+
+from support import bench_module
 
 RECORDS, LATENCY, KILLS, MEM_PARTITIONS = 2000, 20, 3, 3
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 
-import bench_module
 import numpy as np
 import pytest
+
+from support import bench_module
 
 KEYS, UPDATES = 2000, 20_000
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib
 import os
 
-import bench_module
 import pytest
+
+from support import bench_module
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_every_mode_writes_every_record_and_the_report_has_its_ratios(bench, tmp
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## Kafka server (issue: Kafka server)\n\nkept\n")
     section = bench.markdown(res, "nproc 2", "bench/transactions.py --test")
-    perf_doc = importlib.import_module("perf_doc")  # bench/ is on sys.path once the bench is loaded
+    perf_doc = importlib.import_module("perf_doc")  # importable once the bench (which puts bench/ first) is loaded
     perf_doc.update_section(bench.SECTION, section, str(doc))
     perf_doc.update_section(bench.SECTION, section, str(doc))
     text = doc.read_text()

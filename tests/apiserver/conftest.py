@@ -4,7 +4,7 @@ a namespace holding the chart's release, two real `shale serve` pods and the ope
 `apiserver` starts the server (kube_apiserver.py; ~3 s, ~400 MB) and installs the Topic CRD once. A test
 that needs it fails with the reason when it cannot start — it never skips. `release` renders the chart
 into a fresh namespace and creates every object on the server; `cluster` adds the storage processes,
-their Pod objects, the ConfigMap projection (the kubelet's part, tests/operator/projection.py) and the
+their Pod objects, the ConfigMap projection (the kubelet's part, tests/support/projection.py) and the
 operator, in a thread as tests/operator runs it, logged in with a TokenRequest token of the chart's
 service account: every call it makes passes the real authorizer or fails as it would in a cluster.
 """
@@ -16,10 +16,10 @@ from typing import Iterator
 
 import pytest
 
-from apiserver_util import USER_CRD_FILE, Release, install_crd, install_release, operated
-from cluster_util import Cluster, StorageNodes
-from kube_apiserver import ApiServer
-from node_util import ServeProcess
+from support.apiserver_util import USER_CRD_FILE, Release, install_crd, install_release, operated
+from support.cluster_util import Cluster, StorageNodes
+from support.kube_apiserver import ApiServer
+from support.node_util import ServeProcess
 
 _namespaces = itertools.count(1)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from apiserver_util import create_objects, release_objects
-from chart_util import FULL_VALUES
-from kube_apiserver import ApiServer
+from support.apiserver_util import create_objects, release_objects
+from support.chart_util import FULL_VALUES
+from support.kube_apiserver import ApiServer
 
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 

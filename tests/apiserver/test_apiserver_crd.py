@@ -15,9 +15,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from apiserver_util import crd_for_1_20
-from kube_apiserver import ApiServer
 from shale.sidecar.topic_config import CONFIG_KEYS
+from support.apiserver_util import crd_for_1_20
+from support.kube_apiserver import ApiServer
 
 GROUP, VERSION, PLURAL = "shale.dev", "v1alpha1", "topics"
 _namespaces = itertools.count(1)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-import yaml
 
-from apiserver_util import FLAGS_FOR_1_20, HELM_VERSION, RELEASE_VALUES, chart_for_1_20, release_objects
-from chart_util import CHART, RELEASE, one
-from kube_apiserver import ApiServer, cached_binary
+from support.apiserver_util import FLAGS_FOR_1_20, HELM_VERSION, RELEASE_VALUES, chart_for_1_20, release_objects
+from support.chart_util import RELEASE, one
+from support.kube_apiserver import ApiServer, cached_binary
+
 
 def test_helm_install_upgrade_uninstall(apiserver: ApiServer, tmp_path: Path):
     helm = cached_binary("helm", HELM_VERSION)

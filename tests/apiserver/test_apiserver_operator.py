@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from apiserver_util import Release
-from chart_util import one
-from cluster_util import REFRESH_SECONDS, Cluster, produce
-from kube_apiserver import ApiServer
-from node_util import wait_for
 from shale.operator.configmap import TopicsConfigMap
 from shale.operator.manifests import PLACEHOLDER_KEY, configmap_key
+from support.apiserver_util import Release
+from support.chart_util import one
+from support.cluster_util import REFRESH_SECONDS, Cluster, produce
+from support.kube_apiserver import ApiServer
+from support.node_util import wait_for
 
 
 def operator_user(release: Release) -> str:

@@ -9,10 +9,10 @@ such a watch is listed again within a minute; the waits after a restart allow fo
 
 from __future__ import annotations
 
-from apiserver_util import Release
-from cluster_util import Cluster
-from kube_apiserver import ApiServer
-from node_util import wait_for
+from support.apiserver_util import Release
+from support.cluster_util import Cluster
+from support.kube_apiserver import ApiServer
+from support.node_util import wait_for
 
 AFTER_RESTART = 120  # seconds: a silent watch ends within 60 s (server_timeout), then the reconcile
 

@@ -15,7 +15,6 @@ high watermark, no epoch led by two nodes.
 from __future__ import annotations
 
 import itertools
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -23,10 +22,9 @@ from pathlib import Path
 import kubernetes
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replication"))
-from fault_util import AckedLoad  # noqa: E402
-from kube_apiserver import ApiServer  # noqa: E402
-from node_util import KubeStoreUrl, ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for  # noqa: E402
+from support.fault_util import AckedLoad
+from support.kube_apiserver import ApiServer
+from support.node_util import KubeStoreUrl, ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for
 
 TOPIC = topic_manifest("load", 1, replicas=3, config={"min.insync.replicas": 2})
 SESSION_S = 120

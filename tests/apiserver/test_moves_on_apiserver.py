@@ -26,24 +26,20 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import sys
 import urllib.request
 from collections import Counter
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
 import kubernetes
 import pytest
 
-from apiserver_util import Release, install_release, operated, run_pods, storage_pods
-from chart_util import one
-from cluster_util import Cluster, StorageNodes
-from kube_apiserver import ApiServer
-from node_util import TEST_OVERRIDES, KubeStoreUrl, ReplicatedCluster, ServeProcess, wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replication"))
-from fault_util import AckedLoad, check_acknowledged, preload  # noqa: E402 - the fault tests' acks=all load and checks
+from support.apiserver_util import Release, install_release, operated, run_pods, storage_pods
+from support.chart_util import one
+from support.cluster_util import Cluster, StorageNodes
+from support.fault_util import AckedLoad, check_acknowledged, preload  # the fault tests' acks=all load and checks
+from support.kube_apiserver import ApiServer
+from support.node_util import TEST_OVERRIDES, KubeStoreUrl, ReplicatedCluster, ServeProcess, wait_for
 
 _namespaces = itertools.count(1)
 SCALED, GROWN, SINGLE = "scaled", "grown", "single"

@@ -19,11 +19,11 @@ import kubernetes
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from apiserver_util import Release, install_release, operated
-from chart_util import one
-from cluster_util import Cluster, StorageNodes
-from kube_apiserver import ApiServer
-from node_util import TEST_OVERRIDES, KubeStoreUrl, ReplicatedCluster, ServeProcess, wait_for
+from support.apiserver_util import Release, install_release, operated
+from support.chart_util import one
+from support.cluster_util import Cluster, StorageNodes
+from support.kube_apiserver import ApiServer
+from support.node_util import TEST_OVERRIDES, KubeStoreUrl, ReplicatedCluster, ServeProcess, wait_for
 
 _namespaces = itertools.count(1)
 TOPIC, PARTITIONS, RECORDS = "orders", 2, 400

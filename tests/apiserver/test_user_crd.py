@@ -11,8 +11,8 @@ import json
 import kubernetes
 import pytest
 
-from apiserver_util import USER_CRD_FILE, crd_for_1_20
-from kube_apiserver import ApiServer
+from support.apiserver_util import USER_CRD_FILE, crd_for_1_20
+from support.kube_apiserver import ApiServer
 
 GROUP, VERSION, PLURAL = "shale.dev", "v1alpha1", "users"
 _namespaces = itertools.count(1)

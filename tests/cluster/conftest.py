@@ -16,14 +16,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from kube_cluster import KubeCluster
 
-# The helpers these tests share with the other real-Kubernetes tests: the chart (k8s), the API server and
-# its 1.20 chart copy (apiserver), free ports (server).
-for _folder in ("server", "k8s", "apiserver", "cluster"):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / _folder))
-import image  # noqa: E402
-from kube_cluster import KubeCluster  # noqa: E402
-
+from support import image
 
 _HERE = Path(__file__).resolve().parent
 # Three nodes in three zones: a partition's replicas on different nodes, and a node lost loses one replica.

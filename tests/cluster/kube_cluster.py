@@ -27,22 +27,19 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import kubernetes
+import network
 import yaml
+from dns_feed import DnsFeed
+from pki import CertificateAuthority, Pair
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apiserver"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import network  # noqa: E402
-from dns_feed import DnsFeed  # noqa: E402
-from image import Images  # noqa: E402
-from kube_apiserver import ApiServer, kubernetes_binary, log_tail  # noqa: E402
-from pki import CertificateAuthority, Pair  # noqa: E402
+from support.image import Images
+from support.kube_apiserver import ApiServer, kubernetes_binary, log_tail
 
 # One cluster on the machine at a time (the bridge, the node IPs and the fixed ports are the machine's).
 LOCK_FILE = Path("/run/shale-test-cluster.lock")

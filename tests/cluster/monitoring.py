@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import yaml
 
-from kube_apiserver import log_tail
+from support.kube_apiserver import log_tail
 
 SCRAPE_INTERVAL = "2s"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -19,14 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kube_cluster import KubeCluster
 
 from shale.operator.topic_check import TopicView
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apiserver"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from apiserver_util import FLAGS_FOR_1_20, HELM_VERSION, chart_for_1_20  # noqa: E402
-from kube_apiserver import cached_binary  # noqa: E402
-from kube_cluster import KubeCluster  # noqa: E402
+from support.apiserver_util import FLAGS_FOR_1_20, HELM_VERSION, chart_for_1_20
+from support.kube_apiserver import cached_binary
 
 POD_CLIENT = Path(__file__).with_name("pod_client.py")
 CLIENT_POD = "kafka-client"

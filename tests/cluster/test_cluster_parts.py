@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 
-import pytest
-
 import network
+import pytest
 from dns_feed import hosts_file, records
-from image import DOCKERFILE, dockerfile_config
+
+from support.image import DOCKERFILE, dockerfile_config
 
 
 def test_image_config_is_the_dockerfiles_final_stage():
@@ -79,8 +79,9 @@ def test_pods_get_routes_to_the_cluster_only_and_no_masquerade():
 
 
 def test_servicemonitor_targets_as_prometheus_operator_labels_them():
-    from chart_util import objects, render
     from monitoring import monitor_targets, rules_for_test
+
+    from support.chart_util import objects, render
     rendered = objects(render({"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}},
                               namespace="ns"))
     monitor = next(o for o in rendered if o["kind"] == "ServiceMonitor"

@@ -14,9 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from apiserver_util import FLAGS_FOR_1_20, HELM_VERSION, chart_for_1_20
-from kube_apiserver import cached_binary, kubernetes_binary
 from kube_cluster import KubeCluster
+
+from support.apiserver_util import FLAGS_FOR_1_20, HELM_VERSION, chart_for_1_20
+from support.kube_apiserver import cached_binary, kubernetes_binary
 
 JOURNEY = Path(__file__).resolve().parents[2] / "e2e" / "journey.sh"
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-import image
+from support import image
 
 SITE = f"{image.VENV.strip('/')}/lib/python3.11/site-packages/"
 

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
-from chart_util import objects, one, render
 from kube_cluster import SMALL_VOLUME_MIB, KubeCluster
 from kubernetes.client import CoreV1Api
 from monitoring import Monitoring, monitor_targets, rules_for_test, scrape_job
-from node_util import free_port
 from release import POD_CLIENT, Release
+
 from shale.operator.topic_check import TopicView
+from support.chart_util import objects, one, render
+from support.node_util import free_port
 
 TOPIC = "journey-prices"
 VALUES = {

@@ -14,31 +14,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart_util import FULL_VALUES, ROOT, objects, one, promtool, render
 from prometheus_client import generate_latest
 
 from shale.operator.metrics import OperatorMetrics
+from support.chart_util import FULL_VALUES, ROOT, rules_of, run_promtool, write_rules
 
 ALERT_TESTS = Path(__file__).resolve().parent / "alerts"
 OPERATOR_METRICS = {"shale_topic_ready"}  # exported by the operator (docs/kubernetes.md), not by the nodes
 
 
-def rules_of(values: dict) -> dict:
-    return one(objects(render(values)), "PrometheusRule")["spec"]
-
-
 def alerts_of(spec: dict) -> list[dict]:
     return [rule for group in spec["groups"] for rule in group["rules"]]
-
-
-def write_rules(directory: Path, values: dict) -> Path:
-    path = directory / "rules.yaml"
-    path.write_text(yaml.safe_dump(rules_of(values), sort_keys=False))
-    return path
-
-
-def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def unit_test(directory: Path, alert: str) -> subprocess.CompletedProcess:

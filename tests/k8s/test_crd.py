@@ -17,13 +17,28 @@ import re2
 import yaml
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from chart_util import (CRD_FILES, ROOT, as_json_schema, cel, structural_violations, subschemas, topic_schema,
-                        unknown_fields)
 
 from shale.operator import crd as crd_module
 from shale.sidecar.cli import main as shale_main
-from shale.sidecar.topic_config import (CONFIG_KEYS, INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, InvalidConfigError,
-                                        TopicConfig)
+from shale.sidecar.topic_config import (
+    CONFIG_KEYS,
+    INT_MAX,
+    INT_MIN,
+    LONG_MAX,
+    LONG_MIN,
+    InvalidConfigError,
+    TopicConfig,
+)
+from support.chart_util import (
+    CRD_FILES,
+    ROOT,
+    as_json_schema,
+    cel,
+    structural_violations,
+    subschemas,
+    topic_schema,
+    unknown_fields,
+)
 
 CRD = crd_module.crd()
 SCHEMA = topic_schema(CRD)

@@ -22,15 +22,13 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from chart_util import CHART, FULL_VALUES, NAMESPACE, RELEASE, by_kind, objects, one, render
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from clients_util import build, call, exchange, request_frame  # noqa: E402
 
 from shale.operator import settings as operator_settings
 from shale.operator.crd import render_yaml
 from shale.operator.user_crd import render_yaml as render_user_yaml
+from support.chart_util import CHART, FULL_VALUES, NAMESPACE, RELEASE, by_kind, objects, one, render
+from support.clients_util import build, call, exchange, request_frame
 
 KUBE_VERSIONS = ("1.29", kubernetes_validate.latest_version())  # the chart's kubeVersion floor, and the newest
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no schema shipped by kubernetes-validate
@@ -585,8 +583,15 @@ def test_security_storage_command_serves_sasl_ssl_mtls_and_a_guarded_http_port(t
 
     from shale.operator.user_admin import NodeAdmin
     from shale.operator.user_secret import ClientsCA, tls_values
-    from shale.sidecar.security.acl import (AccessControlEntry, AclBinding, AclOperation, AclPermissionType,
-                                            PatternType, ResourcePattern, ResourceType)
+    from shale.sidecar.security.acl import (
+        AccessControlEntry,
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        PatternType,
+        ResourcePattern,
+        ResourceType,
+    )
 
     ports = {name: _free_port() for name in ("kafka", "http", "internal", "tls")}
     values = {"storage": {"kafkaPort": ports["kafka"], "httpPort": ports["http"], "replication": {"enabled": False}},

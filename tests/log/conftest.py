@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from logtest_util import FakeClock, make_config as _make_config
+
+from support.logtest_util import FakeClock
+from support.logtest_util import make_config as _make_config
 
 
 @pytest.fixture

@@ -95,8 +95,8 @@ def build_append(rng: random.Random, seed: int, seq: int, next_offset: int):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from shale.sidecar.log.topic_partition import TopicPartition
     from shale.sidecar.log.log_dir import LogDir
+    from shale.sidecar.log.topic_partition import TopicPartition
 
     p = argparse.ArgumentParser()
     p.add_argument("dir")

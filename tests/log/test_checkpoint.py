@@ -10,7 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shale.sidecar.log.atomic_file import atomic_write
-from shale.sidecar.log.checkpoint import CheckpointError, encode_offsets, encode_partition_metadata, new_topic_id, parse_offsets, parse_partition_metadata, read_offsets, write_offsets
+from shale.sidecar.log.checkpoint import (
+    CheckpointError,
+    encode_offsets,
+    encode_partition_metadata,
+    new_topic_id,
+    parse_offsets,
+    parse_partition_metadata,
+    read_offsets,
+    write_offsets,
+)
 from shale.sidecar.log.topic_partition import TopicPartition
 
 

@@ -44,11 +44,9 @@ from cleaner_util import (
     tombstone,
     unkeyed,
 )
-from logtest_util import T0, dir_snapshot, drop_unclosed, make_config
 
 from shale.sidecar.dump_log import dump_files
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner import (
     CHUNK_BYTES,
     CleanerStats,
@@ -72,7 +70,9 @@ from shale.sidecar.log.records import (
     encode_batch,
 )
 from shale.sidecar.log.throttler import Throttler
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.txn_scan import scan
+from support.logtest_util import T0, dir_snapshot, drop_unclosed, make_config
 
 BASE_CONFIG = {"cleanup.policy": "compact", "segment.bytes": 1024, "segment.index.bytes": 1024,
                "delete.retention.ms": 1000}

@@ -21,13 +21,11 @@ import random
 import shutil
 import struct
 
+import crc32c
 import pytest
+import xxhash
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from logtest_util import FakeClock, dir_snapshot, make_config
-
-import crc32c
-import xxhash
 
 from shale.sidecar.log import cleaner_kernel
 from shale.sidecar.log.cleaner import Cleaner, LogToClean
@@ -46,6 +44,7 @@ from shale.sidecar.log.records import (
     encode_control_key,
     encode_end_txn_marker,
 )
+from support.logtest_util import FakeClock, dir_snapshot, make_config
 
 _c = importlib.import_module("shale.sidecar.log._cleaner_kernel")  # no skip: a missing module fails the run
 

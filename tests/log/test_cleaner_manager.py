@@ -23,10 +23,8 @@ from cleaner_util import (
     record,
     temp_files,
 )
-from logtest_util import T0, FakeClock, dir_snapshot, make_config
 
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner_manager import (
     CleanableOffsets,
     CleanerManager,
@@ -39,7 +37,9 @@ from shale.sidecar.log.errors import CorruptRecordError
 from shale.sidecar.log.log_cleaner import CleanerConfig, LogCleaner
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.txn_scan import scan
+from support.logtest_util import T0, FakeClock, dir_snapshot, make_config
 
 LOW_RETENTION = {"cleanup.policy": "compact", "segment.bytes": 2048, "retention.ms": 1,
                  "min.cleanable.dirty.ratio": 0.05}  # Kafka's createLowRetentionLogConfig

@@ -28,9 +28,7 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from logtest_util import FakeClock, dir_snapshot, make_config, segment_batches
 
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner import Cleaner
 from shale.sidecar.log.cleaner_manager import CleanerManager, CleaningState, CleaningStateError
 from shale.sidecar.log.compression import Compression
@@ -38,6 +36,8 @@ from shale.sidecar.log.log_cleaner import CleanerConfig, LogCleaner
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.offset_map import SLOT_SIZE, OffsetMap, default_hash
 from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
+from support.logtest_util import FakeClock, dir_snapshot, make_config, segment_batches
 
 TP = TopicPartition("compacted", 0)
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from shale.sidecar.log.checkpoint import RECOVERY_POINT_CHECKPOINT, read_offsets
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import CLEAN_SHUTDOWN_FILE, LogDir
 from shale.sidecar.log.records import Record, decode_batch, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_writer.py")
 _spec = importlib.util.spec_from_file_location("_crash_writer", WRITER)

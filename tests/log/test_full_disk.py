@@ -1,6 +1,6 @@
 """A full disk on the log engine's write paths: an OSError and an unchanged log, never SIGBUS or torn bytes.
 
-Everything runs on small real filesystems (tests/fs_util.py) that the tests fill up.
+Everything runs on small real filesystems (tests/support/fs_util.py) that the tests fill up.
 """
 
 from __future__ import annotations
@@ -14,16 +14,24 @@ import textwrap
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from fs_util import PAGE, fill, small_fs
-from logtest_util import T0, all_records, drop_unclosed, make_config, read_batch_at, segment_batches, simple_batch
 
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.log_dir import CLEAN_SHUTDOWN_FILE, LogDir
 from shale.sidecar.log.offset_index import OffsetIndex
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.log.time_index import TimeIndex
+from shale.sidecar.log.topic_partition import TopicPartition
+from support.fs_util import PAGE, fill, small_fs
+from support.logtest_util import (
+    T0,
+    all_records,
+    drop_unclosed,
+    make_config,
+    read_batch_at,
+    segment_batches,
+    simple_batch,
+)
 
 PID = 4242
 
@@ -80,8 +88,7 @@ def test_a_time_index_grown_by_one_entry_reserves_it(tmpfs):
 
 PROBE = textwrap.dedent("""
     import errno, os, sys
-    sys.path.insert(0, {tests!r})
-    from fs_util import fill
+    from support.fs_util import fill
     from pathlib import Path
     from shale.sidecar.log.offset_index import OffsetIndex
     from shale.sidecar.log.time_index import TimeIndex
@@ -111,8 +118,9 @@ PROBE = textwrap.dedent("""
 def test_index_entries_on_a_full_filesystem_are_refused_with_enospc_not_sigbus(tmp_path, kind):
     """Before the reservation, writing the entry through the map killed the process with SIGBUS (-7)."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (tests, os.environ.get("PYTHONPATH"))))}
     with small_fs(tmp_path, kind, 8192 if kind == "ext4" else 512) as mnt:
-        done = subprocess.run([sys.executable, "-c", PROBE.format(tests=tests), str(mnt)],
+        done = subprocess.run([sys.executable, "-c", PROBE, str(mnt)], env=env,
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"probe died with {done.returncode}: {done.stderr}"
     assert done.stdout.startswith("refused 0"), done.stdout  # nothing of the first page was written

@@ -8,16 +8,16 @@ import os
 from pathlib import Path
 
 import pytest
+from cleaner_util import end_marker, make_cleaner, to_clean
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cleaner_util import end_marker, make_cleaner, to_clean
-from fs_util import PAGE, fill, small_fs
-from logtest_util import FakeClock, drop_unclosed, make_config
 from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import ControlType, Record, encode_batch
 from shale.sidecar.log.transaction_index import AbortedTxn, parse_entries
+from support.fs_util import PAGE, fill, small_fs
+from support.logtest_util import FakeClock, drop_unclosed, make_config
 
 ABORT, COMMIT = ControlType.ABORT, ControlType.COMMIT
 

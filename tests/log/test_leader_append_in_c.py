@@ -19,17 +19,18 @@ import threading
 
 import crc32c
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from shale.sidecar.log import log as log_module
 from shale.sidecar.log._cleaner_kernel import append_produced, prepare_produce
-from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.compression import Compression
+from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.log import Log
-from shale.sidecar.log.records import Header, Record, encode_batch
 from shale.sidecar.log.open_files import SEGMENT_FILES
+from shale.sidecar.log.records import Header, Record, encode_batch
 from shale.sidecar.topic_config import TopicConfig
-from fs_util import PAGE, fill, small_fs
+from support.fs_util import PAGE, fill, small_fs
 
 NOW = 1_800_000_000_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

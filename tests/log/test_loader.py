@@ -6,11 +6,11 @@ import os
 import random
 
 import pytest
-from logtest_util import T0, FakeClock, all_records, dir_snapshot, read_batch_at, simple_batch
 
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import Record, decode_batch, encode_batch
 from shale.sidecar.log.segment import LogSegment
+from support.logtest_util import T0, FakeClock, all_records, dir_snapshot, read_batch_at, simple_batch
 
 INT32_MAX = 2**31 - 1
 

@@ -7,15 +7,6 @@ import random
 import struct
 
 import pytest
-from logtest_util import (
-    T0,
-    FakeClock,
-    all_records,
-    dir_snapshot,
-    read_batch_at,
-    records_batch,
-    simple_batch,
-)
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import (
@@ -34,6 +25,15 @@ from shale.sidecar.log.records import (
     encode_batch,
     encode_control_key,
     encode_end_txn_marker,
+)
+from support.logtest_util import (
+    T0,
+    FakeClock,
+    all_records,
+    dir_snapshot,
+    read_batch_at,
+    records_batch,
+    simple_batch,
 )
 
 INT32_MAX = 2**31 - 1

@@ -7,12 +7,12 @@ import os
 import re
 
 import pytest
-from logtest_util import T0, FakeClock, all_records, drop_unclosed, records_batch
 
 from shale.sidecar.log.checkpoint import parse_offsets
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir, LogDirLockedError, delete_dir_name
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.topic_config import TopicConfig
+from support.logtest_util import T0, FakeClock, all_records, drop_unclosed, records_batch
 
 A = TopicPartition("alpha", 0)
 B = TopicPartition("beta-topic", 1)

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from logtest_util import T0, FakeClock, make_config, segment_batches
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import OffsetOutOfRangeError, RecordTooLargeError
 from shale.sidecar.log.log import MAX_TIMESTAMP, Log
 from shale.sidecar.log.records import Record, decode_batch, encode_batch
+from support.logtest_util import T0, FakeClock, make_config, segment_batches
 
 FILE_NAME = re.compile(r"^(\d{20})\.(log|index|timeindex)(\.deleted)?$")
 CODECS = [Compression.NONE] * 4 + [Compression.GZIP, Compression.SNAPPY, Compression.LZ4, Compression.ZSTD]

@@ -12,11 +12,14 @@ import os
 
 import pytest
 from cleaner_util import keys_in_log, make_cleaner, offsets_in_log, record
-from fs_util import fill, small_fs
-from logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config, segment_batches, simple_batch
 
-from shale.sidecar.log.checkpoint import LEADER_EPOCH_CHECKPOINT, REPLICATION_OFFSET_CHECKPOINT, EpochEntry, parse_epoch_entries, read_offsets
-from shale.sidecar.log.topic_partition import TopicPartition
+from shale.sidecar.log.checkpoint import (
+    LEADER_EPOCH_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    EpochEntry,
+    parse_epoch_entries,
+    read_offsets,
+)
 from shale.sidecar.log.cleaner_manager import CleanerManager
 from shale.sidecar.log.errors import CorruptRecordError, KafkaStorageError, OffsetOutOfRangeError
 from shale.sidecar.log.log import Log
@@ -24,6 +27,9 @@ from shale.sidecar.log.log_cleaner import CleanerConfig, LogCleaner
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.log.retention import delete_retention_ms_breached
+from shale.sidecar.log.topic_partition import TopicPartition
+from support.fs_util import fill, small_fs
+from support.logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config, segment_batches, simple_batch
 
 E = EpochEntry
 

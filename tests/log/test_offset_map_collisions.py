@@ -16,12 +16,12 @@ import random
 from collections import Counter
 
 import pytest
-from logtest_util import FakeClock, all_records, make_config
 
 from shale.sidecar.log.cleaner import Cleaner, LogToClean
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.offset_map import INLINE_MAX, SLOT_SIZE, OffsetMap, default_hash
 from shale.sidecar.log.records import Record, encode_batch
+from support.logtest_util import FakeClock, all_records, make_config
 
 pytestmark = pytest.mark.timeout(120)  # a map that probes forever must fail fast, not at the 600 s default
 

@@ -14,12 +14,12 @@ from kafka.record.default_records import DefaultRecordBatch as KafkaBatch
 from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaBuilder
 from kafka.record.util import decode_varint as kafka_decode_varint
 from kafka.record.util import encode_varint as kafka_encode_varint
-from logtest_util import FakeClock, all_records, batch_specs, make_config
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import Record, TimestampType, check_batch, decode_batch, encode_batch
 from shale.sidecar.log.varint import decode_varlong, encode_varint
+from support.logtest_util import FakeClock, all_records, batch_specs, make_config
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config
 
 from shale.sidecar.log.errors import (
     InvalidProducerEpochError,
@@ -25,6 +24,7 @@ from shale.sidecar.log.producer_snapshot import ProducerEntry, encode_snapshot, 
 from shale.sidecar.log.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, INT32_MAX, snapshot_name
 from shale.sidecar.log.records import ControlType, Record, encode_batch, encode_control_key, encode_end_txn_marker
 from shale.sidecar.log.retention import delete_log_start_offset_breached
+from support.logtest_util import T0, FakeClock, dir_snapshot, drop_unclosed, make_config
 
 PID = 1000
 

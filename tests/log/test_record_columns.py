@@ -5,13 +5,21 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shale.sidecar.log import records
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import CorruptRecordError
 from shale.sidecar.log.records import (
-    BATCH_OVERHEAD, Header, Record, RecordColumns, TimestampType, check_batch, decode_columns, decode_records,
+    BATCH_OVERHEAD,
+    Header,
+    Record,
+    RecordColumns,
+    TimestampType,
+    check_batch,
+    decode_columns,
+    decode_records,
     encode_batch,
 )
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shale.sidecar.log import records
 from shale.sidecar.log._cleaner_kernel import records_check

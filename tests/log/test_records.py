@@ -8,7 +8,6 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from logtest_util import batch_specs
 
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import CorruptRecordError
@@ -32,6 +31,7 @@ from shale.sidecar.log.records import (
     with_base_offset,
 )
 from shale.sidecar.log.varint import decode_varint, decode_varlong, encode_varint, varint_size
+from support.logtest_util import batch_specs
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -11,7 +11,6 @@ import time
 
 import pytest
 from cleaner_util import temp_files
-from logtest_util import T0, FakeClock, make_config
 
 from shale.sidecar.log.errors import OffsetOutOfRangeError
 from shale.sidecar.log.log import Log
@@ -23,6 +22,7 @@ from shale.sidecar.log.retention import (
     delete_retention_ms_breached,
     delete_retention_size_breached,
 )
+from support.logtest_util import T0, FakeClock, make_config
 
 
 def singleton(ts: int = -1, key: bytes | None = b"test", value: bytes = b"test") -> bytes:

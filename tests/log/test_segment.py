@@ -10,11 +10,11 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from logtest_util import FakeClock, segment_batches
 
 from shale.sidecar.log.errors import InvalidIndexEntryError
 from shale.sidecar.log.records import Record, decode_batch, encode_batch
 from shale.sidecar.log.segment import LogSegment, filename_prefix, offset_from_filename
+from support.logtest_util import FakeClock, segment_batches
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logtest_util import FakeClock
 from shale.sidecar.log.errors import CorruptIndexError
 from shale.sidecar.log.segment import CLEANED_SUFFIX, DELETED_SUFFIX, LogSegment
 from shale.sidecar.log.transaction_index import (
@@ -20,6 +19,7 @@ from shale.sidecar.log.transaction_index import (
     encode_entries,
     parse_entries,
 )
+from support.logtest_util import FakeClock
 
 # Kafka's TransactionIndexTest.testCollectAbortedTransactions fixture
 SEARCHED = [AbortedTxn(0, 0, 10, 11), AbortedTxn(1, 5, 15, 13), AbortedTxn(2, 18, 35, 25), AbortedTxn(3, 32, 50, 40)]

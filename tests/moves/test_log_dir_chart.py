@@ -3,11 +3,7 @@ extra log dir (docs/moves.md), rendered by Helm's own engine."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
-from chart_util import objects, one, render  # noqa: E402
+from support.chart_util import objects, one, render
 
 
 def storage(values: dict) -> dict:

@@ -17,13 +17,13 @@ import pytest
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
 
-from clients_util import raw_batches
-from fs_util import small_fs
-from node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.pause_owners import PAUSES_FILE
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.server.ops import metrics
+from support.clients_util import raw_batches
+from support.fs_util import small_fs
+from support.node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests
 
 TP = TopicPartition("orders", 0)
 COMPACTED = {"cleanup.policy": "compact", "segment.bytes": 65536, "min.cleanable.dirty.ratio": 0.01}

@@ -15,12 +15,23 @@ from pathlib import Path
 
 from kafka.protocol.admin import AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse
 
-from clients_util import build, call
-from fault_util import AckedLoad, preload
-from node_util import ReplicatedCluster, ServeProcess, start_replicated_cluster, topic_manifest, wait_for, \
-    write_manifests
-from shale.sidecar.protocol.error_codes import (INVALID_TOPIC_EXCEPTION, KAFKA_STORAGE_ERROR, LOG_DIR_NOT_FOUND,
-                                                NONE, REPLICA_NOT_AVAILABLE)
+from shale.sidecar.protocol.error_codes import (
+    INVALID_TOPIC_EXCEPTION,
+    KAFKA_STORAGE_ERROR,
+    LOG_DIR_NOT_FOUND,
+    NONE,
+    REPLICA_NOT_AVAILABLE,
+)
+from support.clients_util import build, call
+from support.fault_util import AckedLoad, preload
+from support.node_util import (
+    ReplicatedCluster,
+    ServeProcess,
+    start_replicated_cluster,
+    topic_manifest,
+    wait_for,
+    write_manifests,
+)
 
 TOPIC = "jbod"
 THROTTLED = ("--override", "replica.alter.log.dirs.io.max.bytes.per.second=300000")  # a copy takes seconds

@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import urllib.request
 from pathlib import Path
 
 import yaml
 from kafka.admin import KafkaAdminClient
-
-from clients_util import raw_batches
-from node_util import ServeProcess, scrape_metrics, topic_manifest, wait_for, write_manifests
 from test_log_dir_moves import COMPACTED, produce_duplicates
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
-from chart_util import FULL_VALUES  # noqa: E402
-from test_alerts import run_promtool, write_rules  # noqa: E402
+from support.chart_util import FULL_VALUES, run_promtool, write_rules
+from support.clients_util import raw_batches
+from support.node_util import ServeProcess, scrape_metrics, topic_manifest, wait_for, write_manifests
 
 QUICK = ("--override", "log.cleaner.backoff.ms=100", "--override", "offsets.topic.num.partitions=2")
 

@@ -14,10 +14,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from node_util import NodeThread, topic_manifest, write_manifests
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner_manager import CleanerManager, CleaningState, CleaningStateError
 from shale.sidecar.log.pause_owners import PAUSES_FILE, PauseFileError, PauseOwner, decode_pauses, encode_pauses
+from shale.sidecar.log.topic_partition import TopicPartition
+from support.node_util import NodeThread, topic_manifest, write_manifests
 
 TP = TopicPartition("orders", 0)
 OTHER = TopicPartition("orders", 1)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shale.sidecar.replication import reassignment

@@ -14,18 +14,30 @@ import urllib.request
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.protocol.admin.topics import (
-    AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse,
-    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse,
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
 )
 
-from fault_proxy import FREEZE
-from fault_util import AckedLoad, check_acknowledged
-from node_util import (NodeThread, ReplicatedCluster, start_replicated_cluster, topic_manifest, wait_for,
-                       write_manifests)
-from clients_util import build, call, partition_dir, stored_records
 from shale.sidecar.protocol.error_codes import (
-    INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR, NO_REASSIGNMENT_IN_PROGRESS, NONE, POLICY_VIOLATION,
+    INVALID_REPLICA_ASSIGNMENT,
+    INVALID_REPLICATION_FACTOR,
+    NO_REASSIGNMENT_IN_PROGRESS,
+    NONE,
+    POLICY_VIOLATION,
     UNKNOWN_TOPIC_OR_PARTITION,
+)
+from support.clients_util import build, call, partition_dir, stored_records
+from support.fault_proxy import FREEZE
+from support.fault_util import AckedLoad, check_acknowledged
+from support.node_util import (
+    NodeThread,
+    ReplicatedCluster,
+    start_replicated_cluster,
+    topic_manifest,
+    wait_for,
+    write_manifests,
 )
 
 

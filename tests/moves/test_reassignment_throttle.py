@@ -14,17 +14,19 @@ import urllib.request
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource as ConfluentResource,
-                                  ResourceType as ConfluentResourceType)
-from hypothesis import given, strategies as st
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry
+from confluent_kafka.admin import ConfigResource as ConfluentResource
+from confluent_kafka.admin import ResourceType as ConfluentResourceType
+from hypothesis import given
+from hypothesis import strategies as st
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from fault_util import AckedLoad, check_acknowledged
-from node_util import start_replicated_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.replication.throttle import ReplicationQuota, names_replica
 from shale.sidecar.server.ops.dynamic_broker_configs import FILE
 from shale.sidecar.topic_config import LONG_MAX
+from support.fault_util import AckedLoad, check_acknowledged
+from support.node_util import start_replicated_cluster, topic_manifest, wait_for, write_manifests
 
 
 class Clock:

@@ -19,12 +19,21 @@ from typing import Iterator
 import kubernetes
 import pytest
 
-from cluster_util import (CLIENTS_CA_SECRET, CONFIGMAP, REFRESH_SECONDS, STORAGE_NS, STUCK_AFTER_SECONDS, Cluster,
-                          OperatorThread, StorageNodes, storage_objects)
-from k8s_util import ApiServerThread
-from node_util import ServeProcess, free_port
-from projection import ConfigMapProjection
 from shale.operator.settings import Settings
+from support.cluster_util import (
+    CLIENTS_CA_SECRET,
+    CONFIGMAP,
+    REFRESH_SECONDS,
+    STORAGE_NS,
+    STUCK_AFTER_SECONDS,
+    Cluster,
+    OperatorThread,
+    StorageNodes,
+    storage_objects,
+)
+from support.k8s_util import ApiServerThread
+from support.node_util import ServeProcess, free_port
+from support.projection import ConfigMapProjection
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import kubernetes
 
-from cluster_util import STORAGE_NS, Cluster
-from node_util import wait_for
+from support.cluster_util import STORAGE_NS, Cluster
+from support.node_util import wait_for
 
 ANNOTATION = "shale.dev/scale-in-to"
 

@@ -13,8 +13,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shale.operator.moves import (DONE, FAILED, ONGOING, PENDING, Progress, ScaleAction, goal, moves_status,
-                                  progress_of, reassigning, scale_action, scale_in_refusal, shown_placement, step)
+from shale.operator.moves import (
+    DONE,
+    FAILED,
+    ONGOING,
+    PENDING,
+    Progress,
+    ScaleAction,
+    goal,
+    moves_status,
+    progress_of,
+    reassigning,
+    scale_action,
+    scale_in_refusal,
+    shown_placement,
+    step,
+)
 
 NOW, LATER = "2026-11-25T03:00:00Z", "2026-11-25T03:05:00Z"
 

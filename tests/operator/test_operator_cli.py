@@ -12,8 +12,8 @@ import urllib.request
 
 import kubernetes
 
-from k8s_util import ApiServerThread
-from node_util import free_port, wait_for
+from support.k8s_util import ApiServerThread
+from support.node_util import free_port, wait_for
 
 
 def get(url: str) -> tuple[int, str]:

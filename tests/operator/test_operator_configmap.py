@@ -5,8 +5,8 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from k8s_util import ApiServerThread
 from shale.operator.configmap import ConflictError, TopicsConfigMap
+from support.k8s_util import ApiServerThread
 
 
 @pytest.fixture

@@ -20,12 +20,20 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
-from cluster_util import (CONFIGMAP, REFRESH_SECONDS, STORAGE_NS, Cluster, OperatorThread, crd_errors, describe,
-                          produce)
-from clients_util import file_state
-from k8s_util import TEST_USER_AGENT
-from node_util import wait_for
 from shale.operator.manifests import PLACEHOLDER_KEY, PLACEHOLDER_TEXT, configmap_key
+from support.clients_util import file_state
+from support.cluster_util import (
+    CONFIGMAP,
+    REFRESH_SECONDS,
+    STORAGE_NS,
+    Cluster,
+    OperatorThread,
+    crd_errors,
+    describe,
+    produce,
+)
+from support.k8s_util import TEST_USER_AGENT
+from support.node_util import wait_for
 
 PRODUCED = {"ledger": {0: 20, 1: 30}, "alpha": {0: 12, 1: 9}, "beta": {0: 15}}
 

@@ -8,10 +8,19 @@ import urllib.request
 
 import kubernetes
 
-from cluster_util import (CRD_SCHEMA, REFRESH_SECONDS, STORAGE_NS, Cluster, OperatorThread, crd_errors, describe,
-                          produce, unknown_fields)
-from node_util import wait_for
 from shale.operator.manifests import PLACEHOLDER_KEY, PLACEHOLDER_TEXT, configmap_key, loaded_digest
+from support.cluster_util import (
+    CRD_SCHEMA,
+    REFRESH_SECONDS,
+    STORAGE_NS,
+    Cluster,
+    OperatorThread,
+    crd_errors,
+    describe,
+    produce,
+    unknown_fields,
+)
+from support.node_util import wait_for
 
 
 def test_a_topic_is_created_on_the_pods_served_and_reported_ready(cluster: Cluster):

@@ -7,8 +7,16 @@ import uuid
 import pytest
 import yaml
 
-from shale.operator.manifests import (SpecError, configmap_key, desired_topic, last_applied, loaded_digest,
-                                      parse_applied, render, to_yaml)
+from shale.operator.manifests import (
+    SpecError,
+    configmap_key,
+    desired_topic,
+    last_applied,
+    loaded_digest,
+    parse_applied,
+    render,
+    to_yaml,
+)
 from shale.operator.planning import Restore, lost_topics, plan, plan_restore
 from shale.operator.storage import Storage, StorageError, StoragePod
 from shale.sidecar.topics.manifests import parse_topic

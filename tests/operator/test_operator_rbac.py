@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import kmock
 import kubernetes
-from chart_util import by_kind, objects, one, render
 import pytest
-from cluster_util import CLIENTS_CA_SECRET, CONFIGMAP, STORAGE_NS, Cluster
-from k8s_util import TEST_USER_AGENT
-from node_util import wait_for
 from user_util import GROUP, PLURAL, READ_ORDERS, VERSION, create_clients_ca, create_user, secret, user, wait_ready
+
+from support.chart_util import by_kind, objects, one, render
+from support.cluster_util import CLIENTS_CA_SECRET, CONFIGMAP, STORAGE_NS, Cluster
+from support.k8s_util import TEST_USER_AGENT
+from support.node_util import wait_for
 
 # kmock's actions as RBAC verbs (a PATCH is `patch`, a PUT `update`).
 _VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "DELETE": "delete"}

@@ -7,11 +7,11 @@ import re
 import urllib.request
 from pathlib import Path
 
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from shale.operator.manifests import loaded_digest
 from shale.operator.conditions import Condition, merge, rfc3339
+from shale.operator.manifests import loaded_digest
 from shale.operator.status import NodeReport, observe, placements
 from shale.operator.storage import Storage
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
 
 STORAGE = Storage("data", "shale", "shale-headless", 2, {})
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -211,8 +211,8 @@ def test_replicated_partitions_show_each_replicas_role_and_need_a_leader():
 
 def test_a_real_replicated_clusters_status_reads_as_expected(tmp_path, etcd):
     """/status of three real `shale serve --store etcd://…` replicas of one partition, as the operator reads it."""
-    from cluster_util import produce
-    from node_util import start_replicated_cluster
+    from support.cluster_util import produce
+    from support.node_util import start_replicated_cluster
 
     cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("t", 1, replicas=3))
     try:

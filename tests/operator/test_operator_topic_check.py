@@ -10,9 +10,9 @@ import kubernetes
 import pykube
 import pytest
 
-from cluster_util import GROUP, PLURAL, VERSION, Cluster, produce
-from k8s_util import ApiServerThread
 from shale.operator.topic_check import TopicNotReady, TopicView, kube_config, main, wait
+from support.cluster_util import GROUP, PLURAL, VERSION, Cluster, produce
+from support.k8s_util import ApiServerThread
 
 
 @pytest.fixture

@@ -15,16 +15,34 @@ import kubernetes
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from user_util import (
+    GROUP,
+    GROUP_G,
+    PLURAL,
+    READ_ORDERS,
+    VERSION,
+    create_clients_ca,
+    create_user,
+    secret,
+    user,
+    wait_ready,
+)
 
-from cluster_util import Cluster
-from node_util import wait_for
-from user_util import (GROUP, GROUP_G, PLURAL, READ_ORDERS, VERSION, create_clients_ca, create_user, secret, user,
-                       wait_ready)
 from shale.operator.user_admin import ITERATIONS, MECHANISM, NodeAdmin
-from shale.sidecar.security.acl import (ANY_FILTER, AccessControlEntry, AclBinding, AclOperation, AclPermissionType,
-                                        PatternType, ResourcePattern, ResourceType)
+from shale.sidecar.security.acl import (
+    ANY_FILTER,
+    AccessControlEntry,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
+)
 from shale.sidecar.security.authorizer import Authorizer
 from shale.sidecar.security.store import SecurityStore
+from support.cluster_util import Cluster
+from support.node_util import wait_for
 
 pytestmark = pytest.mark.parametrize(
     "storage_nodes", [["authorizer.class.name=shale", "super.users=User:ANONYMOUS"]], indirect=True)

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chart_util import ROOT, as_json_schema, cel, structural_violations
 from shale.operator import user_crd
 from shale.operator.manifests import SpecError
 from shale.operator.user_spec import OPERATIONS, PATTERN_TYPES, PERMISSIONS, RESOURCE_TYPES, desired_user
 from shale.sidecar.cli import main as shale_main
 from shale.sidecar.security.acl import CLUSTER_NAME, SUPPORTED_OPERATIONS, AclOperation, ResourceType
+from support.chart_util import ROOT, as_json_schema, cel, structural_violations
 
 CRD_FILES = (ROOT / "crds" / "users.shale.dev.yaml", ROOT / "helm" / "shale" / "crds" / "users.shale.dev.yaml")
 SCHEMA = user_crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

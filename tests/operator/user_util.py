@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from cluster_util import CLIENTS_CA_SECRET, Cluster
-from node_util import wait_for
+from support.cluster_util import CLIENTS_CA_SECRET, Cluster
+from support.node_util import wait_for
 
 GROUP, VERSION, PLURAL = "shale.dev", "v1alpha1", "users"
 

@@ -7,12 +7,8 @@ is missing. Without one these tests fail (they are never skipped).
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 
 @pytest.fixture(scope="session")

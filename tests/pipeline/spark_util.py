@@ -11,7 +11,8 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 from kafka import KafkaConsumer, TopicPartition
-from node_util import ServeProcess, wait_for, write_manifests
+
+from support.node_util import ServeProcess, wait_for, write_manifests
 
 
 @dataclass(frozen=True, order=True)

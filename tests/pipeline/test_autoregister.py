@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import os
 
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.topic_config import TopicConfig
 
 DRIVER = """

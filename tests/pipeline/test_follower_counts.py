@@ -14,12 +14,18 @@ import sys
 import time
 
 import pytest
-from node_util import wait_for
 from spark_util import consume_all, set_cleaning, start_serve, wait_for_clean
 
 from shale.pipeline.follower_counts import (
-    COUNTS_TOPIC, count_stream, expected_counts, generate_events, produce_events, restore_counts, topic_manifests,
+    COUNTS_TOPIC,
+    count_stream,
+    expected_counts,
+    generate_events,
+    produce_events,
+    restore_counts,
+    topic_manifests,
 )
+from support.node_util import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,18 @@ decodes, nothing in the directory changed, the lock never taken, only the needed
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "log"))
-from logtest_util import dir_snapshot, make_config  # noqa: E402
-
-from shale.pipeline.files import DataDirectory, ScanStats  # noqa: E402
-from shale.pipeline.schema import BatchBuilder  # noqa: E402
+from shale.pipeline.files import DataDirectory, ScanStats
+from shale.pipeline.schema import BatchBuilder
+from shale.sidecar.log.compression import Compression
+from shale.sidecar.log.errors import CorruptRecordError
+from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.log.records import Header, Record, decode_batch, encode_batch
 from shale.sidecar.log.topic_partition import TopicPartition
-from shale.sidecar.log.compression import Compression  # noqa: E402
-from shale.sidecar.log.errors import CorruptRecordError  # noqa: E402
-from shale.sidecar.log.log_dir import LogDir  # noqa: E402
-from shale.sidecar.log.records import Header, Record, decode_batch, encode_batch  # noqa: E402
+from support.logtest_util import dir_snapshot, make_config
 
 T0 = 1_700_000_000_000
 TP = TopicPartition("t", 0)

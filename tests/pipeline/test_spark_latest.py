@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spark_util import produce, set_cleaning, start_serve, status, wait_for_clean
-from node_util import topic_manifest, wait_for
 
-from shale.pipeline.latest import latest_view, read
 from shale.pipeline.files import DataDirectory, ScanStats
+from shale.pipeline.latest import latest_view, read
 from shale.pipeline.schema import BatchBuilder
+from support.node_util import topic_manifest, wait_for
 
 TOPIC = "state"
 PARTITIONS = 2

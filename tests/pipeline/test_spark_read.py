@@ -12,10 +12,10 @@ import time
 import pytest
 from pyspark.sql import functions as F
 from spark_util import consume_all, produce, rows, scan_reports, start_serve
-from node_util import topic_manifest, wait_for
 
 from shale.pipeline.options import SourceOptions
 from shale.pipeline.wire import WireCluster
+from support.node_util import topic_manifest, wait_for
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 T0 = (int(time.time()) - 86400) * 1000  # CreateTime timestamps a day back, one second apart

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 from spark_util import produce, start_serve
-from node_util import topic_manifest
+
+from support.node_util import topic_manifest
 
 
 @pytest.fixture(scope="module")

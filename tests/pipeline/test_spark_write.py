@@ -8,7 +8,8 @@ import pytest
 from kafka.partitioner.default import murmur2
 from pyspark.sql import functions as F
 from spark_util import consume_all, produce, rows, start_serve
-from node_util import topic_manifest
+
+from support.node_util import topic_manifest
 
 PARTITIONS = 3
 

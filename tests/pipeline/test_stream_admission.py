@@ -11,9 +11,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from shale.pipeline.options import OptionError, SourceOptions
 from shale.pipeline.stream_reader import ShaleStreamReader
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.topic_config import TopicConfig
 
 HOUR_S = 3600.0

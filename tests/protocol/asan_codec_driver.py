@@ -10,14 +10,11 @@ read and refused. Not collected by pytest (no test_ prefix).
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
 import sys
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 path, seed, examples = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 spec = importlib.util.spec_from_file_location("shale.sidecar.protocol._codec_kernel", path)
@@ -26,6 +23,7 @@ spec.loader.exec_module(kernel)
 sys.modules["shale.sidecar.protocol._codec_kernel"] = kernel  # compiled_codec imports this one
 
 from schema_values import ALL_VERSIONS, struct_dicts, valid_frames  # noqa: E402
+
 from shale.sidecar.protocol import codec, compiled_codec  # noqa: E402
 
 assert compiled_codec._kernel is kernel, "compiled_codec did not load the sanitized kernel"

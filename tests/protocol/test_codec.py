@@ -17,7 +17,6 @@ import struct
 import uuid
 
 import pytest
-
 from aiokafka.protocol.admin import ApiVersionRequest as AioApiVersionRequest
 from aiokafka.protocol.fetch import FetchRequest as AioFetchRequest
 from aiokafka.protocol.metadata import MetadataRequest as AioMetadataRequest

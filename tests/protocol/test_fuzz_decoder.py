@@ -14,9 +14,9 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schema_values import ALL_VERSIONS, SCALARS, assert_same_value, valid_frames
 
 from shale.sidecar.protocol import codec, compiled_codec, generated_codec
-from schema_values import ALL_VERSIONS, SCALARS, assert_same_value, valid_frames
 
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

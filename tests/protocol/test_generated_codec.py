@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer.fetch import FetchRequest
-
 from schema_values import ALL_VERSIONS, SCALARS, assert_same_value, struct_dicts, valid_frames
+
 from shale.sidecar.protocol import client_codec, codec, compiled_codec, generated_codec
 
 PROPERTY = settings(deadline=None, max_examples=12,

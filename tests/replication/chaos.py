@@ -1,7 +1,9 @@
 """`make chaos`: leaders killed again and again under `acks=all` load, then the invariants of docs/replication.md.
 
-    .venv/bin/python tests/replication/chaos.py               # 100 leader faults (~10 minutes on 2 cores)
-    .venv/bin/python tests/replication/chaos.py --faults 20   # a shorter run
+    PYTHONPATH=tests .venv/bin/python tests/replication/chaos.py               # 100 leader faults (~10 min, 2 cores)
+    PYTHONPATH=tests .venv/bin/python tests/replication/chaos.py --faults 20   # a shorter run
+
+(PYTHONPATH=tests makes the tests' helpers, tests/support/, importable, as pytest's `pythonpath` does.)
 
 One etcd and three `shale serve --store` nodes (the fault tests' harness), a topic of 3 partitions with 3
 replicas and `min.insync.replicas=2`, and two real producers writing all the time with `acks=all` and
@@ -24,11 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "server")]
-from etcd_util import EtcdServer  # noqa: E402
-from fault_util import CLIENTS, AckedLoad, check_acknowledged  # noqa: E402
-from node_util import start_replicated_cluster, topic_manifest  # noqa: E402
+from support.etcd_util import EtcdServer
+from support.fault_util import CLIENTS, AckedLoad, check_acknowledged
+from support.node_util import start_replicated_cluster, topic_manifest
 
 PARTITIONS = 3
 

@@ -1,17 +1,13 @@
-"""The replication tests reuse tests/server's harness (node_util: ports, `shale serve` processes) and
-tests/apiserver's real API server (kube_apiserver.py) for the Kubernetes store."""
+"""The replication tests' real API server (tests/support/kube_apiserver.py) for the Kubernetes store; the rest of
+their harness (node_util: ports, `shale serve` processes) is in tests/support/ too."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apiserver"))
-from kube_apiserver import ApiServer  # noqa: E402
+from support.kube_apiserver import ApiServer
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ import asyncio
 import struct
 from dataclasses import dataclass, field
 
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log import Log
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol import error_codes
 from shale.sidecar.protocol.codec import decode_request, encode_response
 

@@ -11,17 +11,21 @@ import kubernetes
 import pytest
 import yaml
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, AlterConfigOpType, ConfigEntry
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from kafka.admin import KafkaAdminClient, NewPartitions
 from kafka.admin import NewTopic as PyNewTopic
-from kafka.errors import (InvalidReplicationAssignmentError, InvalidReplicationFactorError, PolicyViolationError,
-                          TopicAlreadyExistsError)
+from kafka.errors import (
+    InvalidReplicationAssignmentError,
+    InvalidReplicationFactorError,
+    PolicyViolationError,
+    TopicAlreadyExistsError,
+)
 from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
 
-from clients_util import build, call
-from fault_util import check_acknowledged
-from node_util import KubeStoreUrl, start_replicated_cluster, topic_manifest, wait_for
 from shale.sidecar.replication.store.etcd_store import EtcdStore
+from support.clients_util import build, call
+from support.fault_util import check_acknowledged
+from support.node_util import KubeStoreUrl, start_replicated_cluster, topic_manifest, wait_for
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 RESOURCE_TOPIC = 2

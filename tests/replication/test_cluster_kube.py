@@ -10,8 +10,8 @@ import json
 import kubernetes
 import yaml
 
-from fault_util import AckedLoad
-from node_util import KubeStoreUrl, start_replicated_cluster, topic_manifest
+from support.fault_util import AckedLoad
+from support.node_util import KubeStoreUrl, start_replicated_cluster, topic_manifest
 
 
 def test_a_leader_sigkilled_fails_over_through_leases_and_configmaps(tmp_path, kube_api):

@@ -9,10 +9,20 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from fault_util import check_acknowledged
-from node_util import (TEST_OVERRIDES, NodeThread, ReplicatedCluster, ServeProcess, fetch_sessions, scrape_metrics,
-                       start_replicated_cluster, topic_manifest, wait_for, write_manifests)
 from shale.sidecar.log.records import decode_batch
+from support.fault_util import check_acknowledged
+from support.node_util import (
+    TEST_OVERRIDES,
+    NodeThread,
+    ReplicatedCluster,
+    ServeProcess,
+    fetch_sessions,
+    scrape_metrics,
+    start_replicated_cluster,
+    topic_manifest,
+    wait_for,
+    write_manifests,
+)
 
 
 def test_three_replicas_hold_every_acknowledged_record_byte_for_byte(tmp_path, etcd):
@@ -145,8 +155,8 @@ def test_a_wrong_store_is_one_line_and_exit_1(tmp_path, store, fragment):
 
 
 def test_admin_clients_see_the_live_nodes_and_create_topics_within_them(tmp_path, etcd):
-    from confluent_kafka.admin import AdminClient, NewTopic
     from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     cluster = start_replicated_cluster(tmp_path, etcd, 3)
     try:
@@ -247,7 +257,7 @@ def test_followers_fetch_through_one_session_per_leader_and_stay_byte_identical(
 
 
 def test_five_nodes_spread_three_replicas_and_survive_a_node_lost(tmp_path, etcd):
-    from fault_util import AckedLoad
+    from support.fault_util import AckedLoad
 
     # The topic is declared once all five nodes are live: replicas are chosen from the nodes live when a
     # partition's record is created (as Kafka's controller chooses from the registered brokers).

@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from node_util import ReplicatedCluster, ServeProcess, TEST_OVERRIDES, start_replicated_cluster, topic_manifest, \
-    wait_for, write_manifests
-from test_http_api import get_json
+from support.http_util import get_json
+from support.node_util import (
+    TEST_OVERRIDES,
+    ReplicatedCluster,
+    ServeProcess,
+    start_replicated_cluster,
+    topic_manifest,
+    wait_for,
+    write_manifests,
+)
 
 TOPIC = "legacy"
 

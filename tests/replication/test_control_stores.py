@@ -1,5 +1,5 @@
-"""The ControlStore contract, run against both real engines: EtcdStore on etcd (tests/etcd_util.py) and
-KubeStore on a real kube-apiserver (tests/apiserver/kube_apiserver.py, a fresh namespace per test).
+"""The ControlStore contract, run against both real engines: EtcdStore on etcd (tests/support/etcd_util.py) and
+KubeStore on a real kube-apiserver (tests/support/kube_apiserver.py, a fresh namespace per test).
 
 "Another node" is a second store object with its own connections, as another `shale serve` process would
 be. Waits on the engines' timers (lease expiry) poll with a generous deadline and fail loudly; nothing
@@ -17,14 +17,14 @@ from typing import Callable, Iterator
 
 import kubernetes
 import pytest
+from store_util import RECORD, TP, assert_unavailable, node
 
-from node_util import wait_for
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import ControlStore, SessionLost
 from shale.sidecar.replication.store.etcd_store import EtcdStore
 from shale.sidecar.replication.store.kube_store import KubeStore
 from shale.sidecar.replication.topic_record import TopicRecord
-from store_util import RECORD, TP, assert_unavailable, node
+from support.node_util import wait_for
 
 _namespaces = itertools.count(1)
 

@@ -1,4 +1,4 @@
-"""The controller (each node's control loop) against a real etcd (tests/etcd_util.py).
+"""The controller (each node's control loop) against a real etcd (tests/support/etcd_util.py).
 
 Nodes are either controllers in this process, each with its own EtcdStore and event loop (for proposals,
 deletes, store outages), or `controller_node.py` processes, for the failures that need a real process:
@@ -22,8 +22,6 @@ from typing import Callable, Iterator
 
 import pytest
 
-import stop_util
-from node_util import wait_for
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import StoreView
 from shale.sidecar.replication.controller import Controller, Wanted, alter_partition_error, new_incarnation
@@ -31,6 +29,8 @@ from shale.sidecar.replication.election import choose_replicas
 from shale.sidecar.replication.store.etcd_store import EtcdStore
 from shale.sidecar.replication.store_records import NodeRegistration, PartitionRecord
 from shale.sidecar.server_config import ServerConfig, ServerConfigError
+from support import stop_util
+from support.node_util import wait_for
 
 # Two-second sessions: a loaded test machine (two cores, many processes) can stall a process for most of a
 # second, and a node that misses its deadline is fenced and comes back under a new incarnation.

@@ -14,7 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shale.sidecar.log.topic_partition import TopicPartition

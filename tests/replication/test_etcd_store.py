@@ -1,4 +1,4 @@
-"""What only EtcdStore does, against a real etcd (tests/etcd_util.py): the keys a person sees with etcdctl,
+"""What only EtcdStore does, against a real etcd (tests/support/etcd_util.py): the keys a person sees with etcdctl,
 unreadable values, a frozen etcd, several endpoints. The contract both stores share is in
 test_control_stores.py."""
 
@@ -12,13 +12,13 @@ import urllib.request
 
 import etcd3gw
 import pytest
+from store_util import RECORD, TP, assert_unavailable, node
 
-from etcd_util import EtcdServer, PortTaken
-from node_util import free_port, wait_for
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import session_ttl_seconds
 from shale.sidecar.replication.store.etcd_store import EtcdStore, parse_endpoints
-from store_util import RECORD, TP, assert_unavailable, node
+from support.etcd_util import EtcdServer, PortTaken
+from support.node_util import free_port, wait_for
 
 
 def raw_client(etcd: EtcdServer) -> etcd3gw.Etcd3Client:
@@ -141,7 +141,7 @@ def test_endpoints_from_the_store_url():
 
 
 def test_etcd_server_moves_off_a_taken_port_on_first_start_only(tmp_path):
-    """tests/etcd_util.py: free_port() races with other processes; a restart must keep its address."""
+    """tests/support/etcd_util.py: free_port() races with other processes; a restart must keep its address."""
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
         blocker.listen()

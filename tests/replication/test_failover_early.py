@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from fault_util import CLIENTS, AckedLoad
-from node_util import start_replicated_cluster, topic_manifest, wait_for
 from shale.sidecar.replication.store.etcd_store import EtcdStore
+from support.fault_util import CLIENTS, AckedLoad
+from support.node_util import start_replicated_cluster, topic_manifest, wait_for
 
 TOPIC = topic_manifest("load", 1, replicas=3, config={"min.insync.replicas": 2})
 LONG_SESSIONS = ("--override", "broker.session.timeout.ms=120000", "--override", "broker.heartbeat.interval.ms=2000")

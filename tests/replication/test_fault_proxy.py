@@ -1,22 +1,19 @@
-"""The fault tests' TCP proxy (tests/fault_proxy.py): it must recognise a follower's fetches in real request
+"""The fault tests' TCP proxy (tests/support/fault_proxy.py): it must recognise a follower's fetches in real request
 frames, and cut exactly those connections, freezing or resetting them, while clients carry on."""
 
 from __future__ import annotations
 
 import socket
-import sys
-from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
 from shale.sidecar.protocol.codec import SUPPORTED_VERSIONS
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fault_proxy import FREEZE, RESET, FaultProxy, fetch_replica_id  # noqa: E402
-from clients_util import read_frame  # noqa: E402
-from node_util import NodeThread  # noqa: E402
+from support.clients_util import read_frame
+from support.fault_proxy import FREEZE, RESET, FaultProxy, fetch_replica_id
+from support.node_util import NodeThread
 
 API_FETCH, API_METADATA = 1, 3
 FETCH_VERSIONS = range(max(4, SUPPORTED_VERSIONS[API_FETCH][0]), min(14, SUPPORTED_VERSIONS[API_FETCH][1]) + 1)

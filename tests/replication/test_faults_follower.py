@@ -1,5 +1,5 @@
 """docs/replication.md's failure table, the followers' and the store's rows: a follower cut off by the network
-(tests/fault_proxy.py between it and the leader), a follower restarted, the store stopped — with real producers
+(tests/support/fault_proxy.py between it and the leader), a follower restarted, the store stopped — with real producers
 writing `acks=all` throughout, never restarted, and the invariants of `fault_util.check_acknowledged` after."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from fault_proxy import FREEZE, RESET
-from fault_util import CLIENTS, AckedLoad
-from node_util import fetch_session_errors, start_replicated_cluster, topic_manifest, wait_for
+from support.fault_proxy import FREEZE, RESET
+from support.fault_util import CLIENTS, AckedLoad
+from support.node_util import fetch_session_errors, start_replicated_cluster, topic_manifest, wait_for
 
 TOPIC = topic_manifest("load", 1, replicas=3, config={"min.insync.replicas": 2})
 LAG_MAX = ("--override", "replica.lag.time.max.ms=3000")

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from fault_util import CLIENTS, AckedLoad
-from node_util import start_replicated_cluster, topic_manifest
+from support.fault_util import CLIENTS, AckedLoad
+from support.node_util import start_replicated_cluster, topic_manifest
 
 TOPIC = topic_manifest("load", 1, replicas=3, config={"min.insync.replicas": 2})
 KILLS = 3
@@ -66,8 +66,8 @@ def test_leader_sigkill_of_the_group_coordinator_keeps_the_committed_offsets(tmp
     from confluent_kafka import Consumer, Producer, TopicPartition
     from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 
-    from clients_util import build, call
     from shale.sidecar.server.coordinator.offset_records import partition_for
+    from support.clients_util import build, call
 
     cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("events", 1, replicas=3),
                                        extra=("--override", "group.initial.rebalance.delay.ms=0"))

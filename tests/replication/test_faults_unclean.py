@@ -8,9 +8,9 @@ import time
 
 from confluent_kafka import Producer
 
-from fault_util import check_acknowledged
-from node_util import start_replicated_cluster, topic_manifest
 from shale.sidecar.log.records import decode_batch
+from support.fault_util import check_acknowledged
+from support.node_util import start_replicated_cluster, topic_manifest
 
 LEADER_NOT_AVAILABLE = 5
 TWO_NODES = ("--override", "offsets.topic.replication.factor=2")

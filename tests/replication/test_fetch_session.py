@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shale.sidecar.protocol.error_codes import (
     FETCH_SESSION_ID_NOT_FOUND,

@@ -14,15 +14,15 @@ import kubernetes
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from store_util import RECORD, TP, node
 
-from apiserver_util import release_objects
-from chart_util import by_kind
-from kube_apiserver import ADMIN, ApiServer
-from node_util import wait_for
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import SessionLost, StoreUnavailable
 from shale.sidecar.replication.store.kube_store import KubeStore, LeaseObserver, micro_time
-from store_util import RECORD, TP, node
+from support.apiserver_util import release_objects
+from support.chart_util import by_kind
+from support.kube_apiserver import ADMIN, ApiServer
+from support.node_util import wait_for
 
 _namespaces = itertools.count(1)
 

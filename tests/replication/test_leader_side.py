@@ -13,27 +13,36 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTP
 from kafka.errors import NotEnoughReplicasError, NotLeaderForPartitionError
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.consumer.offsets import (
-    ListOffsetsRequest, ListOffsetsResponse, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
 )
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
-from clients_util import build, call, read_frame, request_frame
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log import parse_batch_set
 from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.error_codes import (
-    FENCED_LEADER_EPOCH, NONE, NOT_ENOUGH_REPLICAS, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, REQUEST_TIMED_OUT,
+    FENCED_LEADER_EPOCH,
+    NONE,
+    NOT_ENOUGH_REPLICAS,
+    NOT_LEADER_OR_FOLLOWER,
+    OFFSET_OUT_OF_RANGE,
+    REQUEST_TIMED_OUT,
     UNKNOWN_LEADER_EPOCH,
 )
 from shale.sidecar.replication.store.etcd_store import EtcdStore
 from shale.sidecar.replication.store_records import NodeRegistration
-from shale.sidecar.server.apis.broker import MAX_HANDLING_PER_CONNECTION
+from shale.sidecar.server.network.socket_server import MAX_HANDLING_PER_CONNECTION
+from support.clients_util import build, call, read_frame, request_frame
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
 
 TOPIC = "replicated"
 TP = TopicPartition(TOPIC, 0)
@@ -240,7 +249,7 @@ def test_a_parked_follower_fetch_wakes_for_records_and_a_consumer_fetch_for_the_
             thread.start()
             return thread
 
-        parked = lambda n: len(broker._events.get(TP, ())) == n  # noqa: E731 - the broker's parked fetches
+        parked = lambda n: len(broker.purgatory.events.get(TP, ())) == n  # noqa: E731 - the broker's parked fetches
         follower = long_poll("follower", offset=1, replica_id=1, last_fetched_epoch=epoch, max_wait_ms=120_000)
         wait_for(lambda: parked(1), what="node 1's fetch to be parked")
         consumer = long_poll("consumer", offset=0, max_wait_ms=120_000)

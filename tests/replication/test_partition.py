@@ -7,12 +7,17 @@ new election can pick has it), whatever the order of fetches, appends, restarts,
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.error_codes import (
-    FENCED_LEADER_EPOCH, NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH,
+    FENCED_LEADER_EPOCH,
+    NONE,
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    NOT_LEADER_OR_FOLLOWER,
+    UNKNOWN_LEADER_EPOCH,
 )
 from shale.sidecar.replication.control_store import Versioned
 from shale.sidecar.replication.partition import FollowerState, PartitionState, Role

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from store_util import node
 
-from fault_util import AckedLoad, check_acknowledged
-from node_util import start_replicated_cluster, topic_manifest, wait_for
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import StoreView
 from shale.sidecar.replication.controller import alter_partition_error
 from shale.sidecar.replication.preferred_leader import handover, imbalanced, is_handover
 from shale.sidecar.replication.store_records import NO_LEADER, PartitionRecord
-from store_util import node
+from support.fault_util import AckedLoad, check_acknowledged
+from support.node_util import start_replicated_cluster, topic_manifest, wait_for
 
 LIVE = StoreView("1", {n: node(n, f"i{n}") for n in (1, 2, 3)})
 MOVED = PartitionRecord(replicas=(1, 2, 3), isr=(2, 3, 1), leader=2, leader_incarnation="i2", leader_epoch=4,

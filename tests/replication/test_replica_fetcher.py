@@ -16,17 +16,17 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from log_leader import LedPartition, LogLeader
-from shale.sidecar.log.topic_partition import TopicPartition
+
 from shale.sidecar.log.errors import CorruptRecordError
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import BatchHeader, Record, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response
 from shale.sidecar.protocol.codec import encode_response
 from shale.sidecar.replication.follower import apply_fetched, apply_reset, start_following, whole_batches
-from shale.sidecar.replication.store_records import NodeRegistration
 from shale.sidecar.replication.replica_fetcher import FetcherConfig, LeaderUnreachable, ReplicaFetchers, _Connection
+from shale.sidecar.replication.store_records import NodeRegistration
 from shale.sidecar.server_config import ServerConfig
 from shale.sidecar.topic_config import TopicConfig
 
@@ -402,7 +402,7 @@ def test_a_leader_gone_from_its_port_is_lost_and_reported_refused_until_it_is_ba
 
 def test_a_leader_cut_off_from_this_node_only_is_named_again_once_its_session_would_have_expired(tmp_path):
     """A network cut between this follower and a live leader (every connection reset at its first request,
-    tests/fault_proxy.py's RESET): lost for at most `broker.session.timeout.ms` — a dead leader's session has
+    tests/support/fault_proxy.py's RESET): lost for at most `broker.session.timeout.ms` — a dead leader's session has
     expired by then, so a leader the store still names live is alive — and not again in the same episode, while
     the fetcher goes on failing. Before, this node's Metadata named no leader for as long as the cut lasted."""
     async def scenario():

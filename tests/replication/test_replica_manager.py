@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 
 from shale.sidecar.log.checkpoint import EpochEntry
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.error_codes import NONE, NOT_LEADER_OR_FOLLOWER
 from shale.sidecar.replication.control_store import StoreView, Versioned
 from shale.sidecar.replication.delayed_produce import DelayedProduces
 from shale.sidecar.replication.partition import Role
-from shale.sidecar.replication.store_records import NodeRegistration, PartitionRecord
 from shale.sidecar.replication.replica_manager import ReplicaManager
-from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
+from shale.sidecar.replication.store_records import NodeRegistration, PartitionRecord
 from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 
 TP = TopicPartition("t", 0)
 NODES = {n: NodeRegistration(n, f"i{n}", "127.0.0.1", 9000 + n) for n in range(3)}

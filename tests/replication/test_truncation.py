@@ -3,18 +3,18 @@ Kafka's AbstractFetcherThreadTest replayed on epoch logs, and a property over ra
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from epoch_log_model import (
+    OUT_OF_RANGE,
     Diverging,
     EpochLog,
-    OUT_OF_RANGE,
     catch_up,
     common_prefix,
     follower_round,
     leader_answer,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from shale.sidecar.replication.truncation import (
     UNDEFINED,
     EpochEndOffset,

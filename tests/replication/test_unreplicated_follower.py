@@ -11,6 +11,7 @@ import asyncio
 
 from log_leader import LedPartition, LogLeader
 from test_replica_fetcher import FAST, TP, batch, lead, log_bytes, new_log, node, run, until
+
 from shale.sidecar.replication.follower import holds_unreplicated, unreplicated_end
 from shale.sidecar.replication.replica_fetcher import ReplicaFetchers
 

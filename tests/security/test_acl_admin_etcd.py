@@ -6,30 +6,39 @@ changed anywhere. Real `shale serve` processes, a real etcd, kafka-python's and 
 from __future__ import annotations
 
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
 from kafka.admin import (
-    ACL, ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, KafkaAdminClient, ResourcePattern,
-    ResourcePatternFilter, ResourceType,
+    ACL,
+    ACLFilter,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    KafkaAdminClient,
+    ResourcePattern,
+    ResourcePatternFilter,
+    ResourceType,
 )
 from kafka.protocol.admin.acl import CreateAclsRequest, CreateAclsResponse, DescribeAclsRequest, DescribeAclsResponse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from clients_util import build, call  # noqa: E402
-from node_util import start_replicated_cluster, topic_manifest, wait_for  # noqa: E402
-
-from shale.sidecar.security.acl import (  # noqa: E402
-    CLUSTER_NAME, AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType,
+from shale.sidecar.security.acl import (
+    CLUSTER_NAME,
+    AccessControlEntry,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
 )
-from shale.sidecar.security.acl import ResourcePattern as Rp  # noqa: E402
-from shale.sidecar.security.acl import ResourceType as Rt  # noqa: E402
-from shale.sidecar.security.authorizer import Authorizer  # noqa: E402
-from shale.sidecar.security.scram import ScramMechanism as Mechanism  # noqa: E402
-from shale.sidecar.security.store import SecurityStore  # noqa: E402
+from shale.sidecar.security.acl import ResourcePattern as Rp
+from shale.sidecar.security.acl import ResourceType as Rt
+from shale.sidecar.security.authorizer import Authorizer
+from shale.sidecar.security.scram import ScramMechanism as Mechanism
+from shale.sidecar.security.store import SecurityStore
+from support.clients_util import build, call
+from support.node_util import start_replicated_cluster, topic_manifest, wait_for
 
 ANON = "User:ANONYMOUS"
 ANY = 1  # the ANY value of DescribeAcls's resource type, pattern type, operation and permission filters

@@ -5,25 +5,27 @@ password check finds), Kafka's per-user errors, and, with an authorizer, the clu
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
-    AdminClient, ScramCredentialInfo, ScramMechanism as CkMechanism, UserScramCredentialDeletion,
+    AdminClient,
+    ScramCredentialInfo,
+    UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
+)
+from confluent_kafka.admin import (
+    ScramMechanism as CkMechanism,
 )
 from kafka.admin import KafkaAdminClient, ScramMechanism
 from kafka.admin import UserScramCredentialDeletion as KpDeletion
 from kafka.admin import UserScramCredentialUpsertion as KpUpsertion
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from node_util import ServeProcess, topic_manifest, write_manifests  # noqa: E402
-
-from shale.sidecar.security.authorizer import Authorizer  # noqa: E402
-from shale.sidecar.security.scram import ScramMechanism as Mechanism  # noqa: E402
-from shale.sidecar.security.store import SecurityStore  # noqa: E402
+from shale.sidecar.security.authorizer import Authorizer
+from shale.sidecar.security.scram import ScramMechanism as Mechanism
+from shale.sidecar.security.store import SecurityStore
+from support.node_util import ServeProcess, topic_manifest, write_manifests
 
 
 def stored(data_dir: Path, user: str, mechanism: Mechanism):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from shale.sidecar.protocol import error_codes as E
 from shale.sidecar.protocol.codec import SUPPORTED_VERSIONS
-from shale.sidecar.security.acl import SUPPORTED_OPERATIONS, AclOperation as O, ResourceType as R
+from shale.sidecar.security.acl import SUPPORTED_OPERATIONS
+from shale.sidecar.security.acl import AclOperation as O
+from shale.sidecar.security.acl import ResourceType as R
 from shale.sidecar.security.api_permissions import API_PERMISSIONS, Check
 from shale.sidecar.security.sasl import PRE_AUTHENTICATION_APIS
 

@@ -5,22 +5,24 @@ with Kafka's errors and sees no topic; a user created through AlterUserScramCred
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import (
-    AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType, ResourceType,
-    ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
 )
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.errors import TopicAuthorizationFailedError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests  # noqa: E402
-from tls_util import seed_user  # noqa: E402
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from support.tls_util import seed_user
 
 PASSWORDS = {"admin": "admin-Pw-1", "alice": "alice-Pw-2", "bob": "bob-Pw-3"}
 

@@ -8,31 +8,58 @@ refusal logged with the principal and the topic."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import confluent_kafka
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
-    AclBinding as CkAclBinding, AclOperation as CkOp, AclPermissionType as CkPerm, AdminClient, ResourcePatternType,
+    AclBinding as CkAclBinding,
+)
+from confluent_kafka.admin import (
+    AclOperation as CkOp,
+)
+from confluent_kafka.admin import (
+    AclPermissionType as CkPerm,
+)
+from confluent_kafka.admin import (
+    AdminClient,
+    ResourcePatternType,
+)
+from confluent_kafka.admin import (
     ResourceType as CkResource,
 )
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import ACL, ACLFilter, ACLOperation, ACLPermissionType, KafkaAdminClient, ResourcePattern
-from kafka.admin import ResourcePatternFilter, ResourceType
-from kafka.admin import ACLResourcePatternType
+from kafka.admin import (
+    ACL,
+    ACLFilter,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    KafkaAdminClient,
+    ResourcePattern,
+    ResourcePatternFilter,
+    ResourceType,
+)
 from kafka.errors import TopicAuthorizationFailedError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests  # noqa: E402
-
-from shale.sidecar.security.acl import (  # noqa: E402
-    CLUSTER_NAME, AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern as Rp,
+from shale.sidecar.security.acl import (
+    CLUSTER_NAME,
+    AccessControlEntry,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+)
+from shale.sidecar.security.acl import (
+    ResourcePattern as Rp,
+)
+from shale.sidecar.security.acl import (
     ResourceType as Rt,
 )
-from shale.sidecar.security.authorizer import Authorizer  # noqa: E402
-from shale.sidecar.security.store import SecurityStore  # noqa: E402
+from shale.sidecar.security.authorizer import Authorizer
+from shale.sidecar.security.store import SecurityStore
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
 
 ANON = "User:ANONYMOUS"
 TOPICS = ("orders", "orders-eu", "secret")

@@ -6,32 +6,37 @@ the layer is a recorder that answers every item it is given with NONE."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.admin.groups import DeleteGroupsRequest, ListGroupsRequest
-from kafka.protocol.consumer.group import OffsetFetchRequest
 from kafka.protocol.consumer.fetch import FetchRequest
+from kafka.protocol.consumer.group import OffsetFetchRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from clients_util import build, request_frame  # noqa: E402
-
-from shale.sidecar.protocol import codec  # noqa: E402
-from shale.sidecar.protocol.error_codes import (  # noqa: E402
-    GROUP_AUTHORIZATION_FAILED, NONE, TOPIC_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+from shale.sidecar.protocol import codec
+from shale.sidecar.protocol.error_codes import (
+    GROUP_AUTHORIZATION_FAILED,
+    NONE,
+    TOPIC_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
-from shale.sidecar.security.acl import (  # noqa: E402
-    AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern, ResourceType,
+from shale.sidecar.security.acl import (
+    AccessControlEntry,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
 )
-from shale.sidecar.security.authorizer import Authorizer  # noqa: E402
-from shale.sidecar.security.principal import KafkaPrincipal  # noqa: E402
-from shale.sidecar.server.apis.authorization import UNCHECKED, authorize_handlers  # noqa: E402
-from shale.sidecar.server.apis.broker import ConnectionInfo  # noqa: E402
+from shale.sidecar.security.authorizer import Authorizer
+from shale.sidecar.security.principal import KafkaPrincipal
+from shale.sidecar.server.apis.authorization import UNCHECKED, authorize_handlers
+from shale.sidecar.server.network.handler import ConnectionInfo
+from support.clients_util import build, request_frame
 
 O, P, R = AclOperation, AclPermissionType, ResourceType
 ALICE = KafkaPrincipal.user("alice")

@@ -10,8 +10,18 @@ from hypothesis import strategies as st
 
 from shale.sidecar.protocol import error_codes
 from shale.sidecar.security.acl import (
-    ANY_FILTER, AUTHORIZATION_ERRORS, SUPPORTED_OPERATIONS, AccessControlEntry, AclBinding, AclBindingFilter,
-    AclOperation, AclPermissionType, InvalidAclError, PatternType, ResourcePattern, ResourceType,
+    ANY_FILTER,
+    AUTHORIZATION_ERRORS,
+    SUPPORTED_OPERATIONS,
+    AccessControlEntry,
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    InvalidAclError,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
 )
 from shale.sidecar.security.authorizer import Authorizer
 from shale.sidecar.security.principal import KafkaPrincipal

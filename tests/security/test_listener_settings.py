@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tls_util import make_pki
-from node_util import ServeProcess, free_port, topic_manifest, write_manifests
 from shale.sidecar.security.listeners import ListenerConfigError, SecurityProtocol
 from shale.sidecar.server.network.inter_broker import InterBrokerClient, parse_jaas_options
 from shale.sidecar.server.network.listener_security import listener_securities, listener_setting, split_settings
+from support.node_util import ServeProcess, free_port, topic_manifest, write_manifests
+from support.tls_util import make_pki
 
 
 def test_listener_settings_are_split_from_the_broker_settings():

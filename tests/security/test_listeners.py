@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from shale.sidecar.security.listeners import (
-    Endpoint, ListenerConfig, ListenerConfigError, SecurityProtocol, config_prefix, parse_endpoints,
+    Endpoint,
+    ListenerConfig,
+    ListenerConfigError,
+    SecurityProtocol,
+    config_prefix,
+    parse_endpoints,
     parse_protocol_map,
 )
 

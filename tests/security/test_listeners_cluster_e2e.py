@@ -12,23 +12,23 @@ logins and refused authorization checks are counted on /metrics.
 from __future__ import annotations
 
 import socket
-import sys
 import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from node_util import ServeProcess, free_port, start_replicated_cluster, topic_manifest, wait_for  # noqa: E402
-from test_http_api import sample, scrape  # noqa: E402
-from tls_util import RawClient, client_context, make_pki, seed_user, tls_overrides  # noqa: E402
-
-from shale.sidecar.log.records import Record, encode_batch  # noqa: E402
-from shale.sidecar.protocol.error_codes import (  # noqa: E402
-    COORDINATOR_NOT_AVAILABLE, LEADER_NOT_AVAILABLE, LISTENER_NOT_FOUND, NOT_LEADER_OR_FOLLOWER,
-    SASL_AUTHENTICATION_FAILED, TOPIC_AUTHORIZATION_FAILED,
+from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.protocol.error_codes import (
+    COORDINATOR_NOT_AVAILABLE,
+    LEADER_NOT_AVAILABLE,
+    LISTENER_NOT_FOUND,
+    NOT_LEADER_OR_FOLLOWER,
+    SASL_AUTHENTICATION_FAILED,
+    TOPIC_AUTHORIZATION_FAILED,
 )
+from support.http_util import sample, scrape
+from support.node_util import ServeProcess, free_port, start_replicated_cluster, topic_manifest, wait_for
+from support.tls_util import RawClient, client_context, make_pki, seed_user, tls_overrides
 
 PASSWORDS = {"alice": "alice-Secret-4711", "mallory": "mallory-Secret-0815"}
 PRODUCE, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 3, 10, 60

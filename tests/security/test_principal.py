@@ -11,7 +11,13 @@ import threading
 import pytest
 
 from shale.sidecar.security.principal import (
-    ANONYMOUS, KafkaPrincipal, NoMatchingRule, SslPrincipalMapper, parse_super_users, rfc2253_name, ssl_principal,
+    ANONYMOUS,
+    KafkaPrincipal,
+    NoMatchingRule,
+    SslPrincipalMapper,
+    parse_super_users,
+    rfc2253_name,
+    ssl_principal,
 )
 
 

@@ -13,7 +13,13 @@ from kafka.net.sasl.scram import SaslMechanismScram
 from shale.sidecar.protocol import error_codes as E
 from shale.sidecar.security.principal import KafkaPrincipal
 from shale.sidecar.security.sasl import (
-    API_VERSIONS, MAX_RECEIVE_SIZE, SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslConfig, SaslSession, SaslState,
+    API_VERSIONS,
+    MAX_RECEIVE_SIZE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
+    SaslConfig,
+    SaslSession,
+    SaslState,
 )
 from shale.sidecar.security.scram import ScramCredential, ScramMechanism
 

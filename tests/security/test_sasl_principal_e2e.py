@@ -8,8 +8,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import TopicAuthorizationFailedError
 
-from tls_util import seed_user
-from node_util import ServeProcess, topic_manifest, write_manifests
+from support.node_util import ServeProcess, topic_manifest, write_manifests
+from support.tls_util import seed_user
 
 
 @pytest.fixture(scope="module")

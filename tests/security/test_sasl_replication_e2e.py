@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from tls_util import make_pki, seed_user, tls_overrides
-from node_util import ServeProcess, free_port, start_replicated_cluster, topic_manifest, wait_for
+from support.node_util import ServeProcess, free_port, start_replicated_cluster, topic_manifest, wait_for
+from support.tls_util import make_pki, seed_user, tls_overrides
 
 NODE_PASSWORD = "node-Secret-0815"
 ALICE_PASSWORD = "alice-Secret-4711"

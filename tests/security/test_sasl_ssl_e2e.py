@@ -12,21 +12,29 @@ import subprocess
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin import NewTopic as AioNewTopic
 from aiokafka.helpers import create_ssl_context
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from tls_util import RawClient, client_context, kafka_python_round_trip, kcat_env, make_pki, seed_user, tls_overrides
-from clients_util import read_frame
-from node_util import ServeProcess, free_port, wait_for, write_manifests, topic_manifest
+from support.clients_util import read_frame
+from support.node_util import ServeProcess, free_port, topic_manifest, wait_for, write_manifests
+from support.tls_util import (
+    RawClient,
+    client_context,
+    kafka_python_round_trip,
+    kcat_env,
+    make_pki,
+    seed_user,
+    tls_overrides,
+)
 
 PASSWORD = "alice-Secret-4711"
 NODE_PASSWORD = "node-Secret-0815"

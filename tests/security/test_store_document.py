@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from shale.sidecar.protocol import error_codes as E
 from shale.sidecar.security.acl import (
-    ANY_FILTER, AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern,
+    ANY_FILTER,
+    AccessControlEntry,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
     ResourceType,
 )
 from shale.sidecar.security.authorizer import Authorizer

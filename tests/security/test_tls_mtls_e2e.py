@@ -18,8 +18,8 @@ from aiokafka.helpers import create_ssl_context
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tls_util import RawClient, client_context, kafka_python_round_trip, kcat_env, make_pki, tls_overrides
-from node_util import ServeProcess, wait_for, write_manifests, topic_manifest
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from support.tls_util import RawClient, client_context, kafka_python_round_trip, kcat_env, make_pki, tls_overrides
 
 METADATA = 3
 RULES = "RULE:^CN=([^,]+),OU=ServiceUsers.*$/$1/L,DEFAULT"

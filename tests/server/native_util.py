@@ -11,15 +11,16 @@ import socket
 import struct
 import threading
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.protocol.client_codec import encode_request
-from shale.sidecar.server.apis.broker import API_PRODUCE, Broker, advertised_range
-from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
+from shale.sidecar.server.apis.broker import Broker
+from shale.sidecar.server.network.handler import API_PRODUCE, advertised_range
 from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 
 NOW = int(time.time() * 1000)
 LO, HI = advertised_range(API_PRODUCE)  # what the broker serves

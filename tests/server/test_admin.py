@@ -13,20 +13,27 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic as AioNewTopic
-from aiokafka.admin.config_resource import ConfigResource as AioResource, ConfigResourceType as AioType
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import NewTopic as AioNewTopic
+from aiokafka.admin.config_resource import ConfigResource as AioResource
+from aiokafka.admin.config_resource import ConfigResourceType as AioType
 from aiokafka.structs import TopicPartition as AioTP
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
-    ConfigResource as CResource,
     ConfigSource,
-    NewTopic as CNewTopic,
     ResourceType,
 )
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+from confluent_kafka.admin import (
+    ConfigResource as CResource,
+)
+from confluent_kafka.admin import (
+    NewTopic as CNewTopic,
+)
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTP
 from kafka.admin import ConfigResource, KafkaAdminClient
 from kafka.protocol.admin.configs import (
     AlterConfigsRequest,
@@ -39,10 +46,9 @@ from kafka.protocol.admin.configs import (
 from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 
 from shale.sidecar.log.topic_partition import TopicPartition
-from shale.sidecar.topics.registry import API_TOPICS_FILE, topic_uuid
 from shale.sidecar.topic_config import CONFIG_KEYS, TopicConfig
-
-from node_util import NodeThread, free_port, topic_manifest, write_manifests
+from shale.sidecar.topics.registry import API_TOPICS_FILE, topic_uuid
+from support.node_util import NodeThread, free_port, topic_manifest, write_manifests
 
 DECLARED = "declared"  # the topic the manifest declares in every test
 

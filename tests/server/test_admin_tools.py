@@ -18,15 +18,24 @@ from pathlib import Path
 
 import confluent_kafka
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewPartitions as AioNewPartitions, NewTopic as AioNewTopic
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import NewPartitions as AioNewPartitions
+from aiokafka.admin import NewTopic as AioNewTopic
 from aiokafka.errors import PolicyViolationError
 from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaException
-from confluent_kafka.admin import AdminClient, NewPartitions as CNewPartitions, NewTopic as CNewTopic, OffsetSpec
-from kafka import KafkaConsumer, TopicPartition as KTP
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import NewPartitions as CNewPartitions
+from confluent_kafka.admin import NewTopic as CNewTopic
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KTP
+from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
+from kafka.admin import OffsetSpec as KOffsetSpec
 from kafka.errors import GroupSubscribedToTopicError, NoError
-from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic, OffsetSpec as KOffsetSpec
 from kafka.protocol.admin.cluster import (
-    DescribeClusterRequest, DescribeClusterResponse, DescribeLogDirsRequest, DescribeLogDirsResponse,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
 )
 from kafka.protocol.admin.groups import ListGroupsRequest, ListGroupsResponse
 from kafka.protocol.admin.topics import DeleteTopicsRequest, DeleteTopicsResponse
@@ -35,11 +44,11 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersions
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 from kafka.structs import OffsetAndMetadata
 
-from clients_util import build, call, partition_dir, read_frame, request_frame
-from node_util import NodeThread, ServeProcess, start_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.codec import API_NAMES
 from shale.sidecar.topics.registry import API_TOPICS_FILE
+from support.clients_util import build, call, partition_dir, read_frame, request_frame
+from support.node_util import NodeThread, ServeProcess, start_cluster, topic_manifest, wait_for, write_manifests
 
 DECLARED = "declared"  # declared by a manifest in every node of this file
 FAST = ("--override", "group.initial.rebalance.delay.ms=0")
@@ -280,7 +289,7 @@ def test_a_fetch_waiting_on_a_deleted_topic_answers_at_once_and_its_offsets_go(t
                                                                         timeout=100)))
             waiter.start()
             # The fetch is parked once the broker holds a wake-up event for its partition.
-            wait_for(lambda: TopicPartition("doomed", 0) in node.node.broker._events, what="the fetch to wait")
+            wait_for(lambda: TopicPartition("doomed", 0) in node.node.broker.purgatory.events, what="the fetch to wait")
             assert [t["error_code"] for t in admin.delete_topics(["doomed"])["topics"]] == [0]
             waiter.join(60)  # a safety net: with a max wait of 24 days only the deletion can end the fetch
             assert not waiter.is_alive() and len(answer) == 1

@@ -25,10 +25,10 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersions
 from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
-from clients_util import build, call, closes_without_reply, exchange, file_state, read_frame, request_frame
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.records import Record, compute_crc, encode_batch
+from support.clients_util import build, call, closes_without_reply, exchange, file_state, read_frame, request_frame
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
 
 PLAIN, TIMES, COMPACT = "bad-plain", "bad-times", "bad-compact"
 MAX_MESSAGE_BYTES = 4096

@@ -12,14 +12,15 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AioTP
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTP
 from kafka.errors import KafkaError
 
-from shale.sidecar.log.topic_partition import TopicPartition as SidecarTP
 from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.log.topic_partition import TopicPartition as SidecarTP
 from shale.sidecar.server.apis.broker import Broker
-from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 
 TOPICS = {
     "kp-acks1": 2,
@@ -230,7 +231,7 @@ def test_pipelined_answers_keep_request_order_behind_a_waiting_fetch(server):
     from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
-    from clients_util import build, read_frame, request_frame
+    from support.clients_util import build, read_frame, request_frame
 
     topic = "pipelined"
     end = server.registry.local_log(topic, 0).log_end_offset

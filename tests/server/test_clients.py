@@ -31,10 +31,10 @@ from kafka import TopicPartition as KpTP
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from clients_util import build, call, raw_batches, stored_batches, stored_records
-from node_util import ServeProcess, topic_manifest, write_manifests
 from shale.sidecar.log.compression import Compression, compress
 from shale.sidecar.log.records import BATCH_OVERHEAD, Header, Record, TimestampType, decode_batch, encode_batch
+from support.clients_util import build, call, raw_batches, stored_batches, stored_records
+from support.node_util import ServeProcess, topic_manifest, write_manifests
 
 KCAT = "/usr/bin/kcat"
 CLIENTS = ("confluent", "kafka-python", "aiokafka", "kcat")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-
-from clients_util import build, call
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
-from node_util import start_cluster
+
+from support.clients_util import build, call
+from support.node_util import start_cluster
 
 
 def test_metadata_sends_each_client_to_the_node_that_owns_each_partition(tmp_path):

@@ -21,11 +21,8 @@ from aiokafka.structs import TopicPartition as AioTP
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTP
 from kafka.protocol.consumer.group import JoinGroupRequest, JoinGroupResponse
-
-from clients_util import build, call, read_frame, request_frame, stored_batches, stored_records
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from kafka_schema_util import message_classes
 from test_offset_records import KAFKA_SCHEMAS
+
 from shale.sidecar.server.coordinator.group_coordinator import GroupState
 from shale.sidecar.server.coordinator.offset_records import (
     OFFSETS_TOPIC,
@@ -36,6 +33,9 @@ from shale.sidecar.server.coordinator.offset_records import (
     decode_offset_commit_value,
     partition_for,
 )
+from support.clients_util import build, call, read_frame, request_frame, stored_batches, stored_records
+from support.kafka_schema_util import message_classes
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
 
 CLIENTS = ("confluent", "kafka-python", "aiokafka")
 FAST = {"group.initial.rebalance.delay.ms": "100"}

@@ -13,8 +13,8 @@ from shale.sidecar.log.log import Log
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import ControlType, Record, encode_batch, end_txn_marker_batch, parse_control_key
 from shale.sidecar.server.coordinator.coordinator_log import declare_internal_topic, loaded_batches
-from shale.sidecar.topics.registry import NodeAddress, TopicRegistry
 from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry
 
 # A batch: a list of (key, value) data records, or the ControlType of a transaction marker.
 batch_plans = st.lists(

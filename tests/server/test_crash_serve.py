@@ -21,12 +21,12 @@ from pathlib import Path
 import confluent_kafka
 import pytest
 
-from node_util import ServeProcess, free_port, topic_manifest, write_manifests
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import LOG_OVERHEAD, Record, decode_batch, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
 from shale.sidecar.topic_config import TopicConfig
+from support.node_util import ServeProcess, free_port, topic_manifest, write_manifests
 
 TOPIC = "crash"
 PARTITIONS = 2

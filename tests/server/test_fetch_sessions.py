@@ -11,11 +11,12 @@ import socket
 import time
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTP
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 
-from clients_util import build, read_frame, request_frame
-from node_util import ServeProcess, fetch_sessions, topic_manifest, wait_for, write_manifests
+from support.clients_util import build, read_frame, request_frame
+from support.node_util import ServeProcess, fetch_sessions, topic_manifest, wait_for, write_manifests
 
 TOPIC = "sessioned"
 PARTITIONS = 3

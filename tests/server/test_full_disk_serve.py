@@ -1,7 +1,7 @@
 """`shale serve` on a filesystem that fills up: no signal death, KAFKA_STORAGE_ERROR, nothing acknowledged lost.
 
-The data directory is a small tmpfs or ext4 image the test mounts (tests/fs_util.py). A producer writes until the disk is
-full; the node must answer KAFKA_STORAGE_ERROR (code 56), keep serving, take writes again once space is
+The data directory is a small tmpfs or ext4 image the test mounts (tests/support/fs_util.py). A producer writes until
+the disk is full; the node must answer KAFKA_STORAGE_ERROR (code 56), keep serving, take writes again once space is
 freed, stop cleanly on SIGTERM while full (exit 0, the next start skips recovery), and every record it
 acknowledged must come back byte for byte after the restart.
 """
@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition as CTP
-from fs_util import PAGE, fill, small_fs
-from node_util import ServeProcess, topic_manifest, write_manifests
-from test_http_api import get_json, sample, scrape
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import TopicPartition as CTP
 
-from clients_util import stored_records
 from shale.sidecar.log.log_dir import CLEAN_SHUTDOWN_FILE
+from support.clients_util import stored_records
+from support.fs_util import PAGE, fill, small_fs
+from support.http_util import get_json, sample, scrape
+from support.node_util import ServeProcess, topic_manifest, write_manifests
 
 TOPIC = "ledger"
 QUIET = ("--override", "offsets.topic.num.partitions=1",  # no scheduled checkpoint takes the last free page

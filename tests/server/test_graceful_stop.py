@@ -9,12 +9,13 @@ import time
 import urllib.error
 import urllib.request
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTP
 
-from node_util import ServeProcess, free_port, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.checkpoint import RECOVERY_POINT_CHECKPOINT, read_offsets
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import CLEAN_SHUTDOWN_FILE
+from shale.sidecar.log.topic_partition import TopicPartition
+from support.node_util import ServeProcess, free_port, topic_manifest, wait_for, write_manifests
 
 RECORDS = {0: [(b"a%d" % i, b"value a%d" % i) for i in range(20)],
            1: [(b"b%d" % i, b"value b%d" % i) for i in range(7)]}

@@ -12,15 +12,27 @@ import asyncio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_group_coordinator import (
+    DELAY,
+    FIND,
+    LEAVE,
+    Harness,
+    coordinator_test,
+    settle,
+    stable_group,
+    subscription,
+)
 
 from shale.sidecar.server.apis.authorized_operations import GROUP_OPERATIONS
 from shale.sidecar.server.coordinator.group_coordinator import CommitPartition, GroupState
-from shale.sidecar.server.coordinator.offset_records import OFFSETS_TOPIC, GroupMetadataKey, OffsetCommitKey, partition_for
-from shale.sidecar.topics.registry import TopicSpec
-from shale.sidecar.topic_config import TopicConfig
-from test_group_coordinator import (
-    DELAY, FIND, LEAVE, Harness, coordinator_test, settle, stable_group, subscription,
+from shale.sidecar.server.coordinator.offset_records import (
+    OFFSETS_TOPIC,
+    GroupMetadataKey,
+    OffsetCommitKey,
+    partition_for,
 )
+from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.topics.registry import TopicSpec
 
 DESCRIBE, LIST, DELETE, OFFSET_DELETE = 15, 16, 42, 47
 

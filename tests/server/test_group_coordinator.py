@@ -17,12 +17,10 @@ from typing import Callable
 import pytest
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 
-from clients_util import build, request_frame
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, decode_batch, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol import codec
-from shale.sidecar.server.apis.broker import ConnectionInfo
 from shale.sidecar.server.coordinator.group_coordinator import OFFSETS_TOPIC_CONFIG, GroupCoordinator, GroupState
 from shale.sidecar.server.coordinator.offset_records import (
     OFFSETS_TOPIC,
@@ -35,8 +33,10 @@ from shale.sidecar.server.coordinator.offset_records import (
     encode_key,
     partition_for,
 )
-from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
+from shale.sidecar.server.network.handler import ConnectionInfo
 from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
+from support.clients_util import build, request_frame
 
 COMMIT, FETCH, FIND, JOIN, HEARTBEAT, LEAVE, SYNC = 8, 9, 10, 11, 12, 13, 14
 START_MS = 1_700_000_000_000

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.error
 import urllib.request
@@ -12,46 +11,20 @@ import pytest
 from kafka import KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.cleaner_manager import CleaningState
 from shale.sidecar.log.log import now_ms
+from shale.sidecar.log.topic_partition import TopicPartition
+from support.http_util import get_json, request, sample, scrape
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 TASKS = {"kafka-log-retention", "kafka-log-flusher", "kafka-recovery-point-checkpoint",
          "kafka-log-start-offset-checkpoint", "kafka-delete-logs", "PeriodicProducerExpirationCheck"}
 
 
-def request(port: int, path: str, method: str = "GET") -> tuple[int, bytes, str]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read(), resp.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(), e.headers.get("Content-Type", "")
-
-
-def get_json(port: int, path: str, method: str = "GET") -> tuple[int, dict]:
-    status, body, content_type = request(port, path, method)
-    assert content_type == "application/json"
-    return status, json.loads(body)
-
-
-def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    """Every sample of /metrics, keyed by (sample name, labels)."""
-    status, body, content_type = request(port, "/metrics")
-    assert status == 200 and content_type.startswith("text/plain")
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(body.decode()) for s in family.samples}
-
-
 def families(port: int) -> dict[str, str]:
     _, body, _ = request(port, "/metrics")
     return {f.name: f.type for f in text_string_to_metric_families(body.decode())}
-
-
-def sample(metrics, name: str, **labels) -> float:
-    return metrics[(name, frozenset((k, str(v)) for k, v in labels.items()))]
 
 
 def produce_each(bootstrap: str, topic: str, records, partition: int = 0) -> None:

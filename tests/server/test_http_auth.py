@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
 
 TOKEN = "s3cr3t-token-0123456789abcdef"
 

@@ -18,16 +18,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from fault_proxy import FREEZE, RESET, FaultProxy
 from native_util import Brokers, batch, brokers, exchange, fetch, produce, read_frame
 
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
+from shale.sidecar.server.coordinator.coordinator_log import loaded_batches
 from shale.sidecar.server.network._io_thread import READ_BYTES, IoThread
 from shale.sidecar.server.network.connection import Connection
-from shale.sidecar.server.coordinator.coordinator_log import loaded_batches
-from shale.sidecar.server.ops.metrics import _io_thread_families
 from shale.sidecar.server.network.native_produce import appended
+from shale.sidecar.server.ops.metrics import _io_thread_families
+from support.fault_proxy import FREEZE, RESET, FaultProxy
 
 
 def frame(body: bytes) -> bytes:
@@ -309,7 +309,7 @@ def test_a_failure_after_an_append_by_the_thread_closes_the_connection_and_keeps
         def broken(topic, partition):
             raise RuntimeError(f"poke of {topic}-{partition} failed")
         broker._native.poke = broken
-        broker._events[TopicPartition("t", 1)] = set()  # some fetch waits somewhere: the C call pokes
+        broker.purgatory.events[TopicPartition("t", 1)] = set()  # some fetch waits somewhere: the C call pokes
         returned = io_of(pair).returned
         sock.sendall(produce(9, WARM, batch(WARM)))
         assert sock.recv(4) == b"", "the connection is closed without an answer"
@@ -337,14 +337,14 @@ def test_an_append_by_the_thread_wakes_a_parked_fetch(tmp_path):
 
 def test_a_fetch_that_parks_after_an_append_it_did_not_read_reads_again_at_once(tmp_path):
     """The thread appends between a Fetch's read and its parking: it saw no fetch parked and poked none, so the
-    fetch must not wait for its max wait (Broker._park compares the count of native appends)."""
+    fetch must not wait for its max wait (FetchPurgatory.park compares the count of native appends)."""
     with brokers(tmp_path) as pair, pair.connect("native") as sock:
         warmed(pair, sock)
         broker = pair.brokers["native"]
         tp = TopicPartition("t", 0)
 
         async def park(since: int) -> None:
-            await broker._park({tp}, asyncio.get_running_loop().time() + 30, False, since)
+            await broker.purgatory.park({tp}, asyncio.get_running_loop().time() + 30, False, since)
         asyncio.run_coroutine_threadsafe(park(appended() - 1), pair.loop).result(10)  # woken at once, not in 30 s
         waiting = asyncio.run_coroutine_threadsafe(park(appended()), pair.loop)
         with pytest.raises(TimeoutError):

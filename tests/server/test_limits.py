@@ -18,16 +18,17 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition as CTP
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as CTP
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
-from clients_util import build, call, closes_without_reply, read_frame, request_frame
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
-from test_http_api import request, scrape
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.protocol.error_codes import NONE, POLICY_VIOLATION
+from support.clients_util import build, call, closes_without_reply, read_frame, request_frame
+from support.http_util import request, scrape
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
 
 MiB = 1 << 20
 DEFAULT_MAX_FRAME = 100 * MiB  # socket.request.max.bytes

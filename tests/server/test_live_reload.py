@@ -6,7 +6,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition as CTP
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import TopicPartition as CTP
 from confluent_kafka.admin import AdminClient
 from kafka.admin import KafkaAdminClient
 from watchdog.events import DirMovedEvent, FileSystemEventHandler
@@ -14,8 +15,7 @@ from watchdog.observers import Observer
 
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.topic_config import TopicConfig
-
-from node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests
+from support.node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests
 
 # Retention runs every 100 ms from the start, so a config change shows in the log within a test's patience.
 FAST = {"log.retention.check.interval.ms": "100", "log.initial.task.delay.ms": "0"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
 
 LONGEST = "n" + "o" * 248
 

@@ -8,18 +8,24 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTP
 
-from node_util import NodeThread, topic_manifest, wait_for, write_manifests
-from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, read_offsets
-from shale.sidecar.log.topic_partition import TopicPartition
+from shale.sidecar.log.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    read_offsets,
+)
 from shale.sidecar.log.cleaner_manager import CleaningState
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.server_config import (
     SERVER_CONFIG_KEYS,
     ServerConfig,
     ServerConfigError,
     parse_overrides,
 )
+from support.node_util import NodeThread, topic_manifest, wait_for, write_manifests
 
 FAST = {"log.initial.task.delay.ms": "0"}
 HOUR_MS = 3_600_000

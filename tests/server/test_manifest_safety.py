@@ -22,12 +22,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition as CTP
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as CTP
 from prometheus_client.parser import text_string_to_metric_families
-
-from clients_util import file_state
-from node_util import ServeProcess, free_port, topic_manifest, wait_for, write_manifests
 from test_live_reload import topic_error
+
+from support.clients_util import file_state
+from support.node_util import ServeProcess, free_port, topic_manifest, wait_for, write_manifests
 
 # One __consumer_offsets partition keeps restarts quick; checkpoints and retention stay at Kafka's pace.
 OVERRIDES = ("--override", "offsets.topic.num.partitions=1")

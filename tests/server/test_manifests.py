@@ -12,13 +12,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shale.sidecar.topics.manifests import (
-    API_VERSION, HELD_DELETION_DISABLED, HELD_MISSING, ORIGIN_PREFIX, ManifestError, ManifestSource, parse_topic,
-    require_path, watch,
-)
 from shale.sidecar.topic_config import TopicConfig
-
-from node_util import topic_manifest, wait_for, write_manifests
+from shale.sidecar.topics.manifests import (
+    API_VERSION,
+    HELD_DELETION_DISABLED,
+    HELD_MISSING,
+    ORIGIN_PREFIX,
+    ManifestError,
+    ManifestSource,
+    parse_topic,
+    require_path,
+    watch,
+)
+from support.node_util import topic_manifest, wait_for, write_manifests
 
 
 def by_name(specs) -> dict:

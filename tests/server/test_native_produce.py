@@ -15,15 +15,16 @@ import struct
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from native_util import HI, LO, NOW, Brokers, batch, brokers, exchange, fetch, produce, read_frame
 
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.records import Record, encode_batch
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response
 from shale.sidecar.server.network import native_produce
-from shale.sidecar.server.apis.broker import API_PRODUCE
+from shale.sidecar.server.network.handler import API_PRODUCE
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["io thread", "event loop"])
@@ -185,7 +186,7 @@ def test_a_failure_after_the_append_closes_the_connection_and_keeps_the_record(t
         def broken(topic, partition):
             raise RuntimeError(f"poke of {topic}-{partition} failed")
         broker._native.poke = broken
-        broker._events[TopicPartition("t", 1)] = set()  # some fetch waits somewhere: the C call pokes
+        broker.purgatory.events[TopicPartition("t", 1)] = set()  # some fetch waits somewhere: the C call pokes
         sock.sendall(produce(9, 1, batch(1)))
         assert sock.recv(4) == b"", "the connection is closed without an answer"
         assert broker.registry.local_log("t", 0).log_end_offset == 2

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
-from kafka_schema_util import message_classes
 
 from shale.sidecar.server.coordinator.offset_records import (
     GroupMetadataKey,
@@ -35,6 +34,7 @@ from shale.sidecar.server.coordinator.offset_records import (
     partition_for,
     subscribed_topics,
 )
+from support.kafka_schema_util import message_classes
 
 # -- Kafka's message definitions (field lists as in the JSON files) -----------------------------------------
 

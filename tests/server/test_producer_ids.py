@@ -14,11 +14,13 @@ from shale.sidecar.server.coordinator import producer_ids
 from shale.sidecar.server.coordinator.producer_ids import (
     COORDINATOR_NOT_AVAILABLE,
     INVALID_REQUEST,
-    NODE_STRIDE as S,
     PRODUCER_ID_BLOCK_FILE,
     ProducerIdAllocator,
     ProducerIdAllocatorError,
     init_producer_id,
+)
+from shale.sidecar.server.coordinator.producer_ids import (
+    NODE_STRIDE as S,
 )
 
 

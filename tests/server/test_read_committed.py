@@ -19,10 +19,10 @@ from kafka import TopicPartition as KpTP
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 
-from clients_util import build, call, partition_dir
-from node_util import ServeProcess, start_replicated_cluster, topic_manifest, wait_for, write_manifests
 from shale.sidecar.log.transaction_index import AbortedTxn, parse_entries
-from txn_util import RawTransactions, coordinator_port, plain
+from support.clients_util import build, call, partition_dir
+from support.node_util import ServeProcess, start_replicated_cluster, topic_manifest, wait_for, write_manifests
+from support.txn_util import RawTransactions, coordinator_port, plain
 
 TOPIC = "rc"
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1

@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shale.sidecar.server.ops import metrics
 from shale.sidecar.server.ops.metrics import REQUEST_BUCKETS, RequestStats

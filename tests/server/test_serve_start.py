@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from node_util import ServeProcess, free_port, wait_for
 from shale.sidecar.plural import plural
+from support.node_util import ServeProcess, free_port, wait_for
 
 
 def _run(node: ServeProcess) -> subprocess.CompletedProcess:

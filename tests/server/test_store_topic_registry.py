@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.log_dir import LogDir
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.topic_record import TopicRecord
-from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 from shale.sidecar.topic_config import TopicConfig
+from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
 
 RECORD = TopicRecord("orders", "b3JkZXJzLXRvcGljLWlkMQ", ((0,), (0,)), {"retention.ms": "60000"})
 

@@ -21,15 +21,15 @@ from pathlib import Path
 import confluent_kafka
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition as AioTP
+from kafka.protocol.admin.transactions import DescribeTransactionsRequest, DescribeTransactionsResponse
 from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
-from kafka.protocol.admin.transactions import DescribeTransactionsRequest, DescribeTransactionsResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from clients_util import build, call
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
-from txn_util import read_to_end
 from shale.sidecar.protocol.error_codes import CONCURRENT_TRANSACTIONS, NONE
+from support.clients_util import build, call
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from support.txn_util import read_to_end
 
 IN, OUT, GROUP, TXN_ID = "eos-in", "eos-out", "eos-loop", "eos-loop-1"
 PARTITIONS = 2

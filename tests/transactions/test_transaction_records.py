@@ -12,7 +12,6 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka_schema_util import message_classes
 
 from shale.sidecar.server.coordinator.transaction_records import (
     TransactionRecordError,
@@ -22,6 +21,7 @@ from shale.sidecar.server.coordinator.transaction_records import (
     encode_value,
 )
 from shale.sidecar.server.coordinator.transaction_state import TxnMetadata, TxnState
+from support.kafka_schema_util import message_classes
 
 KAFKA_SCHEMAS = {
     "TransactionLogKey": {"type": "data", "name": "TransactionLogKey", "validVersions": "0", "flexibleVersions": "none",

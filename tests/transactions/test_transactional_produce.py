@@ -8,20 +8,31 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 
-from clients_util import build, call, stored_batches
-from node_util import ServeProcess, topic_manifest, write_manifests
 from shale.sidecar.log.records import ControlType, Record, encode_batch, end_txn_marker_batch
 from shale.sidecar.protocol.error_codes import (
-    CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, INVALID_PRODUCER_EPOCH,
-    INVALID_PRODUCER_ID_MAPPING, INVALID_RECORD, INVALID_TXN_STATE, NOT_COORDINATOR, NOT_ENOUGH_REPLICAS,
-    PRODUCER_FENCED, TRANSACTION_ABORTABLE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNSTABLE_OFFSET_COMMIT,
+    CONCURRENT_TRANSACTIONS,
+    COORDINATOR_LOAD_IN_PROGRESS,
+    COORDINATOR_NOT_AVAILABLE,
+    INVALID_PRODUCER_EPOCH,
+    INVALID_PRODUCER_ID_MAPPING,
+    INVALID_RECORD,
+    INVALID_TXN_STATE,
+    NOT_COORDINATOR,
+    NOT_ENOUGH_REPLICAS,
+    PRODUCER_FENCED,
+    TRANSACTION_ABORTABLE,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    UNSTABLE_OFFSET_COMMIT,
 )
 from shale.sidecar.server.apis.transaction_verification import produce_error
-from txn_util import RawTransactions, plain, produce_raw
+from support.clients_util import build, call, stored_batches
+from support.node_util import ServeProcess, topic_manifest, write_manifests
+from support.txn_util import RawTransactions, plain, produce_raw
 
 TOPIC = "txn-checks"
 

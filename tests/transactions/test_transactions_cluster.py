@@ -11,21 +11,35 @@ import confluent_kafka
 import pytest
 from kafka.protocol.admin.transactions import DescribeTransactionsRequest, DescribeTransactionsResponse
 from kafka.protocol.producer.transaction import (
-    InitProducerIdRequest, InitProducerIdResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    WriteTxnMarkersRequest,
+    WriteTxnMarkersResponse,
 )
 
-from clients_util import build, call, stored_batches
-from node_util import (
-    ReplicatedCluster, ServeProcess, start_replicated_cluster, topic_manifest, wait_for, write_manifests,
-)
-from txn_util import read_to_end
 from shale.sidecar.log.records import decode_batch, parse_control_key, parse_end_txn_marker
 from shale.sidecar.security.acl import (
-    CLUSTER_NAME, AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern,
+    CLUSTER_NAME,
+    AccessControlEntry,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
     ResourceType,
 )
 from shale.sidecar.security.authorizer import Authorizer
 from shale.sidecar.security.store import SecurityStore
+from support.clients_util import build, call, stored_batches
+from support.node_util import (
+    ReplicatedCluster,
+    ServeProcess,
+    start_replicated_cluster,
+    topic_manifest,
+    wait_for,
+    write_manifests,
+)
+from support.txn_util import read_to_end
 
 TOPIC = "txn-out"
 SOLO = "solo"  # one replica per partition, partition n on node n: a marker to it waits for that node

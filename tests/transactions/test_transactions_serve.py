@@ -13,19 +13,28 @@ import confluent_kafka
 import pytest
 from aiokafka import AIOKafkaProducer
 from kafka.protocol.admin.transactions import (
-    DescribeTransactionsRequest, DescribeTransactionsResponse, ListTransactionsRequest, ListTransactionsResponse,
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
 )
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from clients_util import build, call, stored_batches
-from node_util import ServeProcess, topic_manifest, wait_for, write_manifests
-from txn_util import read_to_end
 from shale.sidecar.security.acl import (
-    AccessControlEntry, AclBinding, AclOperation, AclPermissionType, PatternType, ResourcePattern, ResourceType,
+    AccessControlEntry,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
 )
 from shale.sidecar.security.authorizer import Authorizer
 from shale.sidecar.security.store import SecurityStore
+from support.clients_util import build, call, stored_batches
+from support.node_util import ServeProcess, topic_manifest, wait_for, write_manifests
+from support.txn_util import read_to_end
 
 TOPIC = "txn-out"
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1

@@ -3,14 +3,20 @@ leader's answer reaches the coordinator partition by partition, for any marker a
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.log.records import decode_batch, parse_control_key, parse_end_txn_marker
+from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
 from shale.sidecar.server.coordinator.txn_markers import (
-    API_WRITE_TXN_MARKERS, REQUEST_VERSION, Marker, request_body, request_partitions, response_markers,
+    API_WRITE_TXN_MARKERS,
+    REQUEST_VERSION,
+    Marker,
+    request_body,
+    request_partitions,
+    response_markers,
 )
 
 markers = st.builds(Marker, st.integers(0, 2**63 - 1), st.integers(0, 2**15 - 1), st.booleans(),

@@ -20,9 +20,8 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.net.sasl.scram import ScramClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from clients_util import read_frame  # noqa: E402
-from shale.sidecar.protocol.client_codec import decode_response, encode_request  # noqa: E402
+from shale.sidecar.protocol.client_codec import decode_response, encode_request
+from support.clients_util import read_frame
 
 _CA_CONFIG = """\
 [ca]

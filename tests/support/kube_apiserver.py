@@ -19,7 +19,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,8 +28,7 @@ from pathlib import Path
 import kubernetes
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from node_util import free_port  # noqa: E402
+from support.node_util import free_port
 
 VERSION = "v1.20.2"
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "cluster" / "build_kubernetes.sh"

@@ -15,16 +15,14 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "server"))
-from node_util import free_port  # noqa: E402
-import stop_util  # noqa: E402
+from support import stop_util
+from support.node_util import free_port
 
 START_TIMEOUT = 30.0
 HEARTBEAT_MS = 25

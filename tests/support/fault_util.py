@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from kafka import KafkaProducer
 
 from shale.sidecar.log.records import decode_batch
-from node_util import ReplicatedCluster, wait_for
+from support.node_util import ReplicatedCluster, wait_for
 
 CLIENTS = ("confluent", "kafka-python")
 MAX_IN_FLIGHT = 50  # records sent and not yet answered: the load follows the cluster's pace

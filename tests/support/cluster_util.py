@@ -1,12 +1,11 @@
 """The operator's test cluster, as tests use it: API server objects, the storage processes, the operator thread.
 
-The fixtures that build it are in conftest.py; this module holds what tests import.
+The fixtures that build it are in tests/operator/conftest.py; this module holds what tests import.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import urllib.request
 from dataclasses import dataclass, field
@@ -19,17 +18,14 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
-from chart_util import as_json_schema, topic_schema, unknown_fields  # noqa: E402,F401 - the CRD's offline checks
-from k8s_util import ApiServerThread  # noqa: E402
-from node_util import ServeProcess, wait_for  # noqa: E402
-from projection import ConfigMapProjection  # noqa: E402
-
-from shale.operator.crd import crd  # noqa: E402
-from shale.operator.main import run as run_operator  # noqa: E402
-from shale.operator.manifests import configmap_key  # noqa: E402
-from shale.operator.settings import Settings  # noqa: E402
+from shale.operator.crd import crd
+from shale.operator.main import run as run_operator
+from shale.operator.manifests import configmap_key
+from shale.operator.settings import Settings
+from support.chart_util import as_json_schema, topic_schema, unknown_fields  # noqa: F401 - the CRD's offline checks
+from support.k8s_util import ApiServerThread
+from support.node_util import ServeProcess, wait_for
+from support.projection import ConfigMapProjection
 
 STORAGE_NS = "storage"
 CONFIGMAP = "shale-topics"

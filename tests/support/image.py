@@ -36,11 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apiserver"))
-from kube_apiserver import cache_dir  # noqa: E402
-from wheel_venv import NOT_SOURCE, ROOT  # noqa: E402
+from support.kube_apiserver import cache_dir
+from support.wheel_venv import NOT_SOURCE, ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 # What goes into the wheel (pyproject.toml's package-dir and README as the long description).
@@ -141,7 +138,7 @@ def dockerfile_config(text: str) -> ImageConfig:
                     config.useradd = command.strip()
         elif instruction != "COPY":
             raise ValueError(f"Dockerfile: {instruction} in the final stage is not carried into the "
-                             f"registry-free image (tests/cluster/image.py)")
+                             f"registry-free image (tests/support/image.py)")
     if not config.useradd:
         raise ValueError("Dockerfile: the final stage creates no user with useradd")
     return config
@@ -155,7 +152,7 @@ def source_key() -> str:
     listed = subprocess.run(["git", "ls-files", "-z", *PACKAGE_SOURCES], cwd=ROOT, check=True,
                             capture_output=True).stdout.split(b"\0")
     digest = hashlib.sha256()
-    for name in sorted(n for n in listed if n) + [b"Dockerfile", b"tests/cluster/image.py"]:
+    for name in sorted(n for n in listed if n) + [b"Dockerfile", b"tests/support/image.py"]:
         path = ROOT / name.decode()
         if path.is_file():  # a deleted but still tracked file has no content
             digest.update(name + b"\0" + hashlib.sha256(path.read_bytes()).digest())

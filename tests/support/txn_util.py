@@ -8,18 +8,24 @@ import time
 from dataclasses import dataclass, field
 
 import confluent_kafka
-
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import (
-    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest, AddPartitionsToTxnResponse,
-    EndTxnRequest, EndTxnResponse, InitProducerIdRequest, InitProducerIdResponse, TxnOffsetCommitRequest,
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    EndTxnRequest,
+    EndTxnResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    TxnOffsetCommitRequest,
     TxnOffsetCommitResponse,
 )
 
-from clients_util import build, call
-from node_util import wait_for
 from shale.sidecar.log.records import Record, encode_batch
+from support.clients_util import build, call
+from support.node_util import wait_for
 
 
 def produce_raw(port: int, topic: str, partition: int, batch: bytes, transactional_id: str | None = None,

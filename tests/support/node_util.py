@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from prometheus_client.parser import text_string_to_metric_families
 
-import stop_util
-from clients_util import build, call, raw_batches
 from shale.sidecar.log.records import BatchHeader
 from shale.sidecar.server.node import ServeOptions, StorageNode
-
+from support import stop_util
+from support.clients_util import build, call, raw_batches
 
 _PORTS_PER_WORKER = 2000
 _next_port: list[int] = []
@@ -263,9 +262,9 @@ class ReplicatedCluster:
     """
 
     tmp_path: Path
-    store: object  # its `url` is `--store`: tests/etcd_util.py's EtcdServer, or `KubeStoreUrl`
+    store: object  # its `url` is `--store`: tests/support/etcd_util.py's EtcdServer, or `KubeStoreUrl`
     servers: dict[int, ServeProcess] = field(default_factory=dict)
-    proxies: dict = field(default_factory=dict)  # node id -> tests/fault_proxy.py's FaultProxy it advertises
+    proxies: dict = field(default_factory=dict)  # node id -> tests/support/fault_proxy.py's FaultProxy it advertises
 
     @property
     def topics_dir(self) -> Path:
@@ -436,11 +435,11 @@ class KubeStoreUrl:
 def start_replicated_cluster(tmp_path: Path, store, n_nodes: int, *topics: dict, extra: tuple[str, ...] = (),
                              proxies: bool = False, timeout: float = 60.0,
                              node_args: Callable[[ServeProcess], list[str]] | None = None) -> ReplicatedCluster:
-    """`n_nodes` `shale serve --store URL` processes (node ids 0..n-1; `store.url`: an etcd of tests/etcd_util.py, or
-    `KubeStoreUrl`, whose kubeconfig they are given) reading `topics` (manifests, see
+    """`n_nodes` `shale serve --store URL` processes (node ids 0..n-1; `store.url`: an etcd of
+    tests/support/etcd_util.py, or `KubeStoreUrl`, whose kubeconfig they are given) reading `topics` (manifests, see
     `topic_manifest`; e.g. `replicas=3` or an assignment of replica lists), started, with every partition of
     every topic led by some node before this returns. With `proxies`, each node advertises a fault-injecting
-    proxy in front of its listener (tests/fault_proxy.py), so that every client and every other node reaches it
+    proxy in front of its listener (tests/support/fault_proxy.py), so that every client and every other node reaches it
     through that proxy (`cluster.proxies[n]`). `node_args(server)` gives arguments of each node's own (e.g. its
     listeners, from `server.port`)."""
     cluster = ReplicatedCluster(tmp_path, store)
@@ -453,8 +452,7 @@ def start_replicated_cluster(tmp_path: Path, store, n_nodes: int, *topics: dict,
         if node_args is not None:
             cluster.servers[n].args += node_args(cluster.servers[n])
     if proxies:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from fault_proxy import FaultProxy
+        from support.fault_proxy import FaultProxy
 
         for n, server in cluster.servers.items():
             cluster.proxies[n] = FaultProxy(server.port).start()

@@ -17,7 +17,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "demo-data", "bench", "tests", "e2e", "*.egg-info",
                                      ".pytest_cache", ".hypothesis", "__pycache__", "*.so")
 

@@ -1,6 +1,6 @@
 """What the real-API-server tests put on the server: the CRD as 1.20 takes it, the chart's objects, the pods.
 
-The chart is rendered by Helm's engine (tests/k8s/chart_util.py) into a namespace of its own per test,
+The chart is rendered by Helm's engine (tests/support/chart_util.py) into a namespace of its own per test,
 and every object it renders is created on the server as `helm install` would create it — so the
 operator's service account holds exactly the Roles the chart grants. The storage pods are Pod objects
 as the StatefulSet controller would create them from the chart's template (no controller runs here),
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,15 +20,11 @@ from typing import Any, Iterator
 import kubernetes
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "k8s"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from chart_util import CHART, CRD_FILES, objects, one, render  # noqa: E402
-from cluster_util import REFRESH_SECONDS, STUCK_AFTER_SECONDS, Cluster, OperatorThread, StorageNodes  # noqa: E402
-from node_util import ServeProcess, free_port  # noqa: E402
-from projection import ConfigMapProjection  # noqa: E402
-
-from shale.operator.settings import Settings  # noqa: E402
+from shale.operator.settings import Settings
+from support.chart_util import CHART, CRD_FILES, objects, one, render
+from support.cluster_util import REFRESH_SECONDS, STUCK_AFTER_SECONDS, Cluster, OperatorThread, StorageNodes
+from support.node_util import ServeProcess, free_port
+from support.projection import ConfigMapProjection
 
 # Two storage nodes (placement has a choice) without a store: the operator journeys run one replica per
 # partition; test_replication_on_apiserver.py renders the chart with replication for its three nodes.

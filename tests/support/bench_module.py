@@ -8,7 +8,7 @@ import sys
 from types import ModuleType
 from typing import Iterator
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load(filename: str) -> Iterator[ModuleType]:

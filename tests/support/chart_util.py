@@ -9,6 +9,7 @@ rules of apiextensions-apiserver written out below.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -145,3 +146,17 @@ def promtool() -> str:
     if not found:
         pytest.fail("promtool not found: run `make test`, which installs Debian's prometheus package")
     return found
+
+
+def rules_of(values: dict) -> dict:
+    return one(objects(render(values)), "PrometheusRule")["spec"]
+
+
+def write_rules(directory: Path, values: dict) -> Path:
+    path = directory / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules_of(values), sort_keys=False))
+    return path
+
+
+def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
