@@ -326,7 +326,7 @@ def test_an_append_by_the_thread_wakes_a_parked_fetch(tmp_path):
         io = io_of(pair)
         consumer.sendall(fetch(5, partition=0, offset=WARM, max_wait_ms=30000))
         tp = TopicPartition("t", 0)
-        until(lambda: bool(pair.brokers["native"]._events.get(tp)))
+        until(lambda: bool(pair.brokers["native"].purgatory.events.get(tp)))
         answered = io.answered
         producer.sendall(produce(9, WARM, batch(WARM)))
         read_frame(producer)

@@ -128,10 +128,10 @@ def test_a_native_append_wakes_a_parked_fetch(tmp_path, answered):
         consumer.sendall(fetch(5, partition=0, offset=1, max_wait_ms=30000))
         tp = TopicPartition("t", 0)
         for _ in range(100):  # until the fetch is parked at the broker
-            if pair.brokers["native"]._events.get(tp):
+            if pair.brokers["native"].purgatory.events.get(tp):
                 break
             time.sleep(0.05)
-        assert pair.brokers["native"]._events.get(tp), "the fetch did not park"
+        assert pair.brokers["native"].purgatory.events.get(tp), "the fetch did not park"
         producer.sendall(produce(9, 1, batch(1)))
         read_frame(producer)
         assert answered[-1] is not None  # appended by the C call
