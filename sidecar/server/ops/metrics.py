@@ -697,7 +697,7 @@ class NodeMetrics:
 
 def _fetch_session_families(broker) -> Iterator[Metric]:
     """Kafka's FetchSessionCache gauges: the incremental fetch sessions of followers and consumers (KIP-227)."""
-    sessions = broker.fetch_sessions if broker is not None else None
+    sessions = broker.partitions.fetch_sessions if broker is not None else None
     yield GaugeMetricFamily("shale_fetch_sessions", "Incremental fetch sessions held for followers and consumers "
                             "(max.incremental.fetch.session.cache.slots at most).",
                             value=len(sessions) if sessions else 0)
