@@ -337,7 +337,7 @@ class ReplicaFetchers:
                  connect: Connector = asyncio.open_connection, throttle: FollowerThrottle | None = None) -> None:
         self.node_id = node_id
         self.throttle = throttle  # follower.replication.throttled.rate (None: never held back)
-        # Opens a connection to a leader's inter-broker listener (TLS and SASL: server/inter_broker.py).
+        # Opens a connection to a leader's inter-broker listener (TLS and SASL: server/network/inter_broker.py).
         self.connect = connect
         self.config = config or FetcherConfig.from_server_config(ServerConfig.from_mapping({}))
         # Told of a leader whose address refuses connections (the controller ends its session early).

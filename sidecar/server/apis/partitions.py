@@ -439,7 +439,7 @@ class PartitionApis:
             # Reading and parking are one synchronous step for the appends made on this loop, so none falls
             # between them; a poke made by this very read (a follower's position raising the high watermark)
             # does not wake it back. The I/O thread's appends are counted: one made between the read and the
-            # parking wakes the fetch at once (`_park`).
+            # parking wakes the fetch at once (`FetchPurgatory.park`).
             since = appended()
             responses, total, errors = self._fetch_once(body, context.topics, first)
             first = False

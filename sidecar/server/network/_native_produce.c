@@ -53,7 +53,7 @@ static PyObject *only_item(PyObject *obj, int name) {
     return item;
 }
 
-/* Produce's answer for one partition, as the handler builds it (broker.py: Broker._produce_partition). */
+/* Produce's answer for one partition, as the handler builds it (partitions.py: PartitionApis._produce_partition). */
 static PyObject *answer_body(PyObject *topic, PyObject *index, PyObject *base_offset, PyObject *log_start) {
     PyObject *part = Py_BuildValue("{OOOOOOOOOO}", names[N_INDEX], index, names[N_ERROR_CODE], zero,
                                    names[N_BASE_OFFSET], base_offset, names[N_LOG_APPEND_TIME_MS], minus_one,
@@ -312,7 +312,7 @@ done:
  * Python.
  *
  * `path` (native_produce.NativeProduce) holds the decoders, encoders and calls to use; `replies` is the
- * connection's writer queue (broker.py: _Replies): with an answer waiting in it nothing is answered here, so
+ * connection's writer queue (socket_server.py: _Replies): with an answer waiting in it nothing is answered here, so
  * answers leave in request order; `buf[start:end]` is the request frame without its size prefix (the
  * connection's receive buffer, held unchanged for the call). */
 static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

@@ -5,7 +5,7 @@ CleanerManager's dirty ratio (`cleanable_offsets` + `log_to_clean`, the figures 
 by), the cleaner threads, the maintenance tasks — so nothing is copied into counters that could drift.
 `NodeCollector` turns them into Prometheus families on each scrape; `/status` serializes the same
 `NodeFigures`. The only state kept here counts events: `RequestStats`, fed by `Broker(observe=...)`, and
-`SecurityStats` (refused logins from channel.py and broker.py, refused checks from authorization.py).
+`SecurityStats` (refused logins from channel.py and socket_server.py, refused checks from authorization.py).
 
 Every family is documented in docs/metrics.md; a test fails if one is missing there.
 """
