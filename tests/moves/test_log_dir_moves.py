@@ -20,7 +20,7 @@ from kafka.admin import KafkaAdminClient
 from shale.sidecar.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets
 from shale.sidecar.log.pause_owners import PAUSES_FILE
 from shale.sidecar.log.topic_partition import TopicPartition
-from shale.sidecar.server.ops import metrics
+from shale.sidecar.server.ops import node_figures as metrics
 from support.clients_util import raw_batches
 from support.fs_util import small_fs
 from support.node_util import NodeThread, ServeProcess, topic_manifest, wait_for, write_manifests

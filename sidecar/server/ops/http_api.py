@@ -47,7 +47,7 @@ from ...log.cleaner_manager import CleaningStateError
 from ...log.pause_owners import HTTP, PauseOwner
 from ...log.topic_partition import TopicPartition
 from ...security.tls import server_context
-from .metrics import NodeFigures, PartitionFigures, gather
+from .node_figures import NodeFigures, PartitionFigures, gather
 
 logger = logging.getLogger(__name__)
 
