@@ -219,7 +219,7 @@ class AdminApis:
         # A topic whose manifest is gone but whose removal the manifests hold (`ManifestSource.held`, e.g. an
         # unmounted volume): no manifest declares it any more, so DeleteTopics is the explicit act that deletes it.
         self.removal_held = removal_held
-        # The broker's `address_on`: a node's address on the listener a request came through (None: it has none).
+        # The partition APIs' `address_on`: a node's address on the listener a request came through (None: it has none).
         self.address_on: Callable[[int, str], dict | None] = lambda _node_id, _listener: {}
 
     def handlers(self) -> dict[int, Handler]:

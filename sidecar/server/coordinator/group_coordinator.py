@@ -332,8 +332,8 @@ class GroupCoordinator:
         self.offset_metadata_max_bytes = offset_metadata_max_bytes
         self.new_member_join_timeout_ms = new_member_join_timeout_ms
         self.clock: Clock = clock or LoopClock()
-        self.on_append = on_append or (lambda _tp: None)  # the broker's poke: wake fetches of __consumer_offsets
-        # The broker's `address_on`: a node's host and port on the listener a request came through (None: none).
+        self.on_append = on_append or (lambda _tp: None)  # the fetch purgatory's poke: wake fetches of __consumer_offsets
+        # The partition APIs' `address_on`: a node's host and port on the listener a request came through (None: none).
         self.address_on: Callable[[int, str], dict | None] = lambda _node_id, _listener: {}
         # The transaction coordinator's FindCoordinator for key type 1 (None: transactions are not served).
         self.find_transaction_coordinator: Callable[[str | None], dict] | None = None

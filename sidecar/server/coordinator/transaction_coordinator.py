@@ -131,7 +131,7 @@ class TransactionCoordinator:
         self.append: Callable[[TopicPartition, Log, bytes], AppendInfo] = lambda _tp, log, batch: log.append(batch)
         self.replicated: Callable[[TopicPartition, int], Awaitable[int]] | None = None
         self.channels: MarkerChannels | None = None  # WriteTxnMarkers to other nodes (with a store)
-        self.on_append: Callable[[TopicPartition], None] = lambda _tp: None  # the broker's poke
+        self.on_append: Callable[[TopicPartition], None] = lambda _tp: None  # the fetch purgatory's poke
         # A marker reached `__consumer_offsets` partition p: (p, producer id, commit) for the group coordinator,
         # which then commits or drops that producer's pending TxnOffsetCommit offsets.
         self.on_offsets_marker: Callable[[int, int, bool], None] = lambda _p, _pid, _commit: None
