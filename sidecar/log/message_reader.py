@@ -9,7 +9,7 @@ read and the byte where it stopped.
 from __future__ import annotations
 
 import struct
-from typing import cast
+from typing import Literal, overload
 
 _I16, _U16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">H"), struct.Struct(">i"), struct.Struct(">q")
 
@@ -37,16 +37,20 @@ class MessageReader:
         return int.from_bytes(self._take(1), "big", signed=True)
 
     def int16(self) -> int:
-        return cast(int, _I16.unpack(self._take(2))[0])
+        value: int = _I16.unpack(self._take(2))[0]
+        return value
 
     def uint16(self) -> int:
-        return cast(int, _U16.unpack(self._take(2))[0])
+        value: int = _U16.unpack(self._take(2))[0]
+        return value
 
     def int32(self) -> int:
-        return cast(int, _I32.unpack(self._take(4))[0])
+        value: int = _I32.unpack(self._take(4))[0]
+        return value
 
     def int64(self) -> int:
-        return cast(int, _I64.unpack(self._take(8))[0])
+        value: int = _I64.unpack(self._take(8))[0]
+        return value
 
     def uuid(self) -> bytes:
         return bytes(self._take(16))
@@ -67,6 +71,12 @@ class MessageReader:
         if n < 0 and not (nullable and n == -1):
             raise self.error(f"{self.what}: non-nullable field {field} was serialized as null at byte {self.pos}")
         return n
+
+    @overload
+    def string(self, flexible: bool, field: str, nullable: Literal[False] = False) -> str: ...
+
+    @overload
+    def string(self, flexible: bool, field: str, nullable: bool) -> str | None: ...
 
     def string(self, flexible: bool, field: str, nullable: bool = False) -> str | None:
         n = self._length(flexible, False, field, nullable)

@@ -57,8 +57,7 @@ class Broker(SocketServer):
         self.partitions = PartitionApis(
             registry, self.purgatory, cluster_id=cluster_id, replicas=replicas,
             fetch_sessions=FetchSessionCache(fetch_session_slots, consumer_sessions=consumer_fetch_sessions),
-            advertised=lambda: self.advertised_at,
-            **({} if verify_transaction is None else {"verify_transaction": verify_transaction}))
+            advertised=lambda: self.advertised_at, verify_transaction=verify_transaction)
         table = {**self.partitions.handlers(), **(handlers or {})}
         native = None if replicas is not None else NativeSource(
             table[API_PRODUCE], registry.local_log, self.purgatory.events, self.purgatory.poke)

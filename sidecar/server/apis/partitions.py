@@ -163,7 +163,7 @@ class PartitionApis:
 
     def __init__(self, registry: TopicRegistry, purgatory: FetchPurgatory, *, fetch_sessions: FetchSessionCache,
                  cluster_id: str = "shale", replicas: ReplicaManager | None = None,
-                 verify_transaction: Verify = lambda _tid, _pid, _epoch, _tp: None,
+                 verify_transaction: Verify | None = None,
                  advertised: Callable[[], Mapping[str, tuple[str, int]]] = dict) -> None:
         self.registry = registry
         self.purgatory = purgatory
@@ -175,7 +175,7 @@ class PartitionApis:
         self.replicas = replicas
         # The transaction coordinator's check of a producer's first transactional batch to a partition
         # (transaction_verification.py); the default verifies nothing, as a node without a coordinator.
-        self.verify_transaction = verify_transaction
+        self.verify_transaction: Verify = verify_transaction or (lambda _tid, _pid, _epoch, _tp: None)
         self._advertised = advertised  # listener -> this node's address on it, once the socket server listens
 
     @property

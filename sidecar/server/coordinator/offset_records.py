@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import cast
 
 from ...log.message_reader import MessageReader
 from ...log.varint import encode_uvarint
@@ -152,9 +151,9 @@ def decode_key(data: bytes | memoryview) -> OffsetCommitKey | GroupMetadataKey |
     r = MessageReader(data, "__consumer_offsets key", OffsetRecordError)
     version = r.int16()
     if version in (0, 1):
-        return OffsetCommitKey(cast(str, r.string(False, "group")), cast(str, r.string(False, "topic")), r.int32())
+        return OffsetCommitKey(r.string(False, "group"), r.string(False, "topic"), r.int32())
     if version == 2:
-        return GroupMetadataKey(cast(str, r.string(False, "group")))
+        return GroupMetadataKey(r.string(False, "group"))
     return UnknownKey(version)
 
 
@@ -189,7 +188,7 @@ def decode_offset_commit_value(data: bytes | memoryview) -> OffsetCommitValue:
     flexible = version >= 4
     offset = r.int64()
     leader_epoch = r.int32() if version >= 3 else -1
-    metadata = cast(str, r.string(flexible, "metadata"))
+    metadata = r.string(flexible, "metadata")
     commit_timestamp = r.int64()
     expire_timestamp = r.int64() if version == 1 else -1
     if flexible:
@@ -234,17 +233,17 @@ def decode_group_metadata_value(data: bytes | memoryview) -> GroupMetadataValue:
     if not 0 <= version <= MAX_VALUE_VERSION:
         raise OffsetRecordError(f"unknown group metadata value version {version}")
     flexible = version >= 4
-    protocol_type = cast(str, r.string(flexible, "protocolType"))
+    protocol_type = r.string(flexible, "protocolType")
     generation = r.int32()
     protocol = r.string(flexible, "protocol", nullable=True)
     leader = r.string(flexible, "leader", nullable=True)
     current_state_timestamp = r.int64() if version >= 2 else -1
     members = []
     for _ in range(r.array_length(flexible, "members")):
-        member_id = cast(str, r.string(flexible, "memberId"))
+        member_id = r.string(flexible, "memberId")
         instance_id = r.string(flexible, "groupInstanceId", nullable=True) if version >= 3 else None
-        client_id = cast(str, r.string(flexible, "clientId"))
-        client_host = cast(str, r.string(flexible, "clientHost"))
+        client_id = r.string(flexible, "clientId")
+        client_host = r.string(flexible, "clientHost")
         rebalance_timeout = r.int32() if version >= 1 else None
         session_timeout = r.int32()
         subscription = r.bytes_(flexible, "subscription")
@@ -262,7 +261,8 @@ def decode_group_metadata_value(data: bytes | memoryview) -> GroupMetadataValue:
 def value_version(data: bytes | memoryview) -> int:
     if len(data) < 2:
         raise OffsetRecordError(f"value of {len(data)} bytes has no version")
-    return cast(int, _I16.unpack_from(data, 0)[0])
+    version: int = _I16.unpack_from(data, 0)[0]
+    return version
 
 
 # -- consumer protocol ----------------------------------------------------------------------------------------
@@ -277,6 +277,6 @@ def subscribed_topics(subscription: bytes) -> frozenset[str] | None:
         r = MessageReader(subscription, "consumer protocol subscription", OffsetRecordError)
         if r.int16() < 0:
             return None
-        return frozenset(cast(str, r.string(False, "topics")) for _ in range(r.array_length(False, "topics")))
+        return frozenset(r.string(False, "topics") for _ in range(r.array_length(False, "topics")))
     except OffsetRecordError:
         return None

@@ -20,7 +20,6 @@ truncated input, unknown versions and unknown states, and, like Kafka's readers,
 from __future__ import annotations
 
 import struct
-from typing import cast
 
 from ...log.message_reader import MessageReader
 from ...log.varint import encode_uvarint
@@ -128,7 +127,7 @@ def decode_value(transactional_id: str, data: bytes | memoryview | None) -> TxnM
         raise TransactionRecordError(f"{what}: unknown transaction status {status}") from None
     partitions: set[tuple[str, int]] = set()
     for _ in range(max(r.array_length(flexible, "TransactionPartitions", nullable=True), 0)):
-        topic = cast(str, r.string(flexible, "Topic"))
+        topic = r.string(flexible, "Topic")
         partitions.update((topic, r.int32()) for _ in range(r.array_length(flexible, "PartitionIds")))
         if flexible:
             r.skip_tagged_fields()
