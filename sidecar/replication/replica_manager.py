@@ -124,6 +124,7 @@ class ReplicaManager:
         self._tasks: list[asyncio.Task] = []
         self._refused: dict[TopicPartition, str] = {}  # replicas whose log cannot be created here, and why
         registry.before_delete.append(self._before_delete)
+        registry.follow(self)
 
     def attach(self, controller: Leadership, fetchers: Fetchers) -> None:
         """The controller and the fetchers are built after the manager (they call back into it)."""

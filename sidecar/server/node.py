@@ -42,6 +42,7 @@ from .apis.admin import AdminApis
 from .apis.authorization import authorize_handlers
 from .apis.broker import Broker
 from .apis.fetch_purgatory import FetchPurgatory
+from .apis.listener_addresses import ListenerAddresses
 from .apis.reassignments import Reassignments
 from .apis.store_topics import StoreTopics
 from .coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
@@ -141,13 +142,17 @@ class StorageNode:
         self.metrics = NodeMetrics(self)
         self.http = HttpApi(self, *options.http, options.http_security).start()  # before the logs load: probes answer during recovery
         self.http_port = self.http.port
+        registry: TopicRegistry | None = None  # built on the log dirs below, once they loaded
+
+        def config_for(topic: str) -> TopicConfig:
+            """The log dirs' topic configs: the registry's; while they load, before it exists, Kafka's defaults."""
+            return registry.config_for(topic) if registry is not None else TopicConfig.from_mapping({})
+
         try:
             # The logs on disk load before the registry exists: they open with Kafka's defaults and get
             # their topic's config when the topic is put (load_api_topics, reload_manifests).
             # Every log dir (`log.dirs`, else each --data-dir; JBOD, docs/moves.md); node files live in the first.
-            self.log_dir = LogDirs(parse_log_dirs(self.server_config.log_dirs or options.data_dir),
-                                   lambda topic: self.registry.config_for(topic)
-                                   if hasattr(self, "registry") else TopicConfig.from_mapping({}),
+            self.log_dir = LogDirs(parse_log_dirs(self.server_config.log_dirs or options.data_dir), config_for,
                                    producer_id_expiration_ms=self.server_config.producer_id_expiration_ms)
             # The node's one security state (ACLs, SCRAM credentials): the authorizer, the ACL and SCRAM admin
             # APIs and the SASL sessions all read this store; an unreadable file stops the start (docs/security.md).
@@ -169,7 +174,7 @@ class StorageNode:
         if self.listener_config is not None:  # the node is known by its inter-broker listener (listed first)
             inter_broker = self.listeners[0].advertised
             address = NodeAddress(options.node_id, inter_broker.host, inter_broker.port)
-        self.registry = TopicRegistry(self.log_dir, address, on_change=self._topic_changed)
+        self.registry = registry = TopicRegistry(self.log_dir, address, on_change=self._topic_changed)
         # Fetches parked until their partitions change: appends, commits, markers and high watermarks wake them.
         self.purgatory = FetchPurgatory()
         # With a control store, the store's partition records decide where replicas live and who leads
@@ -190,7 +195,9 @@ class StorageNode:
                                                  config.leader_imbalance_per_broker_percentage)
                 if config.auto_leader_rebalance_enable else None,
                 wake_fetches=self.purgatory.poke, wake_consumers=self.purgatory.poke_consumers)
-            self.registry.replication = self.replicas
+        # Each node's address on each listener: the socket server fills this node's; Metadata, FindCoordinator and
+        # DescribeCluster answer a request's listener with them.
+        self.addresses = ListenerAddresses(options.node_id, self.replicas)
         self.maintenance = Maintenance(self.log_dir, self.registry, self.server_config)
         self.moves = LogDirMoves(self.log_dir, self.maintenance, run_exclusive=self._on_loop,
                                  io_max_bytes_per_second=self.server_config.replica_alter_log_dirs_io_max_bytes_per_second)
@@ -205,7 +212,7 @@ class StorageNode:
                                log_dir_moves=self.moves, dynamic_broker={} if self.replicas is None else {
                                    "leader.replication.throttled.rate": self.replicas.leader_quota.set_rate,
                                    "follower.replication.throttled.rate": self.replicas.follower_quota.set_rate},
-                               advertised=lambda: self.broker.advertised_at,
+                               addresses=self.addresses,
                                dynamic_file=DynamicBrokerConfigs.in_dir(self.log_dir.paths[0]))
         self.groups = GroupCoordinator(self.registry,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
@@ -248,13 +255,13 @@ class StorageNode:
                                                          topic_name=self.registry.topic_named_by,
                                                          on_refused=self.metrics.security.authorization_refused)
                              if self.authorizing else None,
-                             on_failed_authentication=self.metrics.security.failed_authentication)
+                             on_failed_authentication=self.metrics.security.failed_authentication,
+                             addresses=self.addresses)
         self.groups.on_append = self.purgatory.poke  # commits wake fetches of __consumer_offsets
-        self.groups.address_on = self.broker.partitions.address_on  # FindCoordinator answers the request's listener
+        self.groups.address_on = self.addresses.address_on  # FindCoordinator answers the request's listener
         self.groups.find_transaction_coordinator = self.transactions.find_coordinator  # ... key type 1 too
         self.transactions.on_append = self.purgatory.poke  # markers wake read_committed fetches
         self.transactions.on_offsets_marker = self.groups.complete_txn_offsets  # TxnOffsetCommit made visible
-        self.admin.address_on = self.broker.partitions.address_on  # ... and DescribeCluster
         if self.replicas is not None:
             self.groups.append = self._append_as_leader
             self.groups.replicated = self._replicated
@@ -385,7 +392,7 @@ class StorageNode:
                         ", ".join(map(str, unreplicated)))
         # Every advertised listener is registered: the others answer each listener's requests with its address.
         listeners = tuple(sorted(ListenerAddress(name, host, port)
-                                 for name, (host, port) in self.broker.advertised_at.items()))
+                                 for name, (host, port) in self.addresses.own.items()))
         me = NodeRegistration(self.options.node_id, new_incarnation(), self.registry.node.host,
                               self.registry.node.port, unreplicated=unreplicated, listeners=listeners)
         self.controller = Controller(self.store, me, session_ms=config.broker_session_timeout_ms,

@@ -152,8 +152,13 @@ class TopicRegistry:
         self._api_file = os.path.join(log_dir.path, API_TOPICS_FILE)
         # Called with each local partition before its log is deleted (the cleaner must let go of it first).
         self.before_delete: list[Callable[[TopicPartition], None]] = []
-        self.replication: Replication | None = None  # the replica manager, with a control store (set before use)
+        self.replication: Replication | None = None  # the replica manager, with a control store (`follow`)
         self._refused_records: set[tuple[str, str]] = set()  # (topic, why) of store records logged as not applied
+
+    def follow(self, replication: Replication) -> None:
+        """Who leads, and which nodes live, come from `replication` from now on: the replica manager calls this as
+        it is built on this registry (the two need each other: the node's one cycle)."""
+        self.replication = replication
 
     # -- queries ---------------------------------------------------------------------------------
 

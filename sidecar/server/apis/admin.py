@@ -69,6 +69,7 @@ from ..network.handler import ConnectionInfo, Handler
 from ..ops.dynamic_broker_configs import DynamicBrokerConfigs
 from ..ops.log_dir_moves import LogDirMoves
 from .authorized_operations import CLUSTER_OPERATIONS
+from .listener_addresses import ListenerAddresses
 from .partitions import controller_id
 from .store_topics import StoreConflict, StoreTopics
 
@@ -199,10 +200,10 @@ class AdminApis:
                  cluster_id: str = "shale", removal_held: Callable[[str], bool] = lambda _name: False,
                  store_topics: StoreTopics | None = None, log_dir_moves: LogDirMoves | None = None,
                  dynamic_broker: Mapping[str, Callable[[Any], None]] | None = None,
-                 advertised: Callable[[], Mapping[str, tuple[str, int]]] = dict,
-                 dynamic_file: DynamicBrokerConfigs | None = None) -> None:
+                 addresses: ListenerAddresses | None = None, dynamic_file: DynamicBrokerConfigs | None = None) -> None:
         self.registry = registry
-        self.advertised = advertised  # listener name -> this node's advertised (host, port), once it listens
+        # Each node's address on each listener (DescribeCluster answers a request's listener with its endpoints).
+        self.addresses = addresses if addresses is not None else ListenerAddresses(registry.node.node_id)
         # The broker configs this node changes live (Kafka's per-broker dynamic configs; here the replication
         # throttles): name -> apply(parsed value, or None for the command line's). Set ones, as strings, kept
         # across restarts in `dynamic_file`:
@@ -219,8 +220,6 @@ class AdminApis:
         # A topic whose manifest is gone but whose removal the manifests hold (`ManifestSource.held`, e.g. an
         # unmounted volume): no manifest declares it any more, so DeleteTopics is the explicit act that deletes it.
         self.removal_held = removal_held
-        # The partition APIs' `address_on`: a node's address on the listener a request came through (None: it has none).
-        self.address_on: Callable[[int, str], dict | None] = lambda _node_id, _listener: {}
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -585,7 +584,7 @@ class AdminApis:
                     "error_message": "The request was sent to an endpoint of type BROKER, but we wanted an endpoint "
                                      "of type CONTROLLER", "cluster_id": self.cluster_id}
         nodes = sorted(self.registry.nodes().values(), key=lambda n: n.node_id)
-        shown = {n.node_id: self.address_on(n.node_id, conn.listener) for n in nodes}  # None: not on this listener
+        shown = {n.node_id: self.addresses.address_on(n.node_id, conn.listener) for n in nodes}  # None: not on this listener
         return {
             "throttle_time_ms": 0, "error_code": NONE, "error_message": None, "endpoint_type": ENDPOINT_BROKERS,
             "cluster_id": self.cluster_id, "controller_id": controller_id(self.registry),
@@ -708,7 +707,7 @@ class AdminApis:
             BrokerSetting("broker.id", str(node.node_id), "int"),
             BrokerSetting("log.dirs", ",".join(self.registry.log_dir.paths)),
             BrokerSetting("advertised.listeners", ",".join(
-                f"{name}://{host}:{port}" for name, (host, port) in self.advertised().items())
+                f"{name}://{host}:{port}" for name, (host, port) in self.addresses.own.items())
                 or f"PLAINTEXT://{node.host}:{node.port}", "list"),
             BrokerSetting("num.partitions", str(DEFAULT_NUM_PARTITIONS), "int", DEFAULT_CONFIG),
             BrokerSetting("auto.create.topics.enable", "false", "boolean"),  # topics come from manifests or the API

@@ -20,6 +20,7 @@ from ..network.handler import API_PRODUCE, Handler
 from ..network.listener_security import ListenerSecurity
 from ..network.socket_server import NativeSource, SocketServer
 from .fetch_purgatory import FetchPurgatory
+from .listener_addresses import ListenerAddresses
 from .partitions import PartitionApis
 from .transaction_verification import Verify
 
@@ -49,6 +50,7 @@ class Broker(SocketServer):
         verify_transaction: Verify | None = None,
         authorize: Callable[[dict[int, Handler]], dict[int, Handler]] | None = None,
         on_failed_authentication: FailedAuthentication | None = None,
+        addresses: ListenerAddresses | None = None,
     ) -> None:
         self.registry = registry
         self.purgatory = purgatory if purgatory is not None else FetchPurgatory()
@@ -57,14 +59,15 @@ class Broker(SocketServer):
         self.partitions = PartitionApis(
             registry, self.purgatory, cluster_id=cluster_id, replicas=replicas,
             fetch_sessions=FetchSessionCache(fetch_session_slots, consumer_sessions=consumer_fetch_sessions),
-            advertised=lambda: self.advertised_at, verify_transaction=verify_transaction)
+            addresses=addresses, verify_transaction=verify_transaction)
         table = {**self.partitions.handlers(), **(handlers or {})}
         native = None if replicas is not None else NativeSource(
             table[API_PRODUCE], registry.local_log, self.purgatory.events, self.purgatory.poke)
         super().__init__(table, listeners=listeners or [ListenerSecurity.plaintext(host, port)], observe=observe,
                          max_request_bytes=max_request_bytes, queued_max_request_bytes=queued_max_request_bytes,
                          native=native, io_thread=io_thread, authorize=authorize,
-                         on_failed_authentication=on_failed_authentication)
+                         on_failed_authentication=on_failed_authentication,
+                         advertised_at=self.partitions.addresses.own)
 
     @property
     def node_id(self) -> int:

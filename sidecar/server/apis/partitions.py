@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ...log.errors import (
     CorruptRecordError,
@@ -71,6 +71,7 @@ from ..network.native_produce import FIRST_BATCH_VERSION, appended
 from ..network.socket_server import OUT_OF_RESOURCES
 from .authorized_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from .fetch_purgatory import FetchPurgatory
+from .listener_addresses import ListenerAddresses
 from .transaction_verification import (
     CONTROL_FROM_CLIENT,
     Verify,
@@ -163,8 +164,7 @@ class PartitionApis:
 
     def __init__(self, registry: TopicRegistry, purgatory: FetchPurgatory, *, fetch_sessions: FetchSessionCache,
                  cluster_id: str = "shale", replicas: ReplicaManager | None = None,
-                 verify_transaction: Verify | None = None,
-                 advertised: Callable[[], Mapping[str, tuple[str, int]]] = dict) -> None:
+                 verify_transaction: Verify | None = None, addresses: ListenerAddresses | None = None) -> None:
         self.registry = registry
         self.purgatory = purgatory
         # max.incremental.fetch.session.cache.slots: the fetch sessions of followers and consumers (KIP-227).
@@ -176,7 +176,8 @@ class PartitionApis:
         # The transaction coordinator's check of a producer's first transactional batch to a partition
         # (transaction_verification.py); the default verifies nothing, as a node without a coordinator.
         self.verify_transaction: Verify = verify_transaction or (lambda _tid, _pid, _epoch, _tp: None)
-        self._advertised = advertised  # listener -> this node's address on it, once the socket server listens
+        # Each node's address on each listener (Metadata answers a request's listener with its endpoints).
+        self.addresses = addresses if addresses is not None else ListenerAddresses(registry.node.node_id, replicas)
 
     @property
     def node_id(self) -> int:
@@ -225,7 +226,7 @@ class PartitionApis:
                            "is_internal": spec.internal, "partitions": partitions,
                            "authorized_operations": TOPIC_OPERATIONS if topic_operations else None})
         racks = {} if self.replicas is None else {n: reg.rack for n, reg in self.replicas.view.nodes.items()}
-        addresses = {n.node_id: (n, self.address_on(n.node_id, conn.listener)) for n in registry.nodes().values()}
+        addresses = {n.node_id: (n, self.addresses.address_on(n.node_id, conn.listener)) for n in registry.nodes().values()}
         for topic in topics:  # a leader without this listener: Kafka's KRaftMetadataCache answers no leader
             for part in topic.get("partitions", ()):
                 leader = addresses.get(part["leader_id"])
@@ -241,23 +242,6 @@ class PartitionApis:
             "topics": topics,
             "authorized_operations": CLUSTER_OPERATIONS if cluster_operations else None,
         }
-
-    def address_on(self, node_id: int, listener: str) -> dict | None:
-        """A node's address on the listener a request came through, as Kafka answers each listener with its own
-        endpoints: {} keeps the registered (inter-broker) address — a listener not advertised here, a node
-        registered without listeners (one listener, or an older node), or a node known only from manifests;
-        None: the node registered its listeners and this one is not among them (Kafka leaves it out)."""
-        advertised = self._advertised()
-        if listener not in advertised:
-            return {}
-        if node_id == self.node_id:
-            shown: tuple[str, int] | None = advertised[listener]
-        else:
-            registration = self.replicas.view.nodes.get(node_id) if self.replicas is not None else None
-            if registration is None or not registration.listeners:
-                return {}
-            shown = registration.endpoint(listener)
-        return None if shown is None else {"host": shown[0], "port": shown[1]}
 
     def _replicated_metadata(self, tp: TopicPartition, assigned: tuple[int, ...] | None) -> dict:
         """A partition as its store record has it: leader (-1 while being elected: LEADER_NOT_AVAILABLE, as
@@ -307,7 +291,7 @@ class PartitionApis:
             return {"responses": responses, "throttle_time_ms": 0}
         endpoints = self._point_to_leaders(
             (TopicPartition(t["name"], part["index"]), part) for t in responses for part in t["partition_responses"])
-        shown = {e["node_id"]: self.address_on(e["node_id"], conn.listener) for e in endpoints}  # on its listener
+        shown = {e["node_id"]: self.addresses.address_on(e["node_id"], conn.listener) for e in endpoints}  # on its listener
         endpoints = [e | shown[e["node_id"]] for e in endpoints if shown[e["node_id"]] is not None]
         return {"responses": responses, "throttle_time_ms": 0, "node_endpoints": endpoints}
 

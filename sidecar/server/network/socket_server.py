@@ -123,13 +123,15 @@ class SocketServer:
         io_thread: bool = True,
         authorize: Callable[[dict[int, Handler]], dict[int, Handler]] | None = None,
         on_failed_authentication: FailedAuthentication | None = None,
+        advertised_at: dict[str, tuple[str, int]] | None = None,
     ) -> None:
         # The Kafka port's listeners (the first one's address is `host`/`port`).
         self.listeners = list(listeners)
         self.host = self.listeners[0].endpoint.host or "0.0.0.0"
         self.port = self.listeners[0].endpoint.port
         self.ports: dict[str, int] = {}  # listener name -> bound port, once started
-        self.advertised_at: dict[str, tuple[str, int]] = {}  # listener -> this node's address on it (Metadata)
+        # listener -> this node's address on it, filled as the listeners bind (the partition APIs' Metadata reads it)
+        self.advertised_at: dict[str, tuple[str, int]] = advertised_at if advertised_at is not None else {}
         self._observe = observe  # (api name, seconds) of every answered request, for the metrics
         # Failed TLS handshakes and SASL exchanges (the metrics); the default counts nothing.
         self.on_failed_authentication: FailedAuthentication = (
