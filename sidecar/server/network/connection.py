@@ -142,6 +142,17 @@ class Frame:
     charge: int = 0
 
 
+@dataclass(frozen=True)
+class FastPaths:
+    """What a connection's task lets its frames take before they reach it (socket_server.py): `at_once`, the
+    frame handled as it arrives; `native`, a one-record Produce answered in C before it is decoded; `io`, the I/O
+    thread the socket is lent to after a native answer. None: that path is not taken."""
+
+    at_once: Callable[[Frame], bool]
+    native: Callable[[bytearray, int, int], bytes | None] | None = None
+    io: IoThread | None = None
+
+
 class Connection(asyncio.BufferedProtocol):
     """One client connection: frames are received in place into one reused buffer and decoded as they complete.
 
@@ -184,11 +195,20 @@ class Connection(asyncio.BufferedProtocol):
         self._drain_waiters: list[asyncio.Future] = []
         self._lost = False
         self._closed: asyncio.Future | None = None
-        self.at_once: Callable[[Frame], bool] | None = None  # set by the connection's task
-        self.native: Callable[[bytearray, int, int], bytes | None] | None = None  # likewise, where it may be used
-        self.io: IoThread | None = None  # the node's I/O thread, where this connection may lend it its socket
+        # What the connection's task lets frames take before it (`serve`): none until it starts.
+        self._at_once: Callable[[Frame], bool] | None = None
+        self._native: Callable[[bytearray, int, int], bytes | None] | None = None  # where it may be used
+        self._io: IoThread | None = None  # the node's I/O thread, where this connection may lend it its socket
         self._lent = False  # the socket is lent to `io` (not read here until it comes back)
         self._ticket = 0  # the lending's, for `io.reclaim`
+
+    def serve(self, paths: FastPaths) -> None:
+        """The connection's task starts taking frames: from now on they are offered to `paths` first."""
+        self._at_once, self._native, self._io = paths.at_once, paths.native, paths.io
+
+    def stop_at_once(self) -> None:
+        """The connection's task ends: frames still arriving are queued, never handled at once."""
+        self._at_once = None
 
     # -- asyncio protocol callbacks --------------------------------------------------------------
 
@@ -257,7 +277,7 @@ class Connection(asyncio.BufferedProtocol):
         return memoryview(buf)[end:]
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._received(nbytes, self.native is not None)
+        self._received(nbytes, self._native is not None)
 
     def _received(self, nbytes: int, native: bool) -> None:
         """`nbytes` more bytes at `_end`; `native`: the first complete frame may be offered to `native`."""
@@ -282,7 +302,7 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 if end - start - 4 < size:
                     break
-                if native and self.native is not None and not self._frames and not self._writing_paused:
+                if native and self._native is not None and not self._frames and not self._writing_paused:
                     answer = self._answer_natively(start + 4, start + 4 + size)
                     if answer is not None:
                         start += 4 + size
@@ -313,7 +333,7 @@ class Connection(asyncio.BufferedProtocol):
                         if verdict.answer is not None:
                             self.transport.write(verdict.answer)
                         continue
-                if self._frames or received.request is None or self.at_once is None or not self.at_once(received):
+                if self._frames or received.request is None or self._at_once is None or not self._at_once(received):
                     self._push(received)
                 if self.transport.is_closing():  # the request's handler failed: nothing after it is handled
                     break
@@ -341,7 +361,7 @@ class Connection(asyncio.BufferedProtocol):
                 or _SIZE.unpack_from(self._buf, start)[0] != nbytes - 4 or nbytes - 4 > self.max_frame):
             return False
         try:
-            answer = self.native(self._buf, start + 4, end)  # type: ignore[misc]
+            answer = self._native(self._buf, start + 4, end)  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - as in _answer_natively (one call fewer on the usual path)
             answer = self._native_failed()
         if answer is None:
@@ -349,7 +369,7 @@ class Connection(asyncio.BufferedProtocol):
         self._start = self._end = 0
         if answer:  # b"": acks=0, no answer at all
             self.transport.write(answer)
-        if self.io is not None and nbytes <= IO_READ_BYTES:  # the next such frame is one read there (not lent: read here)
+        if self._io is not None and nbytes <= IO_READ_BYTES:  # the next such frame is one read there (not lent: read here)
             self._lend()
         return True
 
@@ -358,7 +378,7 @@ class Connection(asyncio.BufferedProtocol):
         failure after the append (a bug: nothing before it raises) ends the connection, as a failed handler's
         does."""
         try:
-            return self.native(self._buf, start, end)  # type: ignore[misc]
+            return self._native(self._buf, start, end)  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - logged with its traceback; the client sees the connection close
             return self._native_failed()
 
@@ -367,7 +387,7 @@ class Connection(asyncio.BufferedProtocol):
         answer nothing."""
         logger.error("closing connection of client at %s: the native Produce path failed", self.peername(),
                      exc_info=error if error is not None else True)
-        self.native = None
+        self._native = None
         self._eof = True  # nothing after it is handled; connection_lost releases what is left
         self.transport.abort()
         return b""
@@ -383,11 +403,11 @@ class Connection(asyncio.BufferedProtocol):
         self._lent = True
         self._set_reading()
         try:
-            self._ticket = self.io.lend(sock.fileno(), self, self.native)  # type: ignore[union-attr]
+            self._ticket = self._io.lend(sock.fileno(), self, self._native)  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # no descriptor to duplicate (EMFILE), or the broker is closing
             logger.warning("client at %s stays on the event loop: its socket cannot be lent to the I/O thread: %s",
                            self.peername(), exc)
-            self.io, self._lent = None, False
+            self._io, self._lent = None, False
             self._set_reading()
 
     def _returned(self, received: bytes, declined: bool, unsent: bytes, error: BaseException | None) -> None:
@@ -406,14 +426,14 @@ class Connection(asyncio.BufferedProtocol):
             view = self.get_buffer(len(received))  # nothing is pending while lent: MIN_READ >= IO_READ_BYTES free
             view[:len(received)] = received
             view.release()
-            self._received(len(received), not declined and self.native is not None)
+            self._received(len(received), not declined and self._native is not None)
         self._set_reading()
 
     def _reclaim(self) -> None:
         """The connection is closing: take a lent socket back from the I/O thread."""
         if self._lent:
             self._lent = False
-            self.io.reclaim(self._ticket)  # type: ignore[union-attr]
+            self._io.reclaim(self._ticket)  # type: ignore[union-attr]
 
     def _set_reading(self, *, queue_full: bool | None = None, memory_spent: bool | None = None) -> None:
         """Pause or resume the transport for the reasons to stop reading: frames not taken, memory spent, the

@@ -37,7 +37,7 @@ from ...protocol.codec import MAX_FRAME_BYTES
 from ...protocol.error_codes import NONE, UNSUPPORTED_VERSION
 from . import eager
 from .channel import Channel, FailedAuthentication
-from .connection import Connection, FileRange, RequestMemory
+from .connection import Connection, FastPaths, FileRange, RequestMemory
 from .handler import API_API_VERSIONS, API_FETCH, API_PRODUCE, ConnectionInfo, Handler, advertised_range
 from .io_thread import IoThread
 from .io_thread import available as io_thread_available
@@ -315,10 +315,10 @@ class SocketServer:
                 conn.write(out)
             return True
 
-        conn.at_once = at_once
-        conn.native = self._native_answerer(conn, replies)
-        if conn.native is not None and conn.transport.get_extra_info("ssl_object") is None:
-            conn.io = self._io  # plain bytes on the socket (TLS needs the ssl object): the I/O thread may serve it
+        native = self._native_answerer(conn, replies)
+        # Plain bytes on the socket (TLS needs the ssl object): the I/O thread may serve a native connection.
+        plain = native is not None and conn.transport.get_extra_info("ssl_object") is None
+        conn.serve(FastPaths(at_once, native, self._io if plain else None))
         clean = True
         try:
             while True:
@@ -388,7 +388,7 @@ class SocketServer:
                     if received is not None:
                         conn.done(received)
         finally:
-            conn.at_once = None
+            conn.stop_at_once()
             if clean:
                 replies.queue.put_nowait(None)
                 try:
