@@ -14,9 +14,9 @@ from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from .backend import open_catalog, read_batches
 from .latest import reduce_latest
 from .options import SourceOptions
-from .planning import plan_batch
 from .pushdown import Pushdown, push_filters
 from .ranges import RangePartition
+from .read_plan import plan_batch
 from .schema import arrow_schema
 
 

@@ -23,8 +23,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from .backend import TP, Catalog, open_catalog, read_batches
 from .options import SourceOptions
-from .planning import DataLossError, check_specs_cover, starting_offsets, subscribed_partitions
 from .ranges import OffsetRange, RangePartition, rate_limit, split_ranges
+from .read_plan import DataLossError, check_specs_cover, starting_offsets, subscribed_partitions
 
 
 def encode_offsets(offsets: dict[TP, int]) -> dict:

@@ -27,9 +27,9 @@ from pyspark.sql.types import _parse_datatype_string
 
 from shale.pipeline.latest import reduce_latest
 from shale.pipeline.options import OptionError, SourceOptions
-from shale.pipeline.planning import check_specs_cover
 from shale.pipeline.pushdown import epoch_micros, push_filters
 from shale.pipeline.ranges import OffsetRange, rate_limit, split_for_min_partitions, split_ranges
+from shale.pipeline.read_plan import check_specs_cover
 from shale.pipeline.schema import BatchBuilder, arrow_schema, spark_ddl
 from shale.pipeline.wire import consumer_config
 
