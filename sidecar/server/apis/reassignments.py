@@ -42,7 +42,7 @@ from ...replication.topic_record import TopicRecord
 from ...topics.manifests import ORIGIN_PREFIX
 from ...topics.registry import TopicRegistry
 from ..network.handler import ConnectionInfo, Handler
-from .admin import AdminError
+from .admin_errors import AdminError
 from .store_topics import StoreConflict, StoreTopics
 
 logger = logging.getLogger(__name__)
