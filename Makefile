@@ -68,6 +68,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/log_engine.py
 	$(BIN)/python bench/compaction.py
 	$(BIN)/python bench/broker.py
+	$(BIN)/python bench/append_one.py
 	$(BIN)/python bench/spark_read.py
 	$(BIN)/python bench/state_backup.py --profile --also-dirty-ratio 0.9
 

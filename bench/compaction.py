@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import importlib.util
 import io
 import json
@@ -49,7 +48,7 @@ import crc32c
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from perf_doc import update_section  # noqa: E402  (beside this script)
+from perf_doc import bullets, measured, paragraph, section, update_section  # noqa: E402  (beside this script)
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Compaction (issue: Retention and compaction)"
@@ -459,75 +458,62 @@ def table(res: Run) -> str:
 
 
 def interpretation(res: Run) -> str:
-    """What the figures say, from the figures (and the profiles, when the run made them)."""
+    """The section's bullets, from the figures (and the profiles, when the run made them)."""
     main = res.cases[0]
     r = main.result
-    out = []
-    per_batch_us = 1e6 * r.total_s / max(main.built.batches, 1)
-    out.append(
-        f"- **Throughput**: {r.records_per_s:,.0f} records/s over the whole pass ("
-        + (f"the median of {len(main.runs)} passes over copies of the log; " if len(main.runs) > 1 else "")
-        + f"{r.map_records / r.map_s:,.0f}/s "
-        f"building the map, {r.records_read / r.clean_s:,.0f}/s cleaning), {per_batch_us:.0f} µs per "
-        f"{PER_BATCH}-record batch for both passes together. The pass used {r.cpu_s:.2f} s of CPU for "
-        f"{r.total_s:.2f} s of wall time; the 1-minute load average was {res.load[0]:.1f} before the run and "
-        f"{res.load[-1]:.1f} after it on {os.cpu_count()} CPUs"
-        + (", so other processes shared the CPUs (the gap between wall and CPU time)." if max(res.load) > 1 else "."))
-    split = r.profile_split
-    if split:
-        total = sum(split.values()) or 1.0
-        parts = ", ".join(f"{kind} {100 * ms / total:.0f}%" for kind, ms in split.items())
+    median = f"median of {len(main.runs)} passes; " if len(main.runs) > 1 else ""
+    shared = f": other processes shared the CPUs (load average {max(res.load):.1f})" if max(res.load) > 1 else ""
+    out = [
+        f"**Throughput: {r.records_per_s:,.0f} records/s** over the whole pass ({median}{r.map_records / r.map_s:,.0f}/s "
+        f"building the map, {r.records_read / r.clean_s:,.0f}/s cleaning), "
+        f"{1e6 * r.total_s / max(main.built.batches, 1):.0f} µs per {PER_BATCH}-record batch for both passes. "
+        f"{r.cpu_s:.2f} s of CPU for {r.total_s:.2f} s of wall time{shared}.",
+    ]
+    if r.profile_split:
+        total = sum(r.profile_split.values()) or 1.0
         load = r.map_entries / (r.map_memory / SLOT_SIZE)
-        probes = (1 + 1 / (1 - min(load, 0.99))) / 2
+        probes = (1 + 1 / (1 - min(load, 0.99))) / 2  # Knuth's estimate for a hit under linear probing
         out.append(
-            f"- **Where the time goes** (C path, profiled pass on a copy of the log, own time): {parts}. The C loops "
-            f"spend most of their time waiting for the map's cache lines: a {_mb(r.map_memory)} MB table probed at "
-            f"random, ~{probes:.1f} slots per lookup at load {load:.2f} with linear probing (Knuth's estimate for a "
-            "hit); the first two cache lines of every lookup of a batch are prefetched before the loop that uses "
-            "them. Parsing "
-            "the records and hashing the keys (XXH64) are a small part. The rest is "
-            "per batch and in Python: walking the batch headers (one 61-byte `pread` and a `BatchHeader` each, "
-            "in both passes), reading each batch (one `pread` copy out of the page cache), checking its CRC "
-            "(pass 2), and building the retained batch (header, CRC) and appending it.")
-    py = [c for c in res.cases if c.result.kernel == "python"]
-    if py:
-        p = py[0].result
-        psplit = p.profile_split
-        where = ""
-        if psplit:
-            total = sum(psplit.values()) or 1.0
-            where = f" ({100 * psplit.get('record loops', 0) / total:.0f}% of its profile in the record loops)"
-        out.append(
-            f"- **Pure Python**: {p.records_per_s:,.0f} records/s{where}: per record it builds a `Record` "
-            "(a varint decode per field), hashes the key with BLAKE2b and probes the map with `struct` calls, "
-            "twice (map build, then cleaning). The C kernel exists for that loop; the Python one stays as the "
-            "fallback and as the reference the tests compare the C one with.")
-    out.append(
-        f"- **Memory**: the map is {_mb(r.map_memory)} MB for {r.map_entries:,} keys "
-        f"({r.map_bytes_per_key:.2f} bytes per key: 24-byte slots at load {r.map_entries / (r.map_memory / 24):.2f}). "
-        f"Peak RSS {r.rss_peak_kib / 1024:,.0f} MiB = the interpreter with Shale imported "
-        f"({r.rss_start_kib / 1024:,.0f} MiB) + the map + a few batch buffers; the log is read with `pread`, so the "
-        "page cache does not count.")
-    out.append(
-        f"- **Size**: {_mb(r.size_before)} MB → {_mb(r.size_after)} MB ({100 * r.reduction:.1f}% smaller): "
-        f"{r.records_written:,} records are left, one per key, in batches that keep their offset range "
-        "(base offset and last offset delta) with only the surviving records.")
-    return "\n".join(out)
+            "**Where the time goes** (C path, profiled): "
+            + ", ".join(f"{kind} {ms / total:.0%}" for kind, ms in r.profile_split.items())
+            + f". The C loops mostly wait for the map's cache lines: a {_mb(r.map_memory)} MB table probed at random, "
+            f"~{probes:.1f} slots per lookup at load {load:.2f}, the first two cache lines of each lookup prefetched.")
+    out.append("**Per-batch Python**: walking the batch headers (a 61-byte `pread` and a `BatchHeader` each, in both "
+               "passes), one `pread` of each batch, its CRC check (pass 2), and building and appending the retained "
+               "batch.")
+    py = next((c.result for c in res.cases if c.result.kernel == "python"), None)
+    if py is not None:
+        loops = (f" ({py.profile_split.get('record loops', 0) / (sum(py.profile_split.values()) or 1.0):.0%} in the "
+                 "record loops)" if py.profile_split else "")
+        out.append(f"**Pure Python: {py.records_per_s:,.0f} records/s**{loops}: per record a `Record` built (a varint "
+                   "decode per field), a BLAKE2b hash and `struct` probes, twice. It stays as the fallback and as the "
+                   "reference the tests compare the C kernel with.")
+    out += [
+        f"**Memory**: the map is {_mb(r.map_memory)} MB for {r.map_entries:,} keys ({SLOT_SIZE}-byte slots at load "
+        f"{r.map_entries / (r.map_memory / SLOT_SIZE):.2f}). Peak RSS {r.rss_peak_kib / 1024:,.0f} MiB = the "
+        f"interpreter with Shale imported ({r.rss_start_kib / 1024:,.0f} MiB) + the map + a few batch buffers; the "
+        "log is read with `pread`, so the page cache does not count.",
+        f"**Size**: {_mb(r.size_before)} MB → {_mb(r.size_after)} MB ({r.reduction:.1%} smaller): one record per key, "
+        "in batches that keep their offset range (base offset and last offset delta) with only the surviving "
+        "records.",
+    ]
+    return bullets(out)
 
 
 def goals(res: Run) -> list[str]:
+    """Each goal of the issue with the run's figure, and the C path's lead over the pure-Python one."""
     main = res.cases[0].result
     out = [
-        f"records/s (C path, {res.cases[0].built.records:,} records): {main.records_per_s:,.0f} "
-        f"— goal ≥ {GOAL_RECORDS_PER_S:,}: {'met' if main.records_per_s >= GOAL_RECORDS_PER_S else 'NOT met'}",
-        f"offset-map bytes per key: {main.map_bytes_per_key:.2f} "
-        f"— goal ≤ {GOAL_MAP_BYTES_PER_KEY}: {'met' if main.map_bytes_per_key <= GOAL_MAP_BYTES_PER_KEY else 'NOT met'}",
+        f"records/s (C path, {res.cases[0].built.records:,} records) {main.records_per_s:,.0f}, goal ≥ "
+        f"{GOAL_RECORDS_PER_S:,}: {'met' if main.records_per_s >= GOAL_RECORDS_PER_S else '**not met**'}",
+        f"offset-map bytes per key {main.map_bytes_per_key:.2f}, goal ≤ {GOAL_MAP_BYTES_PER_KEY}: "
+        f"{'met' if main.map_bytes_per_key <= GOAL_MAP_BYTES_PER_KEY else '**not met**'}",
     ]
     py = [c for c in res.cases if c.result.kernel == "python"]
     same = [c for c in res.cases if c.result.kernel == "c" and py and c.built.records == py[0].built.records]
     if py and same:
         out.append(f"C / pure Python on the same {py[0].built.records:,}-record log: "
-                   f"{same[0].result.records_per_s / py[0].result.records_per_s:.0f}x")
+                   f"{same[0].result.records_per_s / py[0].result.records_per_s:.0f}×")
     return out
 
 
@@ -542,47 +528,30 @@ def machine_facts() -> dict[str, str]:
         sys.modules.pop(spec.name, None)
 
 
-def markdown(res: Run, facts: dict[str, str], command: str, interpretation: str = "") -> str:
+def markdown(res: Run, facts: dict[str, str], command: str) -> str:
     """This benchmark's section of docs/performance.md."""
-    main = res.cases[0]
-    lines = [
-        SECTION,
-        "",
-        f"Measured {datetime.date.today().isoformat()} with `{command}` (wall time {res.wall_s:.0f} s, building the "
-        "logs and checking them included). MB = 10^6 bytes.",
-        "",
-        "Machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()) + ".",
-        "",
-        "What is measured (details in the docstring of `bench/compaction.py`):",
-        "",
-        f"- **The log**: uncompressed batches of {PER_BATCH} records, keys `user-0000000`… (12 bytes) drawn "
-        f"**uniformly at random** (seeded), {VALUE_SIZE}-byte values, segment.bytes 1 GiB, appended as a follower, "
-        "active segment rolled. No tombstones.",
-        "- **The pass**: one `Cleaner.clean` over the whole log, one thread, offset map of "
-        f"ceil((keys + 1) / {LOAD_FACTOR}) slots × 24 bytes, in a fresh process (its peak RSS, and the RSS of "
-        "the interpreter with Shale imported before the pass in brackets). Log pages hot in the page cache. "
-        "Records/s and MB/s = records and bytes of the log read by the pass / (map build + clean).",
-        "- **Checked**: after each pass the cleaned log holds exactly the latest record of every key, in "
-        "offset order, with its value and timestamp (CRC-checked, decoded record by record).",
-        "- **Paths**: *C kernel* = `sidecar/log/_cleaner_kernel.c` (both per-record loops), the default when built; "
-        "*pure Python* = the same cleaner with the module switched off and the BLAKE2b map hash.",
-        "",
-        table(res),
-        "",
-        "Goals (issue: Retention and compaction):",
-        "",
-        *[f"- {g}" for g in goals(res)],
-        "",
+    main = res.cases[0].result
+    what = [
+        f"**The log**: uncompressed batches of {PER_BATCH} records, keys `user-0000000`… (12 bytes) drawn uniformly at "
+        f"random (seeded), {VALUE_SIZE}-byte values, segment.bytes 1 GiB, appended as a follower, active segment "
+        "rolled. No tombstones.",
+        f"**The pass**: one `Cleaner.clean` over the whole log, one thread, an offset map of ceil((keys + 1) / "
+        f"{LOAD_FACTOR}) slots × {SLOT_SIZE} bytes, in a fresh process (its peak RSS; in brackets the RSS before the "
+        "pass). Log pages hot in the page cache. Records/s and MB/s = records and bytes read / (map build + clean).",
+        "**Checked**: after each pass the log holds exactly the latest record of every key, in offset order, with its "
+        "value and timestamp.",
+        "**Paths**: *C kernel* = `sidecar/log/_cleaner_kernel.c`, the default when built; *pure Python* = the same "
+        "cleaner with the module switched off and the BLAKE2b map hash.",
     ]
-    lines += ["Interpretation:", "", interpretation or globals()["interpretation"](res), ""]
-    profiles = [c for c in res.cases if c.result.profile]
-    if profiles:
-        lines += ["Profile (cProfile, own time; `--profile` prints it):", ""]
-        lines += [f"- {c.name}, {c.built.records:,} records: {c.result.profile}" for c in profiles]
-        lines.append("")
-    lines.append(f"Batches of the C run handled in C: {main.result.c_batches:,} (map build and cleaning), given "
-                 f"back to Python: {main.result.fallback_batches}.")
-    return "\n".join(lines) + "\n"
+    return section(
+        SECTION,
+        measured(command, res.wall_s, res.load, "Wall time includes building and checking the logs. `--quick` runs "
+                 "1M records (C) and 200k (pure Python) and prints only; `--profile` adds cProfile of each pass."),
+        paragraph("Machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()) + "."),
+        "What is measured:", bullets(what), table(res),
+        paragraph("Goals: " + "; ".join(goals(res)) + f". Batches of the C run handled in C: {main.c_batches:,}, "
+                  f"given back to Python: {main.fallback_batches}."),
+        "Interpretation:", interpretation(res))
 
 
 def update_doc(section: str, path: str = DOC) -> None:

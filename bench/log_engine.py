@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import gc
 import os
 import platform
@@ -45,7 +44,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from perf_doc import update_section  # noqa: E402  (beside this script)
+from perf_doc import bullets, measured, paragraph, section, update_section  # noqa: E402  (beside this script)
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Log engine (issue: Log engine)"
@@ -105,7 +104,7 @@ def machine_facts(path: str) -> dict[str, str]:
         "nproc": str(len(os.sched_getaffinity(0))),
         "cpu": cpu,
         "memory": f"{_meminfo_kib('MemTotal') / 1024**2:.1f} GiB",
-        "disk": f"{_fs_type(path)}, {du.free / GiB:.0f} GiB free of {du.total / GiB:.0f} GiB",
+        "disk": f"{_fs_type(path)} ({du.free / GiB:.0f} GiB free of {du.total / GiB:.0f} GiB)",
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "kernel": f"{platform.system()} {platform.release()}",
     }
@@ -353,7 +352,7 @@ class Results:
     lookups_per_point: int = 0
     wall_s: float = 0.0
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after the run
-    profile: dict[str, str] = field(default_factory=dict)
+    profile: dict[str, list[tuple[str, float, int]]] = field(default_factory=dict)  # loop -> (function, share, calls)
 
 
 def mbps(nbytes: int, seconds: float) -> float:
@@ -463,20 +462,17 @@ def run(total_bytes: int, rounds: int, read_reps: int, checkpoints, lookups: int
     return res
 
 
-def _top(pr: cProfile.Profile, n: int) -> str:
-    """The `n` entries with the most own time, as `name time (share of the total)`."""
+def _top(pr: cProfile.Profile, n: int) -> list[tuple[str, float, int]]:
+    """The `n` functions with the most own time: (name, share of the total, calls)."""
     stats = pstats.Stats(pr).stats  # type: ignore[attr-defined]
     total = sum(v[2] for v in stats.values()) or 1.0
     rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:n]
-    out = []
-    for (path, line, func), (_cc, calls, tt, _ct, _callers) in rows:
-        name = func.strip("{}").replace("built-in method ", "").replace("method ", "") if path == "~" else \
-            f"{os.path.basename(path)}:{line}({func})"
-        out.append(f"{name} {tt * 1000:.0f} ms ({tt / total:.0%}, {calls} calls)")
-    return f"{total * 1000:.0f} ms in all: " + "; ".join(out)
+    return [(func.strip("{}").replace("built-in method ", "").replace("method ", "") if path == "~" else
+             f"{os.path.basename(path)}:{line}({func})", tt / total, calls)
+            for (path, line, func), (_cc, calls, tt, _ct, _callers) in rows]
 
 
-def profile_loops(work: str, nbytes: int = 256 * MiB) -> dict[str, str]:
+def profile_loops(work: str, nbytes: int = 256 * MiB) -> dict[str, list[tuple[str, float, int]]]:
     """cProfile (own time) of an append run and of a hot fetch loop over 256 MiB."""
     batches = build_batches(nbytes)
     prepare(drop=False)
@@ -491,7 +487,7 @@ def profile_loops(work: str, nbytes: int = 256 * MiB) -> dict[str, str]:
     pr.enable()
     fetch_pread(plog)
     pr.disable()
-    out["fetch loop (pread), hot"] = _top(pr, 6)
+    out["hot fetch loop"] = _top(pr, 6)
     plog.close()
     remove(os.path.join(work, "profile-0"))
     return out
@@ -554,118 +550,75 @@ def tables(res: Results) -> str:
 
 
 def interpretation(res: Results) -> str:
+    """The section's bullets: each figure against its goal, and what sets it."""
     def ratio(kind: str) -> float:
         if kind == "append":
             return paired_ratio(res.append_s, res.total_bytes, res.dd_write_s, res.dd_bytes)
-        mode = kind.split()[0]
-        return paired_ratio(res.read[kind], res.read_bytes, res.read[f"{mode} dd"], res.dd_bytes)
+        return paired_ratio(res.read[kind], res.read_bytes, res.read[f"{kind.split()[0]} dd"], res.dd_bytes)
+
+    def met(r: float) -> str:
+        return "goal met" if r >= GOAL_RATIO else "**below the goal**"
 
     app, hot_p, hot_s = ratio("append"), ratio("hot pread"), ratio("hot sendfile")
-    met = lambda r: "goal met" if r >= GOAL_RATIO else "**below the goal**"  # noqa: E731
-    parts = [
-        f"- **Append: {app:.0%} of dd** ({met(app)}). Both pay the final fsync, ~0.55 s per GiB and about half "
-        "of either run, and the kernel's copy into the page cache (~0.25 s per GiB for dd). Shale's append loop "
-        "takes about twice dd's write phase: the CRC-32C check of every batch (~0.12 s per GiB, hardware "
-        "crc32c), one copy of the producer's bytes into a `bytearray` so the base offset can be rewritten "
-        "(~0.13 s per GiB), a few µs of Python per 512 KB batch, and reading 1 GiB of distinct producer "
-        "buffers where dd re-reads one cache-resident 1 MiB buffer. The engine used to copy twice "
-        "(`bytearray(data)`, then `bytes(buf)`); it now hands a memoryview of the bytearray to `pwrite`. A "
-        "zero-copy variant (`os.pwritev` of the rewritten 61-byte headers plus the producer's untouched bytes) "
-        "was tried outside the engine and was not measurably faster on this VM, whose run-to-run noise is "
-        "larger than the copy; starting writeback during the append (`sync_file_range`) would shorten the "
-        "final fsync, which dd does not do either.",
-        f"- **Reads, hot: pread loop {hot_p:.0%} of dd** ({met(hot_p)}). Per 1 MiB fetch the engine does one "
-        "`bisect` over the segments, one binary search in the mmap'd offset index and a walk of two batch "
-        "headers (the index entry points at the batch before the one asked for) — ~15 µs measured alone, "
-        "~50 µs inside the loop, where each 1 MiB copy evicts it from the CPU caches — against ~150 µs for the "
-        "copy out of the page cache that dd makes too. The loop reads into one reused buffer "
-        "(`LogSlice.read_into`): with a fresh 1 MiB `bytes` per fetch (`LogSlice.read()`) it measured 69 % "
-        "in an earlier run, the 256 page faults of each new buffer costing about a fifth of the copy. "
-        "Consumers that fetch more per request (Kafka's "
-        "`fetch.max.bytes` is 50 MiB) amortise the rest. The sendfile loop "
-        f"({hot_s:.1f}× dd) copies nothing: a splice to /dev/null drops the pages untouched, so this is "
-        "the ceiling of a sendfile server, not a like-for-like figure (a socket adds the TCP copy).",
+    out = [
+        f"**Append: {app:.0%} of dd** ({met(app)}). Both pay the final fsync (~0.55 s per GiB, about half of either "
+        "run). Shale's loop takes about twice dd's write phase: a CRC-32C check per batch (~0.12 s per GiB), one "
+        "copy into a `bytearray` to rewrite the base offset (~0.13 s per GiB), and 1 GiB of distinct producer "
+        "buffers read where dd re-reads one 1 MiB buffer.",
+        f"**Hot reads: pread loop {hot_p:.0%} of dd** ({met(hot_p)}). Per 1 MiB fetch the engine does a `bisect` "
+        "over the segments, a binary search in the mmap'd offset index and a walk of two batch headers, ~50 µs in "
+        f"the loop against ~150 µs for the page-cache copy dd makes too. The sendfile loop ({hot_s:.1f}× dd) "
+        "copies nothing: it is the ceiling of a sendfile server, not a like-for-like figure.",
     ]
     if res.cold:
         cold_p, cold_s = ratio("cold pread"), ratio("cold sendfile")
-        parts.append(
-            f"- **Reads, cold: pread loop {cold_p:.0%}, sendfile loop {cold_s:.0%} of dd** "
-            f"({met(min(cold_p, cold_s))}). All three wait for the virtual disk, whose cold-read speed "
-            "varies about 2× from one run to the next (see the ranges); a fetch loop reads forward 1 MiB at a "
-            "time like dd does, so the kernel's readahead serves both alike.")
+        out.append(f"**Cold reads: pread loop {cold_p:.0%}, sendfile loop {cold_s:.0%} of dd** "
+                   f"({met(min(cold_p, cold_s))}). All three wait for the virtual disk, whose cold-read speed varies "
+                   "about 2× between runs (see the ranges); readahead serves the fetch loop and dd alike.")
     first, last = res.lookups[0], res.lookups[-1]
-    parts.append(
-        f"- **Lookups: {last.read_us / first.read_us:.2f}× (offset) and {last.ts_us / first.ts_us:.2f}× "
-        f"(timestamp) from {first.segments} to {last.segments} segments** "
-        f"({'flat: goal met' if max(last.read_us / first.read_us, last.ts_us / first.ts_us) < 2 else '**not flat**'}; "
-        "100× the segments cost less than 2×). Nothing in the lookup walks the "
-        "segments: the segment is found by `bisect` over the base offsets, or over the running maximum of "
-        "the segments' largest timestamps, then one binary search in that segment's mmap'd index and a walk "
-        "of ~3 batch headers (index.interval.bytes 4096 / ~1.2 KB batches), one 61-byte `pread` each. What "
-        "grows is the kernel's cost of those reads as the data spread over more files outgrows the CPU "
-        f"caches: the control column, a bare 61-byte `pread`, grows {last.pread_us / first.pread_us:.1f}×, "
-        "which accounts for most of the difference. Most of the remaining time is Python: ~1.4 µs to build "
-        "each `BatchHeader` walked (it was ~2.4 µs through the frozen dataclass `__init__`), the generator "
-        "and the index search; `offset_for_timestamp` also decodes the whole batch holding the answer (CRC check and "
-        "10 `Record` objects here), which a decode that stops at the first matching record would shorten.")
-    parts.append(
-        "- **Environment**: this VM backs guest memory lazily (Firecracker, virtio-balloon with free page "
-        "reporting). A page-cache write into memory the guest has not used yet (or has handed back) runs at "
-        "~0.4 GB/s instead of ~5 GB/s, which made single runs of either writer swing 3×. The writers therefore "
-        "run as a chain: each deletes the previous output of its kind just before it starts (the first ones "
-        "delete an untimed warm-up file), so its page cache reuses memory just freed — what a broker whose "
-        "retention deletes old segments sees. Other processes on the machine (tests, soak runs) add noise, "
-        "mostly to the short hot reads; the load average is recorded above. dd writes zeros; the disk does "
-        "not compress, so that does not favour it.")
-    return "\n".join(parts)
+    by_offset, by_ts = last.read_us / first.read_us, last.ts_us / first.ts_us
+    out.append(
+        f"**Lookups: {by_offset:.2f}× (offset) and {by_ts:.2f}× (timestamp) from {first.segments} to "
+        f"{last.segments} segments** ({'flat: goal met' if max(by_offset, by_ts) < 2 else '**not flat**'}). "
+        "Nothing walks the segments: a `bisect`, one binary search in one index, ~3 batch headers read with a "
+        "61-byte `pread` each. Most of the growth is the kernel's cost of that `pread` as the data outgrows the CPU "
+        f"caches (control column: {last.pread_us / first.pread_us:.1f}×).")
+    if res.profile:
+        out.append("**Where the time goes** (`--profile`, 256 MiB, own time): " + "; ".join(
+            f"{loop}: " + ", ".join(f"`{name}` {share:.0%}" for name, share, _ in rows[:2])
+            for loop, rows in res.profile.items()) + ".")
+    out.append(
+        "**Environment**: this VM backs guest memory lazily (Firecracker, virtio-balloon), so a page-cache write "
+        "into untouched memory runs at ~0.4 GB/s instead of ~5 GB/s. Each writer therefore first deletes the "
+        "previous output of its kind, as a broker whose retention deletes old segments does. dd writes zeros; the "
+        "disk does not compress.")
+    return bullets(out)
 
 
 def markdown(res: Results, facts: dict[str, str], command: str) -> str:
-    fact_lines = "\n".join(f"- {k}: {v}" for k, v in facts.items())
-    profile_md = ""
-    if res.profile:
-        profile_md = "\nProfile (cProfile, own time, 256 MiB; `--profile` prints it):\n\n" + "\n".join(
-            f"- {k}: {v}" for k, v in res.profile.items()) + "\n"
-    return f"""{SECTION}
-
-Measured {datetime.date.today().isoformat()}, all on the disk of `bench/out/` (deleted afterwards):
-
-    {command}
-
-Wall time {res.wall_s:.0f} s. One-minute load average {res.load[0]:.2f} before the run and {res.load[1]:.2f}
-after (the run itself adds about 1); other work on this 2-core machine shows up as noise, hence the ranges.
-
-Machine:
-
-{fact_lines}
-
-What is measured (MB/s = 10^6 bytes/s):
-
-- **append**: {res.batches} producer batches of {res.batch_bytes:,} bytes (500 records of 1 KiB, {res.total_bytes:,} bytes
-  in all), built before timing; a fresh `Log` with the default topic config (segment.bytes 1 GiB; config from
-  TopicConfig.from_mapping); `append()` each batch, then one `flush()` (fsync), timed together. Reference:
-  `dd if=/dev/zero of=FILE bs=1M count={res.dd_bytes // MiB} conv=fdatasync` ({res.dd_bytes:,} bytes), timed around the
-  subprocess. Rounds alternate dd-first and Shale-first; each run first deletes the previous output of its
-  kind (see Environment below).
-- **read**: a fetch loop from offset 0: `read(offset, 1 MiB)`, then either `LogSlice.read_into()` (preadv into
-  one reused buffer, as a consumer's socket buffer; the consumer walks the batch headers to the next offset) or `os.sendfile` of the slice to
-  /dev/null (the same {res.fetches} fetch offsets). Reference: `dd if=FILE of=/dev/null bs=1M` on the dd file.
-  Hot = both read once before timing; cold = `sync; echo 3 > /proc/sys/vm/drop_caches` (works here, as
-  root) before each run. Before timing, the fetch loop checked that the log reads back byte-for-byte as
-  the batches appended. Throughput counts the log's bytes once (a 1 MiB fetch ends inside a batch, which
-  the next fetch reads again: ~1.4 % more bytes moved).
-- **lookups**: one log grown to each segment count (segment.bytes 64 KiB, batches of 10 records of 100
-  bytes, default index.interval.bytes 4096); at each size {res.lookups_per_point:,} random offsets and
-  {res.lookups_per_point:,} random timestamps, each call timed on its own and each answer checked.
-- "median of paired runs" is the median over i of rate(Shale run i) / rate(dd run i), the two runs of a
-  pair being adjacent in time; it is what the goal column judges.
-
-{tables(res)}
-
-Interpretation:
-
-{interpretation(res)}
-{profile_md}"""
+    """This benchmark's section of docs/performance.md."""
+    what = [
+        f"**append**: {res.batches} producer batches of {res.batch_bytes:,} bytes (500 records of 1 KiB; "
+        f"{res.total_bytes:,} bytes), built before timing, appended to a fresh `Log` (default topic config, "
+        "segment.bytes 1 GiB), then one `flush()` (fsync), timed together. Reference: `dd if=/dev/zero of=FILE bs=1M "
+        f"count={res.dd_bytes // MiB} conv=fdatasync`. Rounds alternate dd-first and Shale-first.",
+        "**read**: a fetch loop from offset 0, `read(offset, 1 MiB)`, the bytes taken with `LogSlice.read_into()` "
+        "(preadv into one reused buffer) or `os.sendfile` to /dev/null. Reference: `dd if=FILE of=/dev/null bs=1M`. "
+        "Hot = both read once before timing; cold = `sync; echo 3 > /proc/sys/vm/drop_caches` before each run. The "
+        "log is checked to read back byte for byte first.",
+        "**lookups**: one log grown to each segment count (segment.bytes 64 KiB, batches of 10 records of 100 "
+        f"bytes); at each size {res.lookups_per_point:,} random offsets and {res.lookups_per_point:,} random "
+        "timestamps, each call timed alone and its answer checked.",
+        "\"Median of paired runs\" is the median over i of rate(Shale run i) / rate(dd run i), the two runs of a pair "
+        "adjacent in time; the goal column judges it.",
+    ]
+    return section(
+        SECTION,
+        measured(command, res.wall_s, res.load, "`--quick` runs 256 MiB and prints only; `--profile` adds cProfile "
+                 "of the append and fetch loops."),
+        paragraph("Machine: " + ", ".join(f"{k} {v}" for k, v in facts.items())
+                  + ". All data on the disk of `bench/out/`, deleted afterwards."),
+        "What is measured (MB/s = 10^6 bytes/s):", bullets(what), tables(res), "Interpretation:", interpretation(res))
 
 
 def update_doc(section: str, path: str = DOC) -> None:
@@ -695,8 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     print(tables(res))
     print()
     print(interpretation(res))
-    for k, v in res.profile.items():
-        print(f"\nprofile, {k}: {v}")
+    for k, rows in res.profile.items():
+        print(f"\nprofile, {k}: " + "; ".join(f"{name} {share:.0%} ({calls:,} calls)" for name, share, calls in rows))
     print(f"\nwall time {res.wall_s:.0f} s, load average {res.load[0]:.2f} before, {res.load[1]:.2f} after")
     if (args.markdown or not quick) and not args.no_markdown:
         update_doc(markdown(res, facts, command))

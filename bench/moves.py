@@ -66,7 +66,7 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE, os.path.join(ROOT, "tests")]
 from broker import OUT_DIR, RECORD_SIZE, ServerProcess, make_values, percentile, produce, produce_latency  # noqa: E402
 from kafka.admin import KafkaAdminClient  # noqa: E402
-from perf_doc import machine_facts, update_section  # noqa: E402
+from perf_doc import bullets, machine_facts, measured, paragraph, section, update_section  # noqa: E402
 
 from support.etcd_util import EtcdServer  # noqa: E402
 from support.node_util import (  # noqa: E402
@@ -91,23 +91,6 @@ ROUND, ROUND_WARMUP = 100, 10
 GOAL_COPY = 0.5  # move / dd
 GOAL_P99 = 2.0  # p99 during / idle
 THROTTLED = {"leader.replication.throttled.replicas": "*", "follower.replication.throttled.replicas": "*"}
-
-
-# Measured by hand on 2026-11-25 (same machine, load average 5-12 from other work), for the section's notes.
-ANALYSIS = """\
-Notes from the runs of 2026-11-25. The disk's speed varied by 10× within minutes as other work wrote to it:
-`dd` ran at 90–305 MB/s in one run and 1,603–1,803 MB/s in the next, the move at 289–410 and 997–1,179 MB/s
-(move / `dd` 1.06 and 0.63 in two full runs), hence the rounds and the medians, taken around each other. The
-move's copy is not CPU-bound — 0.5–0.9 ms of server CPU per MB, about half a core for its ~0.5 s — but that CPU
-is on its path: `FutureCopy._copy` reads 256 KiB chunks into new Python bytes and writes them back (the same
-two copies through user space as `dd`'s 1 MiB read/write, plus an allocation and some Python per chunk);
-`os.copy_file_range` per chunk would keep the chunking and the throttle and leave the copy to the kernel alone
-(not done: sidecar/ is not this benchmark's to change). Produce p99 during a throttled move has ranged from
-0.55× to 3.8× idle over the session: the earlier runs measured idle once before and once after a single move
-of 40–50 s (the load changed in between) and produced into the moving partition itself; the design above
-(alternating idle and moves, another partition) gave the figures in the table. The maximum is one record of
-thousands and follows the machine's load spikes (idle maxima of 15–160 ms in the same runs); the swap itself
-holds the node's appends for its renames and fsyncs once per move."""
 
 
 @dataclass
@@ -463,15 +446,62 @@ def summary(res: Results) -> str:
                 f" / {res.ms('reassign_idle', 99):.2f} ms)" if res.reassign_throttle_bps else ""))
 
 
+def interpretation(res: Results) -> str:
+    """The section's bullets: the goals against the run's ratios, and what sets them."""
+    out = [
+        f"**Move: {res.copy_ratio:.2f} of `dd`** ({'goal met' if res.copy_ratio >= GOAL_COPY else '**goal missed**'}). "
+        "The disk's speed varies by 10× within minutes as other work writes to it, hence the rounds and the medians, "
+        "the move and `dd` taken around each other.",
+        f"**The copy is not CPU-bound** ({res.move_cpu_ms_per_mb:.2f} ms of server CPU per MB), but that CPU is on "
+        "its path: `FutureCopy._copy` reads 256 KiB chunks into Python bytes and writes them back, `dd`'s two copies "
+        "plus an allocation per chunk. `os.copy_file_range` per chunk would keep the chunking and the throttle and "
+        "leave the copy to the kernel.",
+    ]
+    ratios = [res.p99_ratio] + ([res.reassign_p99_ratio] if res.reassign_throttle_bps else [])
+    out.append(
+        f"**Produce p99 during a throttled move: {res.p99_ratio:.2f}× idle"
+        + (f"; during a reassignment: {res.reassign_p99_ratio:.2f}×" if res.reassign_throttle_bps else "")
+        + f"** ({'goal met' if max(ratios) <= GOAL_P99 else '**goal missed**'}). Idle and moves alternate, so both "
+        "sides see the machine's load as it varies.")
+    out.append(
+        f"**The maximum** ({res.ms('during', 100):.0f} ms during moves against {res.ms('idle', 100):.0f} idle) is one "
+        "record of thousands and follows the machine's load spikes; the swap itself holds the node's appends for its "
+        "renames and fsyncs once per move.")
+    return bullets(out)
+
+
 def markdown(res: Results, facts: str, command: str) -> str:
-    lines = [SECTION, "",
-             f"`{command}` on {facts}; load average {res.load[0]:.1f} before and {res.load[1]:.1f} after the run "
-             f"({res.wall_s:.0f} s): other engineers' work shared the 2 cores and the disk, so the ratios, whose "
-             "two sides come from the same run, carry over better than the absolute figures.", "",
-             __doc__.split("\n\n", 2)[2].strip(), "",
-             table(res), "",
-             f"Ratios: {summary(res)}.", "", ANALYSIS]
-    return "\n".join(lines) + "\n"
+    """This benchmark's section of docs/performance.md."""
+    steps = [
+        "**Copy rate**: `sync`, then the partition's `*.log` files copied with `dd bs=1M conv=fsync` (the baseline), "
+        "then AlterReplicaLogDirs moves the partition to the other log dir, timed until `/status` shows the move "
+        "`done`; R rounds back and forth. The page cache is warm for every copy, so each reads from memory and writes "
+        f"(with fsync) to disk. Medians over the rounds; goal ≥ {GOAL_COPY:.0%} of `dd`.",
+        "**Latency under a throttled move**: the node restarts with `replica.alter.log.dirs.io.max.bytes.per.second` "
+        "set so a move takes about T s; one record at a time (`acks=all`, `linger.ms` 0) to another partition of the "
+        "node, idle and during moves alternately (idle figures pooled). Not to the moving partition: one record at a "
+        "time outgrows a low throttle, and the move would never end (nor would Kafka's). Goal: p99 during ≤ "
+        f"{GOAL_P99:.0f}× idle.",
+        "**Latency under a throttled reassignment**: a real etcd and three `shale serve --store etcd://…` nodes with "
+        "`leader/follower.replication.throttled.rate` set; a one-partition topic on [0, 1] preloaded with N MB, its "
+        "assignment changed to [0, 2] and back (what the operator does for `spec.assignment`) while node 0 keeps "
+        "leading. The same produces go to another partition led by node 0; a move lasts until Metadata shows the new "
+        "replicas all in sync.",
+    ]
+    return section(
+        SECTION,
+        measured(command, res.wall_s, res.load, "Other work shares the 2 cores and the disk, so the ratios, both sides "
+                 f"from the same run, carry over better than the absolute figures. `--quick` runs {QUICK_MB} MiB, "
+                 f"{QUICK_ROUNDS} round, {QUICK_MOVE_S:.0f} s and prints only; `--no-reassign` leaves out the "
+                 "reassignment."),
+        paragraph(f"Machine: {facts}."),
+        paragraph("What is measured: one real `shale serve` with two log dirs on the same filesystem (bench/out/) and "
+                  "one topic of one partition, `segment.bytes` a quarter of its size, preloaded by confluent-kafka "
+                  f"with N MB of 1 KiB records. A full run: N = {FULL_MB} MiB, R = {FULL_ROUNDS} rounds, T = "
+                  f"{FULL_MOVE_S:.0f} s per throttled move, {FULL_LATENCY:,} idle records before each throttled move "
+                  f"and after the last; this run: N = {res.size_mb} MiB, R = {len(res.move_s)}."),
+        bullets(steps, numbered=True), table(res), paragraph(f"Ratios: {summary(res)}."),
+        "Interpretation:", interpretation(res))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,15 @@
-"""Writing one benchmark's section of docs/performance.md, leaving the other sections alone; the command line
-the record-and-round benches share."""
+"""Writing one benchmark's section of docs/performance.md, leaving the other sections alone: the section's
+blocks (wrapped paragraphs, bullets, tables), and the command line the record-and-round benches share."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
-from typing import Any, Callable
+import re
+import textwrap
+from typing import Any, Callable, Iterable
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "performance.md")
 
@@ -28,6 +31,40 @@ def update_section(heading: str, section: str, path: str = DOC) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text.rstrip("\n") + "\n")
+
+
+WIDTH = 115  # the page's line length
+
+
+def _wrap(text: str, first: str, rest: str) -> str:
+    """`text` filled to WIDTH, never breaking inside a `code span`."""
+    held = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
+    return textwrap.fill(held, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                         break_on_hyphens=False).replace("\0", " ")
+
+
+def paragraph(text: str) -> str:
+    """One paragraph, wrapped."""
+    return _wrap(text, "", "")
+
+
+def bullets(items: Iterable[str], numbered: bool = False) -> str:
+    """A list, one wrapped `- ` (or `1. `) item per string; empty strings left out."""
+    kept = [item for item in items if item]
+    if numbered:
+        return "\n".join(_wrap(item, f"{i}. ", "   ") for i, item in enumerate(kept, 1))
+    return "\n".join(_wrap(item, "- ", "  ") for item in kept)
+
+
+def section(heading: str, *blocks: str) -> str:
+    """A `## ` section: the heading, then the non-empty blocks, a blank line apart."""
+    return "\n\n".join([heading, *(b.strip("\n") for b in blocks if b.strip())]) + "\n"
+
+
+def measured(command: str, wall_s: float, load: tuple[float, float] | list[float], then: str = "") -> str:
+    """The section's first paragraph: when, the command, wall time and load; `then` adds the other modes."""
+    return paragraph(f"Measured {datetime.date.today().isoformat()} with `{command}` (wall time {wall_s:.0f} s; "
+                     f"one-minute load average {load[0]:.2f} before, {load[-1]:.2f} after). {then}".rstrip())
 
 
 def machine_facts() -> str:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import datetime
 import itertools
 import os
 import pickle
@@ -59,8 +58,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 # Beside this script, and the tests' helpers (tests/support/).
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.join(ROOT, "tests")]
-from broker import Phase, ServerProcess, make_values, percentile, produce, produce_latency, profile_phase  # noqa: E402
-from perf_doc import machine_facts, update_section  # noqa: E402
+from broker import (  # noqa: E402
+    Phase,
+    ServerProcess,
+    make_values,
+    own_time,
+    percentile,
+    produce,
+    produce_latency,
+    profile_phase,
+)
+from perf_doc import bullets, machine_facts, measured, paragraph, section, update_section  # noqa: E402
 
 from shale.sidecar.replication.controller import ELECTIONS_PER_WRITE  # noqa: E402
 from support.etcd_util import EtcdServer  # noqa: E402
@@ -704,176 +712,114 @@ def summary(res: Results) -> str:
 
 
 def interpretation(res: Results) -> str:
-    """What the figures mean (the doc's Interpretation)."""
+    """The section's bullets: the goals, and what sets each figure."""
     med = res.median
     l1, l3 = med(RF1, lambda t: t.ms_per_mb(t.leader)), med(RF3, lambda t: t.ms_per_mb(t.leader))
-    f3, c1, c3 = med(RF3, lambda t: t.follower_ms_per_mb), med(RF1, lambda t: t.cluster_ms_per_mb), \
-        med(RF3, lambda t: t.cluster_ms_per_mb)
+    f3, c1, c3 = (med(RF3, lambda t: t.follower_ms_per_mb), med(RF1, lambda t: t.cluster_ms_per_mb),
+                  med(RF3, lambda t: t.cluster_ms_per_mb))
     lat = {case: percentile(xs, 50) * 1e3 for case, xs in res.latency.items()}
+    paired = res.paired()
     out = [
-        f"- **Throughput: RF 3 `acks=all` {res.ratio:.0%} of RF 1 `acks=1`** "
-        f"({'goal met' if res.ratio >= GOAL_THROUGHPUT else '**below the goal**'}). The three nodes, etcd and the "
-        f"client share two cores, so the ratio is set by CPU per byte: a replicated MB costs the cluster "
-        f"{c3:.1f} ms of CPU against {c1:.1f} ms unreplicated ({c3 / c1:.1f}×). The leader's own cost rises from "
-        f"{l1:.2f} to {l3:.2f} ms/MB: besides its append it answers each follower's Fetch (records sent with "
-        f"`sendfile`, but every round trip is a Fetch request decoded and a response encoded in Python, the "
-        f"followers' positions recorded, the high watermark moved and the parked `acks=all` Produce answered). "
-        f"Each follower spends {f3:.2f} ms per replicated MB: the socket reads each Fetch response straight into "
-        f"one reused buffer (`response_frames.py`), the decoder leaves the records in it (memoryviews), and the "
-        f"batches are appended from there as they came (`Log.append(assign_offsets=False)`: batch headers and CRCs "
-        f"checked, producer state, the index written, `pwrite`, no copy). With one node per machine, as "
-        f"replication is deployed, each node "
-        f"would carry only its own part, and the leader's {l3 / l1:.1f}× per-MB cost would bound the ratio instead. "
-        f"The per-round ratios spread from {min(res.paired()):.0%} to {max(res.paired()):.0%}: the machine's load "
-        "moved, and nodes fenced themselves during some phases (below).",
-        f"- **Latency: RF 3 `acks=all` p50 {lat[RF3]:.2f} ms against {lat[RF1]:.2f} ms for RF 1** and "
-        f"{lat['RF 3, acks=1']:.2f} ms for RF 3 `acks=1`. One acknowledged record is three processes in turn: "
-        "the leader appends and wakes the followers' parked Fetches, each follower appends and sends its next "
-        "Fetch, whose offset tells the leader the record is replicated; the leader raises the high watermark and "
-        "answers. That is two more request/response round trips through Python codecs and, on two shared cores, "
-        "two more waits for a CPU (the p99 is mostly those waits). `acks=1` on RF 3 does not wait for the "
-        "followers but shares the CPUs with their fetching.",
+        f"**Throughput: RF 3 `acks=all` {res.ratio:.0%} of RF 1 `acks=1`** "
+        f"({'goal met' if res.ratio >= GOAL_THROUGHPUT else '**below the goal**'}). On two shared cores the ratio is "
+        f"set by CPU per byte: a replicated MB costs the cluster {c3:.2f} ms against {c1:.2f} unreplicated. The "
+        f"leader's {l1:.2f} → {l3:.2f} ms/MB is each follower's Fetch answered on top of its append; a follower's "
+        f"{f3:.2f} ms/MB is its records read into one reused buffer and appended from there, without a copy.",
+        "**Bound by memory, not Python**: by hand (`perf record`), the leader spends 30 % of its samples in "
+        "`copy_folio_from_iter_atomic`, its `pwrite` copying into page-cache pages this VM's guest has not touched "
+        "before; a follower 50 %. Three replicas pay that copy three times per MB. The per-round ratios "
+        f"({min(paired):.0%}–{max(paired):.0%}) move with the machine's load.",
+        f"**Latency: RF 3 `acks=all` p50 {lat[RF3]:.2f} ms against {lat[RF1]:.2f} ms for RF 1** and "
+        f"{lat['RF 3, acks=1']:.2f} ms for RF 3 `acks=1`. One acknowledged record is three processes in turn: the "
+        "leader appends and wakes the followers' parked Fetches, each follower appends and fetches again, and that "
+        "offset lets the leader answer. Two more round trips, and on two cores two more waits for a CPU (most of "
+        "the p99).",
     ]
-    for f in res.failovers:
-        client = f.seconds(50) - f.seconds(50, "elected_s")
-        live = [k.failover_s for k in f.kills if not k.offline]
+    fo = res.failovers
+    if fo:
+        client = [f.seconds(50) - f.seconds(50, "elected_s") for f in fo]
         out.append(
-            f"- **Failover at `broker.session.timeout.ms={f.session_ms}`: p50 {f.seconds(50):.2f} s, p99 "
-            f"{f.seconds(99):.2f} s** ({'goal met' if f.seconds(99) < GOAL_FAILOVER_P99_S else '**goal not met**'}); "
-            f"over the {len(live)} kills that left a live replica to elect, p50 {percentile(live, 50):.2f} s, p99 "
-            f"{percentile(live, 99):.2f} s. The cluster's part — until every live node names the new leader — is p50 "
-            f"{f.seconds(50, 'elected_s'):.2f} s, p99 {f.seconds(99, 'elected_s'):.2f} s, and no longer waits for the "
-            "dead leader's session: its followers' fetch connections close, their reconnection is refused (nobody "
-            "listens at its address), and the first in-sync follower to see that ends the leader's etcd lease and "
-            "elects in the same round (docs/replication.md, \"Ending a dead leader's session\"); the rest is etcd "
-            "round trips and the new leader's `make leader`, each a wait for a CPU on this machine. The client's part "
-            f"(p50 ≈ {client:.2f} s) is librdkafka's: from the moment the followers lost the leader, Metadata "
-            "names no leader for its partitions (LEADER_NOT_AVAILABLE, as Kafka answers for a leader that is not a live "
-            "broker), so the producer re-asks within its retry backoff instead of waiting for its one-second "
-            "refresh, and moves from its internal broker to the new leader as soon as one is named (told the dead "
-            "leader instead, it would learn of the move and of the dead node's removal in one answer, and park the "
-            "partition for another second: confluentinc/librdkafka#3712).")
-    if len(res.failovers) > 1:
+            "**Failover p99 " + " and ".join(f"{f.seconds(99):.2f} s (session {f.session_ms} ms)" for f in fo) + "** ("
+            + ("goal met" if all(f.seconds(99) < GOAL_FAILOVER_P99_S for f in fo) else "**goal not met**")
+            + "). The followers end a SIGKILLed leader's session: their reconnection is refused, and the first "
+            "in-sync follower ends its etcd lease and elects in the same round (docs/replication.md). The client's "
+            f"part (p50 ≈ {_span(client, 2)} s) is librdkafka re-asking Metadata, which names no leader meanwhile "
+            "(confluentinc/librdkafka#3712).")
+    if len(fo) > 1:
         out.append(
-            "- **The columns differ in more than the session**: a SIGKILLed leader's session is ended by its "
-            "followers, so the session timeout hardly matters here; the default one is measured on the cluster of "
-            "the other phases, where each node leads dozens of its more than a hundred partitions, the others on a "
-            "fresh cluster with the failover partition and `__consumer_offsets` only. A kill on the first makes "
-            "the survivors elect every partition the dead node led (written together, one etcd transaction per "
-            f"{ELECTIONS_PER_WRITE}, and each new leader's `make leader`), all before the failover partition's "
-            "client is served, on a machine whose CPUs are already queued (load average above).")
-    for f in res.failovers:
-        offline = [k for k in f.kills if k.offline]
+            f"**The columns differ in more than the session**: the {fo[0].session_ms} ms one runs on the cluster of "
+            "the other phases, where a kill makes the survivors elect every partition the dead node led first (one "
+            f"etcd transaction per {ELECTIONS_PER_WRITE}); the others on a fresh cluster.")
+    for f in fo:
+        offline = sum(k.offline for k in f.kills)
         if offline:
             out.append(
-                f"- **{len(offline)} of {len(f.kills)} kills left no replica to elect** "
-                f"(`broker.session.timeout.ms={f.session_ms}`): both survivors had fenced themselves shortly before "
-                "(see the next point), and a node that reopens its session is a new incarnation, which the election "
-                "rule treats like a restarted node, out of the ISR. The partition went offline (leader -1, the ISR "
-                "kept as the dead leader alone: Kafka's \"last replica standing\", as KRaft does once it has "
-                f"removed fenced brokers from the ISR) until the killed node was restarted after {OFFLINE_AFTER_S:.0f} s; "
-                "those kills' failover times include that wait.")
-    f0 = res.failovers[0] if res.failovers else None
-    if f0 is not None:
+                f"**{offline} of {len(f.kills)} kills left no replica to elect** (session {f.session_ms} ms): both "
+                "survivors had fenced themselves, so the partition stayed offline until the killed node was "
+                f"restarted after {OFFLINE_AFTER_S:.0f} s; those kills' failover times include that wait.")
+    if fo:
+        acked, kills = sum(f.loss.acknowledged for f in fo), sum(len(f.kills) for f in fo)
+        duplicates = sum(f.loss.duplicates for f in fo)
+        intact = all(f.loss.invariants.startswith("ok") for f in fo)
         out.append(
-            f"- **Nothing acknowledged was lost**: {sum(f.loss.acknowledged for f in res.failovers):,} acknowledged "
-            f"records over {sum(len(f.kills) for f in res.failovers)} leader kills, each read back at its offset; "
-            "the idempotent producer's retries left no duplicate; the replicas were byte-identical below the high "
-            "watermark and no epoch had two leaders. A restarted node is back in the ISR in "
-            f"{f0.seconds(50, 'rejoin_s'):.1f} s (p50): process start, a new session, its fetches catch up, and the "
-            "leader's ISR expansion is written to etcd.")
+            (f"**Nothing acknowledged was lost**: {acked:,} records" if not res.lost else
+             f"**{res.lost} acknowledged records lost** of {acked:,}") + f" over {kills} kills, "
+            + ("no duplicate" if not duplicates else f"{duplicates} at more than one offset") + ", "
+            + ("replicas byte-identical below the high watermark" if intact else "**an invariant failed**")
+            + f". A restarted node is back in the ISR in {fo[0].seconds(50, 'rejoin_s'):.1f} s (p50).")
     m = res.memory
+    fenced = ("No node fenced itself under load (renewals have their own thread)" if not res.fenced else
+              f"Nodes fenced themselves {res.fenced} times (a renewal late by up to {res.fenced_late_max_s:.1f} s; "
+              f"etcd's slowest request {res.etcd_slowest_ms / 1000:.1f} s), each a failover of what the node led")
     out.append(
-        f"- **Memory: {m.mean_per_replica_kib:.0f} KiB per replica** (RSS growth over {m.partitions} replicas per "
-        "node, each with one record: the `Log`, its open segment and index files, the partition's replication "
-        "state and a fetch state per follower). An idle node's "
-        f"{statistics.mean(m.before_mib.values()):.0f} MiB is mostly the cleaner's offset map, which "
-        "`log.cleaner.dedupe.buffer.size` (Kafka's default, 128 MiB) allocates and zeroes at start, with or "
-        "without replication; the interpreter and Shale's modules are the rest.")
-    if res.profile:
-        out.append(
-            "- **Where the time goes** (the profiles below; coarse, a few hundred busy samples on a starved machine): "
-            "on the leader, sending the followers their records (`_send_file_range`: `sendfile` from the segment to "
-            "the socket) and socket writes come first, then the per-fetch bookkeeping (`_fetch_once`, the "
-            "leader-epoch lookups behind `DivergingEpoch`). On the follower: appending (`LogSegment.append`, "
-            "`should_roll`), socket writes, and encoding each next Fetch. A replicated byte is not copied in Python "
-            "on the follower: the kernel's `recv_into` puts it in the response buffer and `pwrite` takes it from "
-            "there; the leader sends it with `sendfile`.")
-    out.append(
-        f"- **Sessions lost under load: {res.fenced} times** over the run a running node found its last etcd "
-        "renewal older than its session allows and fenced itself (`controller.py`: it stops acknowledging, opens a "
-        "new session, and its partitions are elected again). Renewals run on a thread of their own that does "
-        "nothing else, so a slow view or write of the control loop no longer delays them; what is left is the "
-        "machine (load average above, two cores): neither that thread nor etcd always got a CPU within the "
-        f"session: nodes fenced with their last renewal sent up to {res.fenced_late_max_s:.1f} s before, and etcd "
-        f"logged requests (among them reads of the whole view, which every node makes every heartbeat) taking up "
-        f"to {res.etcd_slowest_ms / 1000:.1f} s. Each such fencing is a "
-        "failover of every partition the node led: it shows up as leader epochs rising between kills, as "
-        "NOT_LEADER_OR_FOLLOWER answers to parked `acks=all` produces, and in the throughput phases' spread.")
-    out.append(
-        "- **Longer phases** run through since a node handles at most five requests of a connection at once "
-        "(`broker.MAX_HANDLING_PER_CONNECTION`; Kafka's broker one): 1,200,000 records (1.2 GB) at RF 3 `acks=all` "
-        "in one phase, 172 MB/s, every record delivered. Before, every pipelined request was started at once: "
-        "librdkafka (up to 1,000,000 requests in flight, a 1 GB queue) had the leader append far ahead of its "
-        "followers, the parked `acks=all` Produces outlived their request timeout (REQUEST_TIMED_OUT: 800,303 of "
-        "the 1,200,000 records undelivered after 212 s on a quiet machine; at load 15, phases of 150,000 and "
-        "300,000 records ran at a few MB/s, shrank the followers out of the ISR and had 11,604 and 40,613 records "
-        "written twice by the retrying producer).")
-    out.append(
-        "- **Noise**: other sessions' work shares this 2-core machine (load average above); throughput and latency "
-        "move with it, the CPU-per-MB figures much less, and the failover times least (they are timers).")
-    return "\n".join(out)
+        f"**Memory: {m.mean_per_replica_kib:.0f} KiB per replica**; an idle node's "
+        f"{statistics.mean(m.before_mib.values()):.0f} MiB is mostly the cleaner's offset map "
+        f"(`log.cleaner.dedupe.buffer.size`, 128 MiB, zeroed at start). {fenced}. Longer phases run through: at most "
+        "five requests of a connection are handled at once, so 1,200,000 records at RF 3 `acks=all` ran in one phase "
+        "at 172 MB/s.")
+    return bullets(out)
+
+
+def _span(xs: list[float], digits: int) -> str:
+    lo, hi = min(xs), max(xs)
+    return f"{lo:.{digits}f}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else f"{lo:.{digits}f}–{hi:.{digits}f}"
 
 
 def markdown(res: Results, facts: str, command: str) -> str:
+    """This benchmark's section of docs/performance.md (`update_doc` puts the hand-written paragraph back)."""
+    what = [
+        f"**throughput**: {res.rounds} rounds, alternating which goes first, of {res.records:,} records of 1 KiB to "
+        "one partition (bench/broker.py's `produce`), a fresh topic each: RF 1 `acks=1` and RF 3 `acks=all`, "
+        f"`min.insync.replicas={MIN_ISR}`; node 0 leads both. CPU = user + system time of each node over the phase, "
+        "per MB produced (\"each follower\": per replicated MB). The high watermark must equal the records sent.",
+        f"**latency**: {res.latency_records:,} records one at a time (after {LATENCY_WARMUP}), `linger.ms=0`, "
+        "`max.in.flight=1`: `produce()` to the delivery report; the CPU column is all three nodes' per record.",
+        "**failover**: one record at a time (`acks=all`, idempotent, `max.in.flight=1`) to an RF 3 partition with "
+        f"`min.insync.replicas={MIN_ISR}`; its leader is SIGKILLed; timed from the kill to the acknowledgement of the "
+        "first record sent after it, and to every live node's Metadata naming the new leader. The node restarts on "
+        f"its data and the next kill waits for it in the ISR. {res.kills} kills per `broker.session.timeout.ms`; "
+        "afterwards every acknowledged record is looked up at its offset.",
+        f"**memory**: RSS of each node with no user topic, then with {res.memory.partitions} partitions × 3 "
+        f"replicas, one record each; the difference / {res.memory.partitions}.",
+    ]
     profile = ""
     if res.profile:
-        profile = ("\nProfile (py-spy sampling each node's event-loop thread during one more RF 3 produce phase; "
-                   "`--profile`, always in a full run):\n\n"
-                   + "\n".join(f"- {k}: {v}" for k, v in res.profile.items()) + "\n")
-    return f"""{SECTION}
-
-Measured {datetime.date.today().isoformat()} with `{command}` (wall time {res.wall_s:.0f} s; one-minute load
-average {res.load[0]:.2f} before, {res.load[1]:.2f} after). MB = 10^6 bytes of record values, MiB/KiB = 2^20/2^10 bytes.
-
-Machine: {facts}. One etcd and three `shale serve --store etcd://…` nodes (tests/support/node_util.py's
-`start_replicated_cluster`: default session settings, `offsets.topic.num.partitions=5`) and the client
-({res.client}, in the benchmark's process) share the machine; data on the disk of `bench/out/`.
-
-What is measured (details in the docstring of `bench/replication.py`):
-
-- **throughput**: {res.rounds} rounds, alternating which goes first, of {res.records:,} records of 1 KiB to one
-  partition (bench/broker.py's `produce`: `linger.ms=5`, `batch.size=1000000`, no compression, idempotence
-  off), a fresh topic each: RF 1 `acks=1` (replicas `[0]`) and RF 3 `acks=all`, `min.insync.replicas={MIN_ISR}`
-  (replicas `[0, 1, 2]`); node 0 leads both. CPU = user + system time of each node's process over the phase,
-  per MB produced; "each follower" is the CPU per replicated MB. After each phase the partition's high
-  watermark must equal the records sent (no retried request appended twice). The phases are kept short
-  (seconds) so that rounds alternate often on a machine whose load moves; longer ones run too (see below).
-- **latency**: {res.latency_records:,} records one at a time (after {LATENCY_WARMUP}), `linger.ms=0`, `max.in.flight=1`:
-  `produce()` to the delivery report; the CPU column is all three nodes' per record. The memory phase's
-  {res.memory.partitions} idle partitions stay on the cluster meanwhile (their followers' fetches share
-  the nodes).
-- **failover**: a producer writes one record at a time (`acks=all`, idempotent, `max.in.flight=1`, every other
-  setting librdkafka's default) to an RF 3 partition with `min.insync.replicas={MIN_ISR}`; its leader is SIGKILLed; the
-  time runs from the kill to the acknowledgement of the first record sent after it (one round trip more than
-  the failover itself); beside it, when every live node's Metadata first named the new leader (polled every
-  0.1 s: the cluster's part). The node is restarted on its data and the next kill waits for it to be back in
-  the ISR. {res.kills} kills at each `broker.session.timeout.ms` (heartbeat a quarter of it): the default on the
-  cluster of the other phases, others on a fresh cluster. Afterwards a consumer reads the partition and every
-  acknowledged record is looked up at its offset.
-- **memory**: RSS of each node with no user topic, then with {res.memory.partitions} partitions × 3 replicas (leaders
-  spread), one record each; the difference / {res.memory.partitions}.
-
-{table(res)}
-
-Goals (issue 15):
-
-{goals(res)}
-
-Interpretation:
-
-{interpretation(res)}
-{profile}"""
+        profile = paragraph(
+            "Profile (py-spy of each node's event-loop thread during one more RF 3 produce phase, `--profile`): "
+            + "; ".join(f"the {node}, {own_time(summary, 3)}" for node, summary in res.profile.items())
+            + ". Other work shares the machine: throughput and latency move with it, CPU per MB much less, failover "
+            "times least.")
+    return section(
+        SECTION,
+        measured(command, res.wall_s, res.load, "`--quick` runs small and prints only; `--quick --throughput-only "
+                 "--records 100000 --rounds 4` gives CPU per MB and the ratio alone, to compare two builds; `--kills "
+                 "100` kills more leaders."),
+        paragraph(f"Machine: {facts}. One etcd and three `shale serve --store etcd://…` nodes "
+                  "(tests/support/node_util.py's `start_replicated_cluster`, default session settings, "
+                  f"`offsets.topic.num.partitions=5`) and the client ({res.client}, in the benchmark's process) share "
+                  "the machine; data on the disk of `bench/out/`."),
+        "What is measured:", bullets(what), table(res), "Goals (issue 15):", goals(res),
+        "Interpretation:", interpretation(res), profile)
 
 
 HAND_WRITTEN = "Earlier figures"  # the section's one paragraph a run keeps: figures this bench does not measure

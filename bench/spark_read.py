@@ -25,7 +25,6 @@ Each Spark query runs after a small warm-up query, so Python worker start-up is 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -43,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "bench", "out")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from broker import ServerProcess, free_port, wait_for_topics  # noqa: E402
-from perf_doc import machine_facts, update_section  # noqa: E402
+from perf_doc import bullets, machine_facts, measured, paragraph, section, update_section  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Spark data source (issue: Data pipeline on PySpark)"
@@ -322,43 +321,49 @@ def summary(res: Results) -> str:
             f"{res.latest[-1][0]:,} records takes {res.latest[-1][1]:.1f} s in Spark.")
 
 
+def interpretation(res: Results) -> str:
+    """The section's bullets, from the run's ratios."""
+    base = res.consumer.rate
+    wire, files = res.spark_rate("Spark, wire (bootstrap.servers)"), res.spark_rate("Spark, files (path)")
+    ahead = all(by_source < by_spark for _, by_spark, by_source, _ in res.latest)
+    out = [
+        f"**Wire: {wire / base:.0%} of the plain consumer.** A plain consumer only hands records to Python; through "
+        "Spark each record also becomes Arrow columns in a Python worker and a row in the JVM, and the two read tasks "
+        "share the 2 cores with `shale serve` and the JVM. librdkafka decodes in C; the reader adds each message with "
+        "a Python call.",
+        f"**Files: {files / base:.0%}.** No server is in the way: each batch's CRC is checked and its records are "
+        "decoded into lists in one C pass (`records.decode_columns`), appended to the Arrow columns whole.",
+        "**Latest view**: a read plus a shuffle of every record (Spark) or an Arrow group-by per partition (the "
+        "source's option)" + (", hence the source's lead at every size." if ahead else "."),
+    ]
+    if len(res.client_choice) == 2:
+        confluent, kafka_python = (t.rate for t in res.client_choice)
+        load = (f" The load average reached {max(res.load):.1f} on 2 cores, so every figure, the baseline's "
+                "included, is lower than on an idle machine." if max(res.load) >= 1.0 else "")
+        out.append(f"**Client choice**: confluent-kafka reads {confluent / kafka_python:.0f}× as fast as kafka-python "
+                   f"from one partition, which is why the wire reader uses it.{load}")
+    return bullets(out)
+
+
 def markdown(res: Results, facts: str, command: str) -> str:
-    return f"""{SECTION}
-
-Measured {datetime.date.today().isoformat()} with `{command}` (wall time {res.wall_s:.0f} s; one-minute load
-average {res.load[0]:.2f} before, {res.load[1]:.2f} after).
-
-Machine: {facts}; {res.versions}. `shale serve`, Spark (`local[2]`, driver memory 4g) and the consumer
-share the 2 cores.
-
-What is measured (details in the docstring of `bench/spark_read.py`): one topic of {res.partitions} partitions
-holding {res.records:,} records (16-byte keys, {max(1, res.records // 10):,} distinct; 100-byte values),
-produced at {res.produce.rate:,.0f} records/s. The plain consumer reads every record with confluent-kafka
-(key, value, offset and timestamp touched). The Spark queries aggregate every data column (count, sums of key
-and value lengths, max offset and timestamp; the sums are checked) so each row is built in the JVM; they run
-after a warm-up query. The latest view is timed over the first M records (`endingOffsets`), built by Spark
-(`shale.pipeline.latest.read(..., latest=true)`: `max_by` over the offset per key, a shuffle) and by the source's
-`latest=true` (Arrow, in each partition's read task).
-
-{table(res)}
-
-{summary(res)}
-
-Interpretation: a plain consumer only hands records to Python; through Spark each record also becomes Arrow
-columns in a Python worker and rows in the JVM, and the two read tasks share the 2 cores with `shale serve`
-and the JVM. The file read has no server in the way: each batch's CRC is checked and its records are
-decoded into lists in one C pass (`records.decode_columns`) that are appended to the Arrow columns whole;
-over the wire librdkafka decodes in C and the reader adds each message with a Python call. The
-latest view costs a read plus a shuffle of every record (Spark) or an Arrow group-by per partition (the
-source's option). The client-choice rows are why the wire reader uses confluent-kafka.{_load_note(res)}
-"""
-
-
-def _load_note(res: Results) -> str:
-    if max(res.load) < 1.0:
-        return ""
-    return (f" The one-minute load average reached {max(res.load):.1f} on 2 cores: other processes shared the "
-            "machine, so all figures, the baseline's included, are lower than on an idle one.")
+    """This benchmark's section of docs/performance.md."""
+    what = [
+        "**Plain consumer** (the baseline): confluent-kafka reads every record, touching key, value, offset and "
+        "timestamp.",
+        "**Spark queries**: aggregate every data column (count, sums of key and value lengths, max offset and "
+        "timestamp; the sums checked), so each row is built in the JVM; each runs after a warm-up query.",
+        "**Latest view**: timed over the first M records (`endingOffsets`), built by Spark (`max_by` over the offset "
+        "per key, a shuffle) and by the source's `latest=true` (Arrow, in each partition's read task).",
+    ]
+    return section(
+        SECTION,
+        measured(command, res.wall_s, res.load, "`--records 2000000` is a shorter run; `--no-markdown` only prints."),
+        paragraph(f"Machine: {facts}; {res.versions}. `shale serve`, Spark (`local[2]`, driver memory 4g) and the "
+                  "consumer share the 2 cores."),
+        paragraph(f"What is measured: one topic of {res.partitions} partitions holding {res.records:,} records "
+                  f"(16-byte keys, {max(1, res.records // 10):,} distinct; 100-byte values), produced at "
+                  f"{res.produce.rate:,.0f} records/s."),
+        bullets(what), table(res), paragraph(summary(res)), "Interpretation:", interpretation(res))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,12 +41,13 @@ from broker import (  # noqa: E402
     consume,
     free_port,
     make_values,
+    own_time,
     produce,
     profile_phase,
     start_shale,
     wait_for_topics,
 )
-from perf_doc import records_rounds_main  # noqa: E402
+from perf_doc import bullets, measured, paragraph, records_rounds_main, section  # noqa: E402
 
 from support.tls_util import make_pki, seed_user, tls_overrides  # noqa: E402
 
@@ -57,66 +58,6 @@ USER, PASSWORD = "bench", "bench-tls-password"
 FULL_RECORDS, QUICK_RECORDS, FULL_ROUNDS = 200_000, 20_000, 5
 GOAL = 0.75  # TLS throughput at least 75 % of PLAINTEXT's (issue 17: "≤ 25 % lower")
 CIPHER_MS_PER_MB = 0.26  # AES-256-GCM on this machine (`openssl speed -evp aes-256-gcm`, CPU time per MB)
-
-# Measured by hand on 2026-11-25 (load average 14-26 on the 2 cores), for the section's "where the time goes".
-ANALYSIS = """\
-Where the server's time goes (measured by hand, same machine and load). Consume: a raw client fetching 1 MiB
-of partition 0 800 times over one connection costs the server 0.33 ms of CPU per fetch over PLAINTEXT (the
-record set goes out with `sendfile`) and 1.75–2.34 ms over SSL; py-spy of that loop: the event loop's write
-path (`pread` of the record set, `SSLObject.write` — AES-256-GCM into asyncio's memory BIO — and the socket
-`send` of the ciphertext) takes about twice the Fetch handling itself; perf: 18 % of the server's CPU in
-libcrypto, 30 % in the kernel (copies, loopback TCP). Produce (SSL, 200,000 records): 17 % of the server's
-samples in `SSLObject.read` (decrypting one TLS record per call into the request buffer) and 10 % in
-the `recv_into` of the ciphertext, against 10 % for the whole Produce handling (decode, CRC, append).
-AES-256-GCM itself runs at 3.9 GB/s here (`openssl speed`, CPU time: 0.26 ms/MB) and AES-128-GCM at 4.0 GB/s,
-so the cipher is not the lever (Python 3.11 cannot set TLS 1.3 cipher suites anyway): the copies through the
-memory BIOs (socket → buffer → BIO → request, file → buffer → BIO → bytes → socket) and a Python call per TLS
-record are. Kernel TLS would remove most of them (and let `sendfile` run on TLS connections), but this kernel
-(6.18, a VM) has no TLS ULP (`setsockopt(TCP_ULP, "tls")` fails with ENOENT; no module directory, no
-modprobe), so it cannot be measured here.
-What changed: a record set goes through TLS in 128 KiB pieces (`broker.TLS_PIECE_BYTES`) instead of one read
-of the whole set (up to `fetch.max.bytes`) and one ciphertext of its size: memory per response is bounded and
-the client decrypts one piece while the next is encrypted. A/B under this load (8 consume phases each, 1 MiB
-against 128 KiB pieces): server CPU per MB 0.98–1.86 against 1.07–1.86 ms — no measurable difference either way.
-Throughput is not CPU-bound under this load: in slow phases the server and the client together used 0.2–0.5
-of a core, the rest of the time both waited for a CPU, so MB/s swings between rounds (PLAINTEXT consume
-64–421 MB/s in the hand-run probes) by more than TLS costs; the CPU-per-MB ratio is the figure that carries
-over to a quieter machine. The throughput ratios move between runs by more than the goal's margin: consume
-0.80–0.85 in a full run at load 17–19 and 0.52–0.54 in the full run above (load 7–8), 0.39–1.43 in 3-round runs
-the same morning; produce 0.35–0.50 in every run (its CPU per MB over TLS 1.65–2.3 × PLAINTEXT's). Of produce's
-extra CPU the client's own TLS (librdkafka encrypting, on the same 2 cores) is +0.9–1.5 ms/MB, by itself about
-all a 25 % budget allows next to PLAINTEXT's ~3 ms/MB (server + client); the server's +1.1–1.7 ms/MB is paid per
-TLS record more than per byte, as measured next.
-Produce, per TLS record (measured by hand on 2026-11-25, load 7–13). librdkafka writes each piece of its request
-buffer with its own `SSL_write`, so the server receives small TLS records: for 20,000 × 1 KiB produced over SSL,
-5,196 records of 1,041 bytes (one value), 5,029 of 26–27 bytes and 820 full ones of 16,401 bytes (strace of the
-server, one `read` per record header and body): about 560 TLS records per MB, each one `SSL_read` called from
-Python. A loopback probe (a Python client writing 1 KiB + 36 bytes per `sendall`, so 2 TLS records per KiB, into
-an asyncio BufferedProtocol) costs the server 4.0–4.4 ms of CPU per MB, against 0.70–0.75 ms/MB when the same
-bytes come in 64 KiB writes (full 16 KiB records): about 1.7 µs per TLS record, which at 560 records per MB is
-most of produce's +1.2–1.4 ms/MB; the cipher and the memory-BIO copies are the smaller part. Tried and not kept:
-a TLS transport of Shale's own over a non-blocking `ssl.SSLSocket` (`recv_into` decrypting straight into the
-connection's buffer, `send` encrypting onto the socket, `Connection` unchanged). Without OpenSSL's read-ahead it
-costs two `read` syscalls per TLS record (header, then body) and more CPU than asyncio's TLS (probe: 6.3 against
-4.4 ms/MB; server produce 4–6.6 against 2.0–3.2 ms/MB in bench runs); with read-ahead (settable only through
-`ctypes` on CPython's `SSLContext` internals) it matched asyncio and no more: in A/B runs of this bench,
-alternated at load 7, produce's TLS cost was +1.25–1.45 ms/MB (own) against +1.18–1.44 (asyncio), and consume's
-+0.57–0.63 against +0.45–0.51 (own is worse there: one socket `write` per 16 KiB TLS record, where asyncio sends
-its memory BIO's ciphertext in one call). Both pay one Python-level `SSL_read` per TLS record; the levers left
-are in C (a loop of `SSL_read_ex` over a buffer, or kernel TLS on a kernel that has it) or in the client.
-Why the goal is out of reach on this machine (2026-11-25, load average < 1): the clients' own TLS takes about the
-whole of the goal's budget. The ceiling column is the ratio a server whose TLS cost nothing but the cipher would
-reach beside these clients on the shared cores (from the run's own CPU per MB; the client's varies from run to
-run, so does the ceiling: 70–72 % in the first full run that day, 68–77 % in one with uvloop).
-With the server pinned to one core and the client to the other, as on two machines, throughput follows the
-slower of the two, and in that layout (one full run by hand) the client was the slower: its CPU per MB went
-from 1.66 to 3.26–3.77 ms producing and from 1.39 to 1.84–1.93 consuming. That caps produce at 44–51 % whatever
-the server does, and consume at 72–76 %, the goal's edge even for a server whose TLS cost nothing; measured,
-produce reached 42 % and 51 %, consume 70 % and 67 %.
-Also tried: uvloop as the server's event loop (its TLS is compiled). Two alternated pairs of full runs gave
-produce 0.67 and 0.39 against 0.59 and 0.37 (SASL_SSL), consume 0.56 and 0.62 against 0.54 and 0.60: within
-the noise, not adopted."""
-
 
 @dataclass
 class Results:
@@ -268,18 +209,66 @@ def summary(res: Results) -> str:
                      for kind in ("produce", "consume") for protocol in PROTOCOLS[1:])
 
 
+def _span(xs: list[float], fmt: str) -> str:
+    """The range of `xs` formatted, "40–57%" or one figure when both ends read the same."""
+    lo, hi = format(min(xs), fmt), format(max(xs), fmt).lstrip("+")
+    return lo if lo == hi else f"{lo.rstrip('%')}–{hi}"
+
+
+def interpretation(res: Results) -> str:
+    """The section's bullets: the goal against the run's ratios, and where TLS's cost lies."""
+    tls = PROTOCOLS[1:]
+    ratios = {kind: [res.ratio(kind, p) for p in tls] for kind in ("produce", "consume")}
+    met = all(r >= GOAL for rs in ratios.values() for r in rs)
+    client = [res.client_ms(k, p) - res.client_ms(k, "PLAINTEXT") for k in ratios for p in tls]
+    plain = [res.median(k, "PLAINTEXT", "server_ms_per_mb") + res.client_ms(k, "PLAINTEXT") for k in ratios]
+    ceiling = [res.ceiling(k, p) for k in ratios for p in tls]
+    produce_tls = [res.tls_ms_per_mb("produce", p) for p in tls]
+    return bullets([
+        f"**Goal {'met' if met else 'missed'}: produce {_span(ratios['produce'], '.0%')}, consume "
+        f"{_span(ratios['consume'], '.0%')} of PLAINTEXT.** The clients' own TLS (librdkafka encrypting on the same 2 "
+        f"cores) costs {_span(client, '+.1f')} ms/MB next to PLAINTEXT's {_span(plain, '.1f')} ms/MB, server and client "
+        "together, against a 25 % budget. The ceiling column is the ratio a server whose TLS cost only the cipher "
+        f"would reach beside these clients ({_span(ceiling, '.0%')}).",
+        f"**The cipher is not the lever**: AES-256-GCM runs at 3.9 GB/s here ({CIPHER_MS_PER_MB} ms/MB). The cost is "
+        "the copies through asyncio's memory BIOs and a Python call per TLS record. Consume over SSL costs the server "
+        "1.75–2.34 ms per 1 MiB fetch against 0.33 ms over PLAINTEXT (`sendfile`); record sets go through TLS in 128 "
+        "KiB pieces (`broker.TLS_PIECE_BYTES`).",
+        "**Produce pays per TLS record**: librdkafka writes each piece of its request buffer with its own `SSL_write`, "
+        "~560 TLS records per MB, many of 26–27 bytes. A probe costs the server ~1.7 µs per TLS record, most of "
+        f"produce's {_span(produce_tls, '+.1f')} ms/MB. A TLS transport of Shale's own and uvloop were tried and did "
+        "no better; the levers left are in C (a loop of `SSL_read_ex`) or kernel TLS.",
+        "**Kernel TLS** would remove most copies and let `sendfile` run over TLS, but this kernel (6.18, a VM) has no "
+        "TLS ULP (`setsockopt(TCP_ULP, \"tls\")` fails with ENOENT), so it cannot be measured here.",
+        "**Placement**: with server and client pinned to separate cores, as on two machines, the client is the slower "
+        "side (by hand: its CPU per MB 1.66 → 3.26–3.77 ms producing, 1.39 → 1.84–1.93 consuming), which caps "
+        "produce at 44–51% and consume at 72–76% whatever the server does. Throughput ratios move between runs by "
+        "more than the goal's margin; CPU per MB is the figure that carries over.",
+    ])
+
+
 def markdown(res: Results, facts: str, command: str) -> str:
-    lines = [SECTION, "",
-             f"`{command}` on {facts}; load average {res.load[0]:.1f} before and {res.load[1]:.1f} after the run "
-             f"({res.wall_s:.0f} s): other work shared the cores, so compare ratios and CPU per MB, which are taken "
-             "in the same run, rather than absolute MB/s.", "",
-             __doc__.split("\n\n", 2)[2].strip(), "",
-             table(res), "",
-             f"Ratios (medians): {summary(res)}."]
-    if res.profile:
-        lines += ["", f"py-spy of `shale serve` during a SASL_SSL consume: {res.profile}"]
-    lines += ["", ANALYSIS]
-    return "\n".join(lines) + "\n"
+    """This benchmark's section of docs/performance.md."""
+    what = [
+        "**The server**: one `shale serve` with three listeners on 127.0.0.1: PLAINTEXT; SASL_SSL with "
+        "SCRAM-SHA-512; SSL with `ssl.client.auth=required` (mutual TLS). Certificates from the TLS tests' "
+        "`make_pki` (RSA 2048).",
+        "**The clients**: confluent-kafka with bench/broker.py's workload (1 KiB incompressible records, one "
+        "partition, `acks=all`; the consumer checks every offset and value). Per round each listener produces to and "
+        "consumes a fresh topic, the listeners' order rotating.",
+        "**CPU**: the server's and the client's (librdkafka's threads included) per MB, so the cost of TLS (over TLS "
+        "minus over PLAINTEXT) is reported whatever share of the cores other work left. Goal: ≤ 25 % lower "
+        "throughput than PLAINTEXT.",
+    ]
+    profile = (paragraph(f"Profile (py-spy of `shale serve` during a SASL_SSL consume, `--profile`): "
+                         f"{own_time(res.profile, 3)}.") if res.profile else "")
+    return section(
+        SECTION,
+        measured(command, res.wall_s, res.load, f"{res.rounds} rounds of {res.records:,} records per phase. "
+                 "`--quick` runs small and prints only; `--profile` adds py-spy of `shale serve` during a SASL_SSL "
+                 "consume."),
+        paragraph(f"Machine: {facts}."), "What is measured:", bullets(what), table(res),
+        paragraph(f"Ratios (medians): {summary(res)}."), "Interpretation:", interpretation(res), profile)
 
 
 def main(argv: list[str] | None = None) -> int:

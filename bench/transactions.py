@@ -38,31 +38,19 @@ from broker import (  # noqa: E402
     Phase,
     ServerProcess,
     make_values,
+    own_time,
     profile_phase,
     send,
     start_shale,
     wait_for_topics,
 )
-from perf_doc import records_rounds_main  # noqa: E402
+from perf_doc import bullets, measured, paragraph, records_rounds_main, section  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "performance.md")
 SECTION = "## Transactions (issue 19)"
 IDEMPOTENT = "idempotent"
 FULL_RECORDS, QUICK_RECORDS, FULL_ROUNDS = 100_000, 10_000, 5
 TXN_SIZES = (100, 1000, 10_000)  # records per transaction
-
-# Written by hand from the run of 2026-11-25 (and a quick one), for the section's reading of the figures.
-ANALYSIS = """\
-Reading the figures (measured by hand on 2026-11-25, same machine and load): a transaction costs the server per
-transaction, not per record: about 0.7 ms of CPU (0.67 ms in the run above, 0.85 ms in a quick run at load 18) for
-AddPartitionsToTxn, EndTxn, three `__transaction_state` appends (Ongoing, PrepareCommit, CompleteCommit), the
-COMMIT marker and the verification of the transaction's first batch. At 100 records (100 KiB) per transaction
-that is about 4× the server CPU per MB of idempotent produce and throughput falls to under half; at 1,000 records
-the extra CPU is about half of idempotent's per MB and throughput stays within 20 %; at 10,000 records the difference
-is inside the rounds' spread (the idempotent phases alone ranged 86,000–247,000 records/s in this run). The producer
-also waits for each commit (EndTxn is answered once the markers are written) before the next transaction starts,
-so small transactions pay a round trip and the coordinator's appends in latency on top of the CPU."""
-
 
 def mode_name(size: int | None) -> str:
     return IDEMPOTENT if size is None else f"transactional, {size:,} records per transaction"
@@ -208,19 +196,52 @@ def summary(res: Results) -> str:
               f"{cpu_per_transaction_ms(res, smallest):.2f} ms")
 
 
-def markdown(res: Results, facts: str, command: str) -> str:
-    lines = [SECTION, "",
-             f"`{command}` on {facts}; {res.records:,} records of {RECORD_SIZE // 1024} KiB per phase, "
-             f"{res.rounds} rounds; load average {res.load[0]:.1f} before and {res.load[1]:.1f} after the run "
-             f"({res.wall_s:.0f} s): the machine is shared and noisy, so compare the ratios and CPU per MB, taken "
-             "in the same run, rather than absolute figures.", "",
-             __doc__.split("\n\n", 2)[2].strip(), "",
-             table(res), "",
-             f"Ratios (medians): {summary(res)}."]
+def interpretation(res: Results) -> str:
+    """The section's bullets: the cost per transaction and what it does to each size, from the run's medians."""
+    smallest = min(res.sizes)
+    idem = sorted(p.records_per_s for p in res.phases[IDEMPOTENT])
+    idem_cpu = res.median(IDEMPOTENT, "server_ms_per_mb")
+
+    def by_size(size: int) -> str:
+        mode = mode_name(size)
+        spread = " (inside the rounds' spread)" if idem[0] <= res.median(mode) <= idem[-1] else ""
+        return (f"{size:,} records: {res.median(mode, 'server_ms_per_mb') / idem_cpu:.1f}× idempotent's server CPU "
+                f"per MB, {res.ratio(mode):.0%} of its throughput{spread}")
+
+    out = [
+        "**A transaction costs the server per transaction, not per record**: "
+        f"{cpu_per_transaction_ms(res, smallest):.2f} ms of CPU here (from the {smallest:,}-record transactions) for "
+        "AddPartitionsToTxn, EndTxn, three `__transaction_state` appends (Ongoing, PrepareCommit, CompleteCommit), "
+        "the COMMIT marker and the verification of the transaction's first batch.",
+        "**By transaction size**: " + "; ".join(by_size(size) for size in res.sizes)
+        + f". Idempotent alone ranged {idem[0]:,.0f}–{idem[-1]:,.0f} records/s over the rounds.",
+        "**Latency too**: the producer waits for each commit (EndTxn is answered once the markers are written) before "
+        "the next transaction starts, so small transactions pay a round trip and the coordinator's appends.",
+    ]
     if res.profile:
-        lines += ["", f"py-spy of `shale serve` during {min(res.sizes)}-record transactions: {res.profile}"]
-    lines += ["", ANALYSIS]
-    return "\n".join(lines) + "\n"
+        out.append(f"**Profile** (py-spy during {smallest:,}-record transactions, `--profile`): "
+                   f"{own_time(res.profile, 3)}.")
+    return bullets(out)
+
+
+def markdown(res: Results, facts: str, command: str) -> str:
+    """This benchmark's section of docs/performance.md."""
+    what = [
+        "**The setup**: one `shale serve`; confluent-kafka with bench/broker.py's workload (1 KiB incompressible "
+        "records to one partition, `acks=all`, `linger.ms` 5), idempotence on in every mode.",
+        "**The modes**: the baseline produces with no transaction; each transactional mode runs `begin_transaction`, N "
+        "records, `commit_transaction` until the phase's records are written. Modes rotate from round to round.",
+        "**Per transaction** the phase pays one AddPartitionsToTxn, one EndTxn, three `__transaction_state` writes and "
+        "the COMMIT marker. A phase ends at the last acknowledgement or commit; the partition's end is then checked "
+        "(its records plus one marker per transaction, the last stable offset at the end).",
+    ]
+    return section(
+        SECTION,
+        measured(command, res.wall_s, res.load, f"{res.records:,} records of {RECORD_SIZE // 1024} KiB per phase, "
+                 f"{res.rounds} rounds: compare the ratios and CPU per MB, taken in the same run, rather than absolute "
+                 "figures. `--quick` runs small and prints only."),
+        paragraph(f"Machine: {facts}."), "What is measured:", bullets(what), table(res),
+        paragraph(f"Ratios (medians): {summary(res)}."), "Interpretation:", interpretation(res))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import pytest
 
 from shale.sidecar.log import log as log_module
 from support import bench_module
+from support.prose import check_section
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,9 @@ def test_every_path_appends_the_same_log(bench, tmp_path):
         assert set(by_path) == set(bench.PATHS) and all(len(v) == 3 and min(v) > 0 for v in by_path.values())
     assert not os.listdir(tmp_path), "the benchmark leaves no logs behind"
     assert "| idempotent (" in bench.report(results)
+    section = bench.markdown(results, "nproc 2", "bench/append_one.py --test", 1.0, (0.5, 0.6))
+    check_section(section, bench.SECTION)
+    assert "C append" in section and "Interpretation" in section
 
 
 def test_a_difference_between_the_paths_fails_the_run(bench, tmp_path, monkeypatch):

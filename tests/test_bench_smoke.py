@@ -10,6 +10,7 @@ import os
 import pytest
 
 from support import bench_module
+from support.prose import check_section
 
 MiB = 1 << 20
 
@@ -54,6 +55,7 @@ def test_whole_run_produces_figures(bench, tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## Other section\n\nkept\n")
     section = bench.markdown(res, bench.machine_facts(str(tmp_path)), "bench/log_engine.py --test")
+    check_section(section, bench.SECTION)
     bench.update_doc(section, str(doc))
     bench.update_doc(section, str(doc))
     text = doc.read_text()

@@ -11,6 +11,7 @@ import os
 import pytest
 
 from support import bench_module
+from support.prose import check_section
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,7 @@ def test_whole_run_produces_figures(bench, tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## Log engine (issue: Log engine)\n\nkept\n\n## Later section\n\nalso kept\n")
     section = bench.markdown(res, {"nproc": "2", "kernel": "Linux"}, "bench/compaction.py --test")
+    check_section(section, bench.SECTION)
     bench.update_doc(section, str(doc))
     bench.update_doc(section, str(doc))
     text = doc.read_text()

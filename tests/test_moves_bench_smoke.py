@@ -13,6 +13,7 @@ import os
 import pytest
 
 from support import bench_module
+from support.prose import check_section
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,10 @@ def test_moves_and_dd_copy_the_partition_and_the_report_has_its_ratios(bench, tm
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## Kafka server (issue: Kafka server)\n\nkept\n")
     section = bench.markdown(res, "nproc 2", "bench/moves.py --test")
+    check_section(section, bench.SECTION)
     bench.update_section(bench.SECTION, section, str(doc))
     bench.update_section(bench.SECTION, section, str(doc))
     text = doc.read_text()
     assert text.count(bench.SECTION) == 1 and "## Kafka server (issue: Kafka server)\n\nkept" in text
-    assert "AlterReplicaLogDirs" in text and "load average" in text and "conv=fsync" in text
+    flat = " ".join(text.split())  # the section's prose is wrapped
+    assert "AlterReplicaLogDirs" in flat and "load average" in flat and "conv=fsync" in flat

@@ -13,6 +13,7 @@ import os
 import pytest
 
 from support import bench_module
+from support.prose import check_section
 
 RECORDS, LATENCY, KILLS, MEM_PARTITIONS = 2000, 20, 3, 3
 
@@ -73,6 +74,7 @@ def test_report_and_doc_section(bench, result, tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## Kafka server (issue: Kafka server)\n\nkept\n\n## Later section\n\nalso kept\n")
     section = bench.markdown(result, "nproc 2", "bench/replication.py --test")
+    check_section(section, bench.SECTION)
     bench.update_doc(section, str(doc))
     bench.update_doc(section, str(doc))
     text = doc.read_text()

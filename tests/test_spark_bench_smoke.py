@@ -12,6 +12,7 @@ import os
 import pytest
 
 from support import bench_module
+from support.prose import check_section
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +36,10 @@ def test_whole_run_produces_checked_figures(bench, tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## Log engine (issue: Log engine)\n\nkept\n\n## Later section\n\nalso kept\n")
     section = bench.markdown(res, "nproc 2", "bench/spark_read.py --records 3000")
+    check_section(section, bench.SECTION)
     bench.update_section(bench.SECTION, section, str(doc))
     bench.update_section(bench.SECTION, section, str(doc))
     text = doc.read_text()
     assert text.count(bench.SECTION) == 1
     assert "## Log engine (issue: Log engine)\n\nkept" in text and "## Later section\n\nalso kept" in text
-    assert "rows/s over the wire" in text
+    assert "rows/s over the wire" in " ".join(text.split())  # the section's prose is wrapped

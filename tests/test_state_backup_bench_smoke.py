@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from support import bench_module
+from support.prose import check_section
 
 KEYS, UPDATES = 2000, 20_000
 
@@ -59,6 +60,7 @@ def test_report_and_plot(bench, results, tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## Log engine (issue: Log engine)\n\nkept\n\n## Later section\n\nalso kept\n")
     section = bench.markdown(results, "nproc 2", "bench/state_backup.py --test")
+    check_section(section, bench.SECTION)
     bench.update_section(bench.SECTION, section, str(doc))
     bench.update_section(bench.SECTION, section, str(doc))
     body = doc.read_text()

@@ -13,6 +13,7 @@ import os
 import pytest
 
 from support import bench_module
+from support.prose import check_section
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +40,11 @@ def test_every_mode_writes_every_record_and_the_report_has_its_ratios(bench, tmp
     doc = tmp_path / "performance.md"
     doc.write_text("# Performance\n\n## Kafka server (issue: Kafka server)\n\nkept\n")
     section = bench.markdown(res, "nproc 2", "bench/transactions.py --test")
+    check_section(section, bench.SECTION)
     perf_doc = importlib.import_module("perf_doc")  # importable once the bench (which puts bench/ first) is loaded
     perf_doc.update_section(bench.SECTION, section, str(doc))
     perf_doc.update_section(bench.SECTION, section, str(doc))
     text = doc.read_text()
     assert text.count(bench.SECTION) == 1 and "## Kafka server (issue: Kafka server)\n\nkept" in text
-    assert "load average" in text and "7 per transaction" in text and "server CPU per transaction" in text
+    flat = " ".join(text.split())  # the section's prose is wrapped
+    assert "load average" in flat and "7 per transaction" in flat and "server CPU per transaction" in flat
