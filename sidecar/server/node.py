@@ -17,12 +17,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..log.errors import LogError
-from ..log.log import AppendInfo, Log
 from ..log.log_dirs import LogDirs, parse_log_dirs
 from ..log.topic_partition import TopicPartition
 from ..plural import plural
-from ..protocol.error_codes import NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
 from ..replication.control_store import ControlStore, StoreView
 from ..replication.controller import Controller, new_incarnation
 from ..replication.follower import holds_unreplicated
@@ -47,6 +44,7 @@ from .apis.reassignments import Reassignments
 from .apis.store_topics import StoreTopics
 from .coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from .coordinator.producer_ids import ProducerIdAllocator
+from .coordinator.runtime import LocalPartitionWriter, ReplicatedPartitionWriter
 from .coordinator.transaction_coordinator import TransactionCoordinator
 from .coordinator.transaction_records import TRANSACTION_STATE_TOPIC
 from .coordinator.txn_markers import MarkerChannels
@@ -62,7 +60,6 @@ from .ops.security_sync import SharedSecurity
 
 logger = logging.getLogger(__name__)
 
-OFFSETS_COMMIT_TIMEOUT_MS = 5000  # Kafka's offsets.commit.timeout.ms: how long a commit waits for the ISR
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -214,7 +211,11 @@ class StorageNode:
                                    "follower.replication.throttled.rate": self.replicas.follower_quota.set_rate},
                                addresses=self.addresses,
                                dynamic_file=DynamicBrokerConfigs.in_dir(self.log_dir.paths[0]))
-        self.groups = GroupCoordinator(self.registry,
+        # The coordinators write their internal topics' partitions through one writer: a commit or a marker wakes
+        # the fetches of its partition; with a store, writes are in the leader epoch and wait for the ISR.
+        writer = LocalPartitionWriter(self.purgatory.poke) if self.replicas is None else \
+            ReplicatedPartitionWriter(self.replicas, options.node_id, self.purgatory.poke)
+        self.groups = GroupCoordinator(self.registry, writer=writer,
                                        offsets_partitions=self.server_config.offsets_topic_num_partitions,
                                        initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,
                                        replication_factor=self.server_config.offsets_topic_replication_factor
@@ -235,7 +236,11 @@ class StorageNode:
             id_expiration_ms=self.server_config.transactional_id_expiration_ms,
             replication_factor=config.transaction_state_log_replication_factor,
             min_isr=min(config.transaction_state_log_min_isr, config.transaction_state_log_replication_factor),
-            serving=lambda: self.replicas is not None or len(self.registry.nodes()) == 1)
+            serving=lambda: self.replicas is not None or len(self.registry.nodes()) == 1,
+            writer=writer, complete_txn_offsets=self.groups.complete_txn_offsets,  # TxnOffsetCommit made visible
+            # markers to the other nodes' partitions, with a store
+            channels=None if self.replicas is None else MarkerChannels(self.inter_broker.connect,
+                                                                       f"shale-txn-markers-{options.node_id}"))
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
                              observe=self.metrics.requests.observe,
                              max_request_bytes=self.server_config.socket_request_max_bytes,
@@ -257,18 +262,8 @@ class StorageNode:
                              if self.authorizing else None,
                              on_failed_authentication=self.metrics.security.failed_authentication,
                              addresses=self.addresses)
-        self.groups.on_append = self.purgatory.poke  # commits wake fetches of __consumer_offsets
         self.groups.address_on = self.addresses.address_on  # FindCoordinator answers the request's listener
         self.groups.find_transaction_coordinator = self.transactions.find_coordinator  # ... key type 1 too
-        self.transactions.on_append = self.purgatory.poke  # markers wake read_committed fetches
-        self.transactions.on_offsets_marker = self.groups.complete_txn_offsets  # TxnOffsetCommit made visible
-        if self.replicas is not None:
-            self.groups.append = self._append_as_leader
-            self.groups.replicated = self._replicated
-            self.transactions.append = self._append_as_leader  # state writes and markers, acks=all
-            self.transactions.replicated = self._replicated
-            self.transactions.channels = MarkerChannels(self.inter_broker.connect,
-                                                        f"shale-txn-markers-{options.node_id}")
         self.ready = False
         self.clean_shutdown = False  # set by run() once the logs are closed; `shale serve` exits 1 without it
         self._stop: asyncio.Event | None = None
@@ -322,31 +317,6 @@ class StorageNode:
         if name not in self.registry.topics:
             self.manifests.forget(name)
             self.groups.topic_deleted(name)
-
-    def _append_as_leader(self, tp: TopicPartition, log: Log, batch: bytes) -> AppendInfo:
-        """The group and transaction coordinators' appends with a store: stamped with the leader epoch, the high
-        watermark raised as for a produce. LogError when this node does not lead the partition (any more)."""
-        partition = self.replicas.leader(tp)
-        if partition is None or partition.log is not log:
-            raise LogError(f"{tp} is not led by node {self.options.node_id} now")
-        info = log.append(batch, leader_epoch=partition.leader_epoch)
-        self.replicas.appended(partition)
-        return info
-
-    async def _replicated(self, tp: TopicPartition, last_offset: int) -> int:
-        """Wait until the ISR has `last_offset` of a partition this node leads (the coordinators' writes): the
-        error code of the parked produce, or REQUEST_TIMED_OUT after Kafka's offsets.commit.timeout.ms."""
-        partition = self.replicas.leader(tp)
-        if partition is None:
-            return NOT_LEADER_OR_FOLLOWER
-        waiter = self.replicas.park(partition, last_offset)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter.done), OFFSETS_COMMIT_TIMEOUT_MS / 1000)
-            return waiter.done.result()
-        except asyncio.TimeoutError:
-            return REQUEST_TIMED_OUT
-        finally:
-            self.replicas.delayed.forget(waiter)
 
     def _on_view(self, view: StoreView) -> None:
         """The controller read the store: the API's topics follow their records (first: replicas need their

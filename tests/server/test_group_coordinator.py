@@ -33,6 +33,7 @@ from shale.sidecar.server.coordinator.offset_records import (
     encode_key,
     partition_for,
 )
+from shale.sidecar.server.coordinator.runtime import LocalPartitionWriter
 from shale.sidecar.server.network.handler import ConnectionInfo
 from shale.sidecar.topic_config import TopicConfig
 from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
@@ -670,9 +671,8 @@ def test_offsets_topic_is_declared_compacted_and_internal(tmp_path):
 
 def test_the_poke_hook_names_the_partition_written(tmp_path):
     async def main():
-        h = Harness(tmp_path)
         poked: list[TopicPartition] = []
-        h.coord.on_append = poked.append
+        h = Harness(tmp_path, writer=LocalPartitionWriter(poked.append))
         await h.coord.start()
         try:
             assert await h.commit({("t", 0): 1}, group="poke") == {("t", 0): 0}

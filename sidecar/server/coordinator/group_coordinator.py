@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
 from ...log.errors import LogError, RecordTooLargeError
 from ...log.log import Log
@@ -83,6 +83,7 @@ from .offset_records import (
     partition_for,
     subscribed_topics,
 )
+from .runtime import Clock, LedPartitions, LocalPartitionWriter, LoopClock, PartitionWriter, Timer
 
 logger = logging.getLogger(__name__)
 
@@ -100,31 +101,6 @@ OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "compact", "compression.type": "produc
                         "segment.bytes": str(OFFSETS_SEGMENT_BYTES)}
 
 Respond = Callable[[dict], None]
-
-
-# -- time ---------------------------------------------------------------------------------------------------------
-
-
-class Timer(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Clock(Protocol):
-    """Wall-clock milliseconds and one-shot timers: the coordinator's only source of time."""
-
-    def now_ms(self) -> int: ...
-
-    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Timer: ...
-
-
-class LoopClock:
-    """Real time, with timers on the running event loop."""
-
-    def now_ms(self) -> int:
-        return int(time.time() * 1000)
-
-    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Timer:
-        return asyncio.get_running_loop().call_later(max(delay_ms, 0) / 1000, callback)
 
 
 # -- group state --------------------------------------------------------------------------------------------------
@@ -318,7 +294,7 @@ class GroupCoordinator:
         offset_metadata_max_bytes: int = 4096,
         new_member_join_timeout_ms: int = 300_000,
         clock: Clock | None = None,
-        on_append: Callable[[TopicPartition], None] | None = None,
+        writer: PartitionWriter | None = None,
         replication_factor: int | None = None,
     ) -> None:
         self.registry = registry
@@ -332,23 +308,21 @@ class GroupCoordinator:
         self.offset_metadata_max_bytes = offset_metadata_max_bytes
         self.new_member_join_timeout_ms = new_member_join_timeout_ms
         self.clock: Clock = clock or LoopClock()
-        self.on_append = on_append or (lambda _tp: None)  # the fetch purgatory's poke: wake fetches of __consumer_offsets
         # The partition APIs' `address_on`: a node's host and port on the listener a request came through (None: none).
         self.address_on: Callable[[int, str], dict | None] = lambda _node_id, _listener: {}
         # The transaction coordinator's FindCoordinator for key type 1 (None: transactions are not served).
         self.find_transaction_coordinator: Callable[[str | None], dict] | None = None
-        # How a record batch is appended to a led partition: with a control store, in the leader epoch, and the
-        # high watermark raised (`StorageNode._append_as_leader`).
-        self.append: Callable[[TopicPartition, Log, bytes], Any] = lambda _tp, log, batch: log.append(batch)
-        # With a control store: waits until the ISR has an appended offset, returning an error code (NONE when
-        # committed); OffsetCommit answers only then, as Kafka's appends to __consumer_offsets use acks=all.
-        self.replicated: Callable[[TopicPartition, int], Awaitable[int]] | None = None
+        # Appends to `__consumer_offsets` (waking its fetches); with a control store OffsetCommit answers only once
+        # the ISR has the commit, as Kafka's appends to __consumer_offsets use acks=all.
+        self.writer: PartitionWriter = writer or LocalPartitionWriter()
         self.last_append: tuple[TopicPartition, int] | None = None  # partition and last offset of the last append
         self.groups: dict[str, Group] = {}
         # TxnOffsetCommit: producer id -> group -> offsets, visible once that producer's COMMIT marker reaches the
         # group's partition, dropped on ABORT (Kafka's pendingTransactionalOffsetCommits).
         self.pending_txn_offsets: dict[int, dict[str, dict[tuple[str, int], OffsetCommitValue]]] = {}
-        self.loaded: dict[int, int] = {}  # partition -> leader epoch it was loaded in (with a control store)
+        # With a control store: the partitions loaded here, each in the leader epoch it was loaded in.
+        self.led = LedPartitions(OFFSETS_TOPIC, "group", registry.log_dir.logs, load=self._load_led,
+                                 unload=self._unload)
         self.active = False
         self._expiry_timer: Timer | None = None
 
@@ -410,36 +384,27 @@ class GroupCoordinator:
 
     def leadership_changed(self, led: dict[int, int]) -> None:
         """With a control store: `led` is {partition: leader epoch} of the `__consumer_offsets` partitions this
-        node leads now. Groups of a partition no longer led are unloaded (their waiting members answered
-        NOT_COORDINATOR); a partition led in a new epoch is loaded again from its log, which holds whatever
-        the previous leader wrote (Kafka's onResignation / onElection)."""
-        if not self.active:
-            return
-        resigned = sorted(p for p, epoch in self.loaded.items() if led.get(p) != epoch)
-        unloaded = [g for g in self.groups.values() if self.partition_for(g.group_id) in resigned]
+        node leads now (`LedPartitions.follow`)."""
+        if self.active:
+            self.led.follow(led)
+
+    def _unload(self, partition: int) -> int:
+        """Forget the groups of a partition no longer led here; their waiting members are answered NOT_COORDINATOR."""
+        unloaded = [g for g in self.groups.values() if self.partition_for(g.group_id) == partition]
         for group in unloaded:
             self._cancel_group_timers(group)
             for m in group.members.values():
                 _answer_waiting(m, NOT_COORDINATOR)
             del self.groups[group.group_id]
-        for p in resigned:
-            del self.loaded[p]
-        elected, records = [], 0
-        for p, epoch in sorted(led.items()):
-            log = self.registry.log_dir.logs.get(TopicPartition(OFFSETS_TOPIC, p))
-            if p in self.loaded or log is None:
-                continue
-            records += self._load_partition(log)
-            for group in [g for g in self.groups.values() if self.partition_for(g.group_id) == p]:
-                self._finish_loading(group)
-            self.loaded[p] = epoch
-            elected.append(f"{p} (epoch {epoch})")
-        if resigned:
-            logger.info("%s partitions %s no longer led here: %s unloaded", OFFSETS_TOPIC,
-                        ", ".join(map(str, resigned)), plural(len(unloaded), "group"))
-        if elected:
-            logger.info("%s partitions %s led here: %s loaded", OFFSETS_TOPIC, ", ".join(elected),
-                        plural(records, "record"))
+        return len(unloaded)
+
+    def _load_led(self, partition: int) -> tuple[int, int]:
+        """Load a partition led here: (groups loaded, records read)."""
+        records = self._load_partition(self.registry.log_dir.logs[TopicPartition(OFFSETS_TOPIC, partition)])
+        loaded = [g for g in self.groups.values() if self.partition_for(g.group_id) == partition]
+        for group in loaded:
+            self._finish_loading(group)
+        return sum(g.group_id in self.groups for g in loaded), records
 
     # -- loading ----------------------------------------------------------------------------------------------
 
@@ -540,13 +505,12 @@ class GroupCoordinator:
                                            "is_transactional": True}
         batch = encode_batch([Record(i, now, k, v) for i, (k, v) in enumerate(entries)], **txn)
         try:
-            info = self.append(TopicPartition(OFFSETS_TOPIC, p), log, batch)
+            info = self.writer.append(TopicPartition(OFFSETS_TOPIC, p), log, batch)
             self.last_append = (TopicPartition(OFFSETS_TOPIC, p), info.last_offset)
         except Exception as exc:  # noqa: BLE001 - mapped to the error code Kafka would answer
             logger.error("append of %s for group %s to %s-%d failed: %s", plural(len(entries), "record"), group_id,
                          OFFSETS_TOPIC, p, exc)
             return exc
-        self.on_append(TopicPartition(OFFSETS_TOPIC, p))
         return None
 
     @staticmethod
@@ -1381,8 +1345,8 @@ class GroupCoordinator:
                                       b.group_instance_id if v >= 7 else None, partitions,
                                       retention_ms=retention, api_version=v)
         appended = self.last_append
-        if appended is not None and self.replicated is not None:
-            code = await self.replicated(*appended)
+        if appended is not None:
+            code = await self.writer.replicated(*appended)
             if code != NONE:  # Kafka's appendForGroup error mapping: not the leader any more, or not replicated
                 code = NOT_COORDINATOR if code in (NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR) \
                     else COORDINATOR_NOT_AVAILABLE

@@ -24,7 +24,6 @@ import re
 from typing import Any, Awaitable, Callable, Iterable
 
 from ...log.errors import InvalidProducerEpochError, KafkaStorageError
-from ...log.log import AppendInfo, Log
 from ...log.records import Record, encode_batch
 from ...log.topic_partition import TopicPartition
 from ...plural import plural
@@ -55,10 +54,10 @@ from ...protocol.error_codes import (
 from ...topics.registry import TopicRegistry
 from . import transaction_state as rules  # its functions share names with our handlers
 from .coordinator_log import declare_internal_topic, loaded_batches
-from .group_coordinator import Clock, LoopClock, Timer
 from .offset_records import OFFSETS_TOPIC, partition_for
 from .producer_ids import ProducerIdAllocator
 from .producer_ids import init_producer_id as idempotent_producer_id
+from .runtime import Clock, LedPartitions, LocalPartitionWriter, LoopClock, PartitionWriter, Timer
 from .transaction_records import (
     TRANSACTION_STATE_TOPIC,
     decode_key,
@@ -113,7 +112,9 @@ class TransactionCoordinator:
                  max_timeout_ms: int = MAX_TIMEOUT_MS, abort_interval_ms: int = ABORT_INTERVAL_MS,
                  id_expiration_ms: int = ID_EXPIRATION_MS, offsets_partitions: int = 50,
                  replication_factor: int | None = None, min_isr: int = 1,
-                 clock: Clock | None = None, serving: Callable[[], bool] = lambda: True) -> None:
+                 clock: Clock | None = None, serving: Callable[[], bool] = lambda: True,
+                 writer: PartitionWriter | None = None, channels: MarkerChannels | None = None,
+                 complete_txn_offsets: Callable[[int, int, bool], None] = lambda _p, _pid, _commit: None) -> None:
         self.registry = registry
         self.producer_ids = producer_ids
         self.partitions = partitions
@@ -126,22 +127,22 @@ class TransactionCoordinator:
         self.min_isr = min_isr
         self.clock: Clock = clock or LoopClock()
         self.serving = serving  # False where no node can coordinate (several nodes without a control store)
-        # How a batch is appended to a led partition and waited for (with a store: in the leader epoch, then
-        # until the ISR has it, as acks=all; `StorageNode._append_as_leader` / `_replicated`).
-        self.append: Callable[[TopicPartition, Log, bytes], AppendInfo] = lambda _tp, log, batch: log.append(batch)
-        self.replicated: Callable[[TopicPartition, int], Awaitable[int]] | None = None
-        self.channels: MarkerChannels | None = None  # WriteTxnMarkers to other nodes (with a store)
-        self.on_append: Callable[[TopicPartition], None] = lambda _tp: None  # the fetch purgatory's poke
+        # State writes and markers, waking fetches (read_committed ones wait for markers); with a store in the
+        # leader epoch, and waited for until the ISR has them, as acks=all.
+        self.writer: PartitionWriter = writer or LocalPartitionWriter()
+        self.channels = channels  # WriteTxnMarkers to other nodes (with a store)
         # A marker reached `__consumer_offsets` partition p: (p, producer id, commit) for the group coordinator,
         # which then commits or drops that producer's pending TxnOffsetCommit offsets.
-        self.on_offsets_marker: Callable[[int, int, bool], None] = lambda _p, _pid, _commit: None
+        self.complete_txn_offsets = complete_txn_offsets
         self.txns: dict[str, TxnMetadata] = {}
         self.active = False
         # `__transaction_state` declared (on first use, at start if on disk, or seen in the store's view); without a
         # store it is loaded then.
         self.declared = False
-        # With a store: partition -> the leader epoch it was loaded in, the coordinator epoch of its ids.
-        self.led: dict[int, int] = {}
+        # With a store: the partitions loaded here, each in the leader epoch it was loaded in, the coordinator epoch
+        # of its ids.
+        self.led = LedPartitions(TRANSACTION_STATE_TOPIC, "transactional id", registry.log_dir.logs,
+                                 load=self._load_led, unload=self._unload)
         self.pending: set[str] = set()  # ids whose next state is being written (CONCURRENT_TRANSACTIONS)
         self._markers: dict[str, asyncio.Task] = {}  # id -> the task writing its markers
         self._timer: Timer | None = None
@@ -170,7 +171,7 @@ class TransactionCoordinator:
     @property
     def replicated_state(self) -> bool:
         """With a control store: the state partitions are replicated and loaded on election."""
-        return self.replicated is not None
+        return self.writer.replicates
 
     def _declared(self) -> bool:
         """Declare (and without a store load) `__transaction_state` on first use; False where no node can
@@ -226,33 +227,24 @@ class TransactionCoordinator:
 
     def leadership_changed(self, led: dict[int, int]) -> None:
         """With a store: `led` is {partition: leader epoch} of the `__transaction_state` partitions this node
-        leads now. The ids of a partition no longer led (or led in another epoch) are unloaded; a partition led
-        in a new epoch is replayed to its end, and its ids in Prepare* get their markers again (Kafka's
-        onElection / onResignation of the transaction coordinator)."""
-        if not self.active or not self.declared:
-            return
-        resigned = sorted(p for p, epoch in self.led.items() if led.get(p) != epoch)
-        unloaded = [tid for tid in self.txns if self.partition_for(tid) in resigned]
+        leads now (`LedPartitions.follow`); the ids in Prepare* of a partition loaded get their markers again."""
+        if self.active and self.declared:
+            self._resume_markers(m for p in self.led.follow(led) for m in self._ids_in(p))
+
+    def _ids_in(self, partition: int) -> list[TxnMetadata]:
+        return [m for tid, m in self.txns.items() if self.partition_for(tid) == partition]
+
+    def _unload(self, partition: int) -> int:
+        """Forget the ids of a partition no longer led here (in this epoch)."""
+        unloaded = [m.transactional_id for m in self._ids_in(partition)]
         for tid in unloaded:
             del self.txns[tid]
-        for p in resigned:
-            del self.led[p]
-        elected, records, loaded = [], 0, []
-        for p, epoch in sorted(led.items()):
-            if p in self.led or TopicPartition(TRANSACTION_STATE_TOPIC, p) not in self.registry.log_dir.logs:
-                continue
-            before = set(self.txns)
-            records += self._load_partition(p)
-            self.led[p] = epoch
-            loaded += [self.txns[t] for t in self.txns if t not in before]
-            elected.append(f"{p} (epoch {epoch})")
-        if resigned:
-            logger.info("%s partitions %s no longer led here: %s unloaded", TRANSACTION_STATE_TOPIC,
-                        ", ".join(map(str, resigned)), plural(len(unloaded), "transactional id"))
-        if elected:
-            logger.info("%s partitions %s led here: %s loaded (%s)", TRANSACTION_STATE_TOPIC, ", ".join(elected),
-                        plural(len(loaded), "transactional id"), plural(records, "record"))
-            self._resume_markers(loaded)
+        return len(unloaded)
+
+    def _load_led(self, partition: int) -> tuple[int, int]:
+        """Replay a partition led here: (ids loaded, records read)."""
+        records = self._load_partition(partition)
+        return len(self._ids_in(partition)), records
 
     def _resume_markers(self, loaded: Iterable[TxnMetadata]) -> None:
         """Markers of the loaded ids found between Prepare* and Complete*: sent again (a second marker of the
@@ -319,7 +311,7 @@ class TransactionCoordinator:
         """The coordinator epoch of partition `p` while this node coordinates its ids, else None (without a
         store: 0 while the partition is local)."""
         if self.replicated_state:
-            return self.led.get(p) if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is not None else None
+            return self.led.epoch(p) if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is not None else None
         return 0 if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is not None else None
 
     async def _store(self, meta: TxnMetadata) -> int:
@@ -337,20 +329,18 @@ class TransactionCoordinator:
         self.pending.add(tid)
         try:
             try:
-                info = self.append(tp, log, batch)
+                info = self.writer.append(tp, log, batch)
             except Exception as exc:  # noqa: BLE001 - Kafka answers a failed coordinator append NOT_COORDINATOR
                 logger.error("transactional id %r: writing %s to %s failed: %s", tid, STATE_NAMES[meta.state], tp,
                              exc)
                 return NOT_COORDINATOR
-            self.on_append(tp)
-            if self.replicated is not None:
-                code = await self.replicated(tp, info.last_offset)
-                if code != NONE:
-                    logger.warning("transactional id %r: %s at %s offset %d not replicated: %s", tid,
-                                   STATE_NAMES[meta.state], tp, info.last_offset, name_of(code))
-                    return COORDINATOR_NOT_AVAILABLE if code in _NOT_AVAILABLE else NOT_COORDINATOR
-                if self._epoch_of(p) != epoch:  # lost the partition meanwhile: the new leader has loaded it
-                    return NOT_COORDINATOR
+            code = await self.writer.replicated(tp, info.last_offset)
+            if code != NONE:
+                logger.warning("transactional id %r: %s at %s offset %d not replicated: %s", tid,
+                               STATE_NAMES[meta.state], tp, info.last_offset, name_of(code))
+                return COORDINATOR_NOT_AVAILABLE if code in _NOT_AVAILABLE else NOT_COORDINATOR
+            if self._epoch_of(p) != epoch:  # lost the partition meanwhile: the new leader has loaded it
+                return NOT_COORDINATOR
         finally:
             self.pending.discard(tid)
         if meta.state == TxnState.DEAD:
@@ -461,7 +451,7 @@ class TransactionCoordinator:
                            marker.describe(), last.coordinator_epoch)
             return TRANSACTION_COORDINATOR_FENCED
         try:
-            info = self.append(tp, log, marker.batch(self.clock.now_ms()))
+            info = self.writer.append(tp, log, marker.batch(self.clock.now_ms()))
         except InvalidProducerEpochError as exc:
             logger.warning("%s: refusing the %s: %s", tp, marker.describe(), exc)
             return INVALID_PRODUCER_EPOCH
@@ -471,12 +461,9 @@ class TransactionCoordinator:
         except Exception as exc:  # noqa: BLE001 - not the leader any more (LogError), or a refusal: retried
             logger.warning("%s: writing the %s failed: %s", tp, marker.describe(), exc)
             return NOT_LEADER_OR_FOLLOWER
-        self.on_append(tp)
         if tp.topic == OFFSETS_TOPIC:
-            self.on_offsets_marker(tp.partition, marker.producer_id, marker.commit)
-        if self.replicated is None:
-            return NONE
-        return await self.replicated(tp, info.last_offset)
+            self.complete_txn_offsets(tp.partition, marker.producer_id, marker.commit)
+        return await self.writer.replicated(tp, info.last_offset)
 
     async def _handle_write_markers(self, request: codec.Request, conn) -> dict:
         """WriteTxnMarkers from another node's coordinator: each marker appended to the partitions it names."""
