@@ -42,6 +42,7 @@ from .apis.fetch_purgatory import FetchPurgatory
 from .apis.listener_addresses import ListenerAddresses
 from .apis.reassignments import Reassignments
 from .apis.store_topics import StoreTopics
+from .coordinator.find_coordinator import FindCoordinator
 from .coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from .coordinator.producer_ids import ProducerIdAllocator
 from .coordinator.runtime import LocalPartitionWriter, ReplicatedPartitionWriter
@@ -211,34 +212,36 @@ class StorageNode:
                                    "follower.replication.throttled.rate": self.replicas.follower_quota.set_rate},
                                addresses=self.addresses,
                                dynamic_file=DynamicBrokerConfigs.in_dir(self.log_dir.paths[0]))
-        # The coordinators write their internal topics' partitions through one writer: a commit or a marker wakes
-        # the fetches of its partition; with a store, writes are in the leader epoch and wait for the ISR.
-        writer = LocalPartitionWriter(self.purgatory.poke) if self.replicas is None else \
-            ReplicatedPartitionWriter(self.replicas, options.node_id, self.purgatory.poke)
-        self.groups = GroupCoordinator(self.registry, writer=writer,
-                                       offsets_partitions=self.server_config.offsets_topic_num_partitions,
-                                       initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,
-                                       replication_factor=self.server_config.offsets_topic_replication_factor
-                                       if self.replicas is not None else None)
         self.authorizing = bool(self.server_config.authorizer_class_name)
         # With etcd the cluster shares one security state (security_sync.py); on Kubernetes the operator writes it.
         self.shared_security: SharedSecurity | None = None
         if options.store is not None and options.store.startswith("etcd://"):
             self.shared_security = SharedSecurity.on_etcd(options.store, options.cluster_id, self.security)
-        self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
-        # Transactions: on a single node, or with a store where every node may lead state partitions.
+        # The coordinators: both write their internal topic through one writer (a commit or a marker wakes the
+        # fetches of its partition; with a store, writes are in the leader epoch and wait for the ISR), and follow
+        # the partitions this node leads (_coordinator_follows_leadership). Groups first: the transaction coordinator
+        # makes their TxnOffsetCommit offsets visible when its markers reach `__consumer_offsets`.
         config = self.server_config
+        writer = LocalPartitionWriter(self.purgatory.poke) if self.replicas is None else \
+            ReplicatedPartitionWriter(self.replicas, options.node_id, self.purgatory.poke)
+        self.groups = GroupCoordinator(self.registry, writer=writer,
+                                       offsets_partitions=config.offsets_topic_num_partitions,
+                                       initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+                                       replication_factor=config.offsets_topic_replication_factor
+                                       if self.replicas is not None else None)
+        self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
+        # Transactions: on a single node, or with a store where every node may lead state partitions (markers to the
+        # other nodes' partitions go by WriteTxnMarkers on the inter-broker listener).
         self.transactions = TransactionCoordinator(
-            self.registry, self.producer_ids, offsets_partitions=self.server_config.offsets_topic_num_partitions,
-            partitions=self.server_config.transaction_state_log_num_partitions,
-            max_timeout_ms=self.server_config.transaction_max_timeout_ms,
-            abort_interval_ms=self.server_config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
-            id_expiration_ms=self.server_config.transactional_id_expiration_ms,
+            self.registry, self.producer_ids, offsets_partitions=config.offsets_topic_num_partitions,
+            partitions=config.transaction_state_log_num_partitions,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            abort_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            id_expiration_ms=config.transactional_id_expiration_ms,
             replication_factor=config.transaction_state_log_replication_factor,
             min_isr=min(config.transaction_state_log_min_isr, config.transaction_state_log_replication_factor),
             serving=lambda: self.replicas is not None or len(self.registry.nodes()) == 1,
-            writer=writer, complete_txn_offsets=self.groups.complete_txn_offsets,  # TxnOffsetCommit made visible
-            # markers to the other nodes' partitions, with a store
+            writer=writer, complete_txn_offsets=self.groups.complete_txn_offsets,
             channels=None if self.replicas is None else MarkerChannels(self.inter_broker.connect,
                                                                        f"shale-txn-markers-{options.node_id}"))
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
@@ -249,6 +252,7 @@ class StorageNode:
                              consumer_fetch_sessions=not self.authorizing,
                              replicas=self.replicas, listeners=self.listeners, purgatory=self.purgatory,
                              handlers={**SASL_HANDLERS, **self.admin.handlers(), **self.groups.handlers(),
+                                       **FindCoordinator(self.groups, self.transactions, self.addresses).handlers(),
                                        **Reassignments(self.registry, store_topics, self._store_view).handlers(),
                                        **AclAdmin(self.security, authorizer_enabled=self.authorizing,
                                                   shared=self.shared_security).handlers(),
@@ -262,8 +266,6 @@ class StorageNode:
                              if self.authorizing else None,
                              on_failed_authentication=self.metrics.security.failed_authentication,
                              addresses=self.addresses)
-        self.groups.address_on = self.addresses.address_on  # FindCoordinator answers the request's listener
-        self.groups.find_transaction_coordinator = self.transactions.find_coordinator  # ... key type 1 too
         self.ready = False
         self.clean_shutdown = False  # set by run() once the logs are closed; `shale serve` exits 1 without it
         self._stop: asyncio.Event | None = None

@@ -47,7 +47,6 @@ from ...protocol.error_codes import (
     INCONSISTENT_GROUP_PROTOCOL,
     INVALID_COMMIT_OFFSET_SIZE,
     INVALID_GROUP_ID,
-    INVALID_REQUEST,
     INVALID_SESSION_TIMEOUT,
     KAFKA_STORAGE_ERROR,
     MEMBER_ID_REQUIRED,
@@ -88,7 +87,7 @@ from .runtime import Clock, LedPartitions, LocalPartitionWriter, LoopClock, Part
 logger = logging.getLogger(__name__)
 
 
-API_OFFSET_COMMIT, API_OFFSET_FETCH, API_FIND_COORDINATOR = 8, 9, 10
+API_OFFSET_COMMIT, API_OFFSET_FETCH = 8, 9
 API_JOIN_GROUP, API_HEARTBEAT, API_LEAVE_GROUP, API_SYNC_GROUP = 11, 12, 13, 14
 API_DESCRIBE_GROUPS, API_LIST_GROUPS, API_DELETE_GROUPS, API_OFFSET_DELETE = 15, 16, 42, 47
 API_TXN_OFFSET_COMMIT = 28
@@ -308,10 +307,6 @@ class GroupCoordinator:
         self.offset_metadata_max_bytes = offset_metadata_max_bytes
         self.new_member_join_timeout_ms = new_member_join_timeout_ms
         self.clock: Clock = clock or LoopClock()
-        # The partition APIs' `address_on`: a node's host and port on the listener a request came through (None: none).
-        self.address_on: Callable[[int, str], dict | None] = lambda _node_id, _listener: {}
-        # The transaction coordinator's FindCoordinator for key type 1 (None: transactions are not served).
-        self.find_transaction_coordinator: Callable[[str | None], dict] | None = None
         # Appends to `__consumer_offsets` (waking its fetches); with a control store OffsetCommit answers only once
         # the ISR has the commit, as Kafka's appends to __consumer_offsets use acks=all.
         self.writer: PartitionWriter = writer or LocalPartitionWriter()
@@ -330,7 +325,6 @@ class GroupCoordinator:
         return {
             API_OFFSET_COMMIT: self._handle_offset_commit,
             API_OFFSET_FETCH: self._handle_offset_fetch,
-            API_FIND_COORDINATOR: self._handle_find_coordinator,
             API_JOIN_GROUP: self._handle_join_group,
             API_HEARTBEAT: self._handle_heartbeat,
             API_LEAVE_GROUP: self._handle_leave_group,
@@ -1251,15 +1245,9 @@ class GroupCoordinator:
 
     # -- FindCoordinator --------------------------------------------------------------------------------------
 
-    def find_coordinator(self, key: str | None, key_type: int) -> dict:
+    def find_coordinator(self, key: str | None) -> dict:
+        """FindCoordinator key type 0: the leader of the group's `__consumer_offsets` partition."""
         out = {"error_code": NONE, "error_message": None, "node_id": -1, "host": "", "port": -1}
-        if key_type == 1 and self.find_transaction_coordinator is not None:
-            return self.find_transaction_coordinator(key)
-        if key_type == 1:
-            return {**out, "error_code": COORDINATOR_NOT_AVAILABLE,
-                    "error_message": "transactions are not supported by this server"}
-        if key_type != 0:
-            return {**out, "error_code": INVALID_REQUEST, "error_message": f"unknown coordinator type {key_type}"}
         if key is None:  # a null string where the schema has none; a null group id is INVALID_GROUP_ID everywhere
             return {**out, "error_code": INVALID_GROUP_ID, "error_message": "the coordinator key (group id) is null"}
         if not self.active:
@@ -1272,25 +1260,6 @@ class GroupCoordinator:
         return {**out, "node_id": node.node_id, "host": node.host, "port": node.port}
 
     # -- wire handlers ----------------------------------------------------------------------------------------
-
-    async def _handle_find_coordinator(self, request: codec.Request, conn) -> dict:
-        v, b = request.api_version, request.body
-        key_type = b.key_type if v >= 1 else 0
-        if v < 4:
-            return {"throttle_time_ms": 0, **self._coordinator_on(b.key, key_type, conn.listener)}
-        return {"throttle_time_ms": 0,
-                "coordinators": [{"key": key, **self._coordinator_on(key, key_type, conn.listener)}
-                                 for key in b.coordinator_keys]}
-
-    def _coordinator_on(self, key: str | None, key_type: int, listener: str) -> dict:
-        """The coordinator's address on the request's listener; a coordinator without that listener is
-        COORDINATOR_NOT_AVAILABLE, as Kafka answers when the node has no endpoint there."""
-        found = self.find_coordinator(key, key_type)
-        shown = self.address_on(found["node_id"], listener)
-        if shown is None:
-            return {**found, "error_code": COORDINATOR_NOT_AVAILABLE, "node_id": -1, "host": "", "port": -1,
-                    "error_message": f"the coordinator (node {found['node_id']}) has no listener {listener}"}
-        return {**found, **shown}
 
     async def _handle_join_group(self, request: codec.Request, conn) -> dict:
         v, b = request.api_version, request.body
