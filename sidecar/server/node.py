@@ -43,12 +43,12 @@ from .apis.listener_addresses import ListenerAddresses
 from .apis.reassignments import Reassignments
 from .apis.store_topics import StoreTopics
 from .coordinator.find_coordinator import FindCoordinator
-from .coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
-from .coordinator.producer_ids import ProducerIdAllocator
+from .coordinator.group.coordinator import OFFSETS_TOPIC, GroupCoordinator
 from .coordinator.runtime import LocalPartitionWriter, ReplicatedPartitionWriter
-from .coordinator.transaction_coordinator import TransactionCoordinator
-from .coordinator.transaction_records import TRANSACTION_STATE_TOPIC
-from .coordinator.txn_markers import MarkerChannels
+from .coordinator.transaction.coordinator import TransactionCoordinator
+from .coordinator.transaction.producer_ids import ProducerIdAllocator
+from .coordinator.transaction.transaction_records import TRANSACTION_STATE_TOPIC
+from .coordinator.transaction.txn_markers import MarkerChannels
 from .network.channel import SASL_HANDLERS
 from .network.inter_broker import InterBrokerClient
 from .network.listener_security import listener_securities, split_settings

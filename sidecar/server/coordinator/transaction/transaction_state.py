@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ...protocol.error_codes import (
+from ....protocol.error_codes import (
     CONCURRENT_TRANSACTIONS,
     INVALID_PRODUCER_ID_MAPPING,
     INVALID_TRANSACTION_TIMEOUT,

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import struct
 
-from ...log.message_reader import MessageReader
-from ...log.varint import encode_uvarint
+from ....log.message_reader import MessageReader
+from ....log.varint import encode_uvarint
 from .transaction_state import NO_PRODUCER_ID, TxnMetadata, TxnState
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import threading
 
-from ...log.atomic_file import atomic_write
-from ...protocol.error_codes import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, NONE
+from ....log.atomic_file import atomic_write
+from ....protocol.error_codes import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, NONE
 
 PRODUCER_ID_BLOCK_FILE = "producer-id-block"
 _FILE_VERSION = 0

@@ -27,18 +27,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from ...log.errors import LogError, RecordTooLargeError
-from ...log.log import Log
-from ...log.records import (
+from ....log.errors import LogError, RecordTooLargeError
+from ....log.log import Log
+from ....log.records import (
     ControlType,
     Record,
     encode_batch,
     parse_control_key,
 )
-from ...log.topic_partition import TopicPartition
-from ...plural import plural
-from ...protocol import codec
-from ...protocol.error_codes import (
+from ....log.topic_partition import TopicPartition
+from ....plural import plural
+from ....protocol import codec
+from ....protocol.error_codes import (
     COORDINATOR_NOT_AVAILABLE,
     FENCED_INSTANCE_ID,
     GROUP_ID_NOT_FOUND,
@@ -61,9 +61,10 @@ from ...protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
     UNSTABLE_OFFSET_COMMIT,
 )
-from ...topics.registry import TopicRegistry
-from ..apis.authorized_operations import GROUP_OPERATIONS
-from .coordinator_log import declare_internal_topic, loaded_batches
+from ....topics.registry import TopicRegistry
+from ...apis.authorized_operations import GROUP_OPERATIONS
+from ..coordinator_log import declare_internal_topic, loaded_batches
+from ..runtime import Clock, LedPartitions, LocalPartitionWriter, LoopClock, PartitionWriter, Timer
 from .offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
@@ -82,7 +83,6 @@ from .offset_records import (
     partition_for,
     subscribed_topics,
 )
-from .runtime import Clock, LedPartitions, LocalPartitionWriter, LoopClock, PartitionWriter, Timer
 
 logger = logging.getLogger(__name__)
 

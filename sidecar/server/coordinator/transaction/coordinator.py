@@ -23,12 +23,12 @@ import logging
 import re
 from typing import Any, Awaitable, Callable, Iterable
 
-from ...log.errors import InvalidProducerEpochError, KafkaStorageError
-from ...log.records import Record, encode_batch
-from ...log.topic_partition import TopicPartition
-from ...plural import plural
-from ...protocol import codec
-from ...protocol.error_codes import (
+from ....log.errors import InvalidProducerEpochError, KafkaStorageError
+from ....log.records import Record, encode_batch
+from ....log.topic_partition import TopicPartition
+from ....plural import plural
+from ....protocol import codec
+from ....protocol.error_codes import (
     CONCURRENT_TRANSACTIONS,
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
@@ -51,13 +51,13 @@ from ...protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
     name_of,
 )
-from ...topics.registry import TopicRegistry
+from ....topics.registry import TopicRegistry
+from ..coordinator_log import declare_internal_topic, loaded_batches
+from ..group.offset_records import OFFSETS_TOPIC, partition_for
+from ..runtime import Clock, LedPartitions, LocalPartitionWriter, LoopClock, PartitionWriter, Timer
 from . import transaction_state as rules  # its functions share names with our handlers
-from .coordinator_log import declare_internal_topic, loaded_batches
-from .offset_records import OFFSETS_TOPIC, partition_for
 from .producer_ids import ProducerIdAllocator
 from .producer_ids import init_producer_id as idempotent_producer_id
-from .runtime import Clock, LedPartitions, LocalPartitionWriter, LoopClock, PartitionWriter, Timer
 from .transaction_records import (
     TRANSACTION_STATE_TOPIC,
     decode_key,
