@@ -43,7 +43,8 @@ from .apis.listener_addresses import ListenerAddresses
 from .apis.reassignments import Reassignments
 from .apis.store_topics import StoreTopics
 from .coordinator.find_coordinator import FindCoordinator
-from .coordinator.group.coordinator import OFFSETS_TOPIC, GroupCoordinator
+from .coordinator.group.coordinator import GroupCoordinator
+from .coordinator.group.offset_records import OFFSETS_TOPIC
 from .coordinator.runtime import LocalPartitionWriter, ReplicatedPartitionWriter
 from .coordinator.transaction.coordinator import TransactionCoordinator
 from .coordinator.transaction.producer_ids import ProducerIdAllocator

@@ -23,7 +23,7 @@ from kafka import TopicPartition as KpTP
 from kafka.protocol.consumer.group import JoinGroupRequest, JoinGroupResponse
 from test_offset_records import KAFKA_SCHEMAS
 
-from shale.sidecar.server.coordinator.group.coordinator import GroupState
+from shale.sidecar.server.coordinator.group.model import GroupState
 from shale.sidecar.server.coordinator.group.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,

@@ -24,7 +24,7 @@ from test_group_coordinator import (
 )
 
 from shale.sidecar.server.apis.authorized_operations import GROUP_OPERATIONS
-from shale.sidecar.server.coordinator.group.coordinator import CommitPartition, GroupState
+from shale.sidecar.server.coordinator.group.model import CommitPartition, GroupState
 from shale.sidecar.server.coordinator.group.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,

@@ -23,7 +23,8 @@ from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol import codec
 from shale.sidecar.server.apis.listener_addresses import ListenerAddresses
 from shale.sidecar.server.coordinator.find_coordinator import FindCoordinator
-from shale.sidecar.server.coordinator.group.coordinator import OFFSETS_TOPIC_CONFIG, GroupCoordinator, GroupState
+from shale.sidecar.server.coordinator.group.coordinator import OFFSETS_TOPIC_CONFIG, GroupCoordinator
+from shale.sidecar.server.coordinator.group.model import GroupState
 from shale.sidecar.server.coordinator.group.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
