@@ -320,7 +320,7 @@ class GroupCoordinator:
             elif group is not None:
                 offsets = len(group.offsets)
                 exc = self.log.append(group.group_id, [*self.log.tombstones(group.group_id, group.offsets),
-                                                    (encode_key(GroupMetadataKey(group.group_id)), None)])
+                                                       (encode_key(GroupMetadataKey(group.group_id)), None)])
                 if exc is not None:
                     code = self.log.store_error(exc, commit=False)
                 else:

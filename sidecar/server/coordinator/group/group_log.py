@@ -44,7 +44,7 @@ class GroupLog:
         return partition_for(group_id, self.partitions)
 
     def append(self, group_id: str, entries: list[tuple[bytes, bytes | None]],
-                now: int | None = None, producer: tuple[int, int] | None = None) -> Exception | None:
+               now: int | None = None, producer: tuple[int, int] | None = None) -> Exception | None:
         """Append keyed records (timestamp `now`) to the group's partition; the exception if the log refused them.
         With `producer` (id, epoch) the batch is that producer's transactional batch (TxnOffsetCommit)."""
         p = self.partition_for(group_id)

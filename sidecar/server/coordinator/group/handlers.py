@@ -105,8 +105,8 @@ class GroupApis:
         retention = b.retention_time_ms if 2 <= v <= 4 else -1
         self.log.last_append = None
         results = self.offsets.commit_offsets(b.group_id, b.generation_id_or_member_epoch, b.member_id or "",
-                                      b.group_instance_id if v >= 7 else None, partitions,
-                                      retention_ms=retention, api_version=v)
+                                              b.group_instance_id if v >= 7 else None, partitions,
+                                              retention_ms=retention, api_version=v)
         appended = self.log.last_append
         if appended is not None:
             code = await self.log.writer.replicated(*appended)
@@ -128,9 +128,9 @@ class GroupApis:
                                       p.committed_leader_epoch if v >= 2 else -1, p.committed_metadata)
                       for t in b.topics for p in t.partitions]
         results = self.offsets.commit_offsets(b.group_id, b.generation_id if v >= 3 else -1,
-                                      (b.member_id or "") if v >= 3 else "",
-                                      b.group_instance_id if v >= 3 else None, partitions,
-                                      producer=(b.producer_id, b.producer_epoch))
+                                              (b.member_id or "") if v >= 3 else "",
+                                              b.group_instance_id if v >= 3 else None, partitions,
+                                              producer=(b.producer_id, b.producer_epoch))
         return {"throttle_time_ms": 0, "topics": [
             {"name": t.name, "partitions": [{"partition_index": p.partition_index,
                                              "error_code": results[(t.name, p.partition_index)]}
@@ -201,7 +201,7 @@ class GroupApis:
     async def _handle_offset_delete(self, request: codec.Request, conn) -> dict:
         b = request.body
         code, topics = self.offsets.delete_offsets(b.group_id, [(t.name, [p.partition_index for p in t.partitions])
-                                                        for t in b.topics])
+                                                                for t in b.topics])
         return {"error_code": code, "throttle_time_ms": 0,
                 "topics": [{"name": name, "partitions": [{"partition_index": p, "error_code": c} for p, c in parts]}
                            for name, parts in topics]}

@@ -108,7 +108,7 @@ class Offsets:
             results[tp] = NONE
         if values:
             exc = self.log.append(group_id, [(encode_key(OffsetCommitKey(group_id, t, p)), encode_offset_commit_value(v))
-                                          for (t, p), v in values.items()], now, producer)
+                                             for (t, p), v in values.items()], now, producer)
             if exc is not None:
                 code = getattr(exc, "error_code", None) if producer is not None else None  # a fenced epoch: 47
                 code = code if code is not None else self.log.store_error(exc, commit=True)

@@ -45,6 +45,12 @@ class TxnState(enum.IntEnum):
     DEAD = 6
     PREPARE_EPOCH_FENCE = 7
 
+# Kafka's names of the states (TransactionState.name), as DescribeTransactions and ListTransactions show them.
+STATE_NAMES: dict[TxnState, str] = {
+    TxnState.EMPTY: "Empty", TxnState.ONGOING: "Ongoing", TxnState.PREPARE_COMMIT: "PrepareCommit",
+    TxnState.PREPARE_ABORT: "PrepareAbort", TxnState.COMPLETE_COMMIT: "CompleteCommit",
+    TxnState.COMPLETE_ABORT: "CompleteAbort", TxnState.DEAD: "Dead", TxnState.PREPARE_EPOCH_FENCE: "PrepareEpochFence"}
+
 
 _COMPLETE = frozenset({TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
 _PREPARE = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
