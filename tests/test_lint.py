@@ -20,7 +20,7 @@ STRICT = [
     "replication.preferred_leader", "replication.store_records", "replication.topic_record",
     "replication.fetch_session", "replication.fetch_session_handler",
     "server.coordinator.transaction.transaction_state", "server.coordinator.transaction.transaction_records",
-    "server.coordinator.group.offset_records",
+    "server.coordinator.group.offset_records", "server.coordinator.group.model",
 ]
 
 

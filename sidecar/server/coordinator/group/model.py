@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ....protocol.error_codes import FENCED_INSTANCE_ID, NONE, UNKNOWN_MEMBER_ID
 from ..runtime import Timer
@@ -14,7 +14,7 @@ from .offset_records import OffsetCommitValue, subscribed_topics
 CONSUMER_PROTOCOL_TYPE = "consumer"
 CLASSIC_GROUP_TYPE = "classic"  # ListGroups v5 group type: every group here uses the classic protocol
 
-Respond = Callable[[dict], None]  # answers a waiting JoinGroup or SyncGroup
+Respond = Callable[[dict[str, Any]], None]  # answers a waiting JoinGroup or SyncGroup
 
 
 class GroupState(enum.Enum):
@@ -98,7 +98,8 @@ class Group:
         for m in self.members.values():
             name = m.vote(candidates)
             votes[name] = votes.get(name, 0) + 1
-        leader = self.members.get(self.leader_id) or next(iter(self.members.values()))
+        leader = self.members.get(self.leader_id) if self.leader_id is not None else None
+        leader = leader or next(iter(self.members.values()))
         order = {name: i for i, (name, _) in enumerate(leader.protocols)}
         return max(votes, key=lambda n: (votes[n], -order.get(n, len(order))))
 
@@ -173,12 +174,12 @@ class CommitPartition:
     metadata: str | None = ""
 
 
-def join_error(member_id: str, code: int) -> dict:
+def join_error(member_id: str, code: int) -> dict[str, Any]:
     return {"error_code": code, "generation_id": -1, "protocol_type": None, "protocol_name": None, "leader": "",
             "skip_assignment": False, "member_id": member_id, "members": []}
 
 
-def sync_result(code: int, group: Group | None = None, assignment: bytes = b"") -> dict:
+def sync_result(code: int, group: Group | None = None, assignment: bytes = b"") -> dict[str, Any]:
     return {"error_code": code, "protocol_type": group.protocol_type if group and code == NONE else None,
             "protocol_name": group.protocol_name if group and code == NONE else None, "assignment": assignment}
 

@@ -80,7 +80,7 @@ class ProducerIdAllocator:
 def init_producer_id(allocator: ProducerIdAllocator, version: int, body) -> dict:
     """The InitProducerId response body for a decoded request (`body`: kafka-python's request object)."""
     if body.transactional_id is not None:
-        # A transactional id is the transaction coordinator's (transaction_coordinator.py), which calls this
+        # A transactional id is the transaction coordinator's (transaction/coordinator.py), which calls this
         # only without one. Answered as Kafka answers when its coordinator cannot serve: the client retries.
         return _response(COORDINATOR_NOT_AVAILABLE)
     # v0-2 have no producer id and epoch fields (kafka-protocol.md G7).

@@ -3,7 +3,7 @@
 Kafka's transaction coordinator keeps one compacted record per transactional id; the layouts are
 `TransactionLogKey.json` / `TransactionLogValue.json` in `transaction-coordinator/src/main/resources/common/
 message/`. The same bytes keep the topic readable by Kafka's tooling (`kafka-dump-log
---transaction-log-decoder`) and loadable by a Kafka broker, as `offset_records.py` does for
+--transaction-log-decoder`) and loadable by a Kafka broker, as `group/offset_records.py` does for
 `__consumer_offsets`.
 
 * key   = int16 0 (the coordinator record type) + TransactionLogKey{transactional_id: string}.
