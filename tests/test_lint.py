@@ -19,8 +19,8 @@ STRICT = [
     "replication.election", "replication.partition", "replication.truncation", "replication.reassignment",
     "replication.preferred_leader", "replication.store_records", "replication.topic_record",
     "replication.fetch_session", "replication.fetch_session_handler",
-    "server.coordinator.transaction_state", "server.coordinator.transaction_records",
-    "server.coordinator.offset_records",
+    "server.coordinator.transaction.transaction_state", "server.coordinator.transaction.transaction_records",
+    "server.coordinator.group.offset_records", "server.coordinator.group.model",
 ]
 
 

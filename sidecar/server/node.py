@@ -17,12 +17,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..log.errors import LogError
-from ..log.log import AppendInfo, Log
 from ..log.log_dirs import LogDirs, parse_log_dirs
 from ..log.topic_partition import TopicPartition
 from ..plural import plural
-from ..protocol.error_codes import NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
 from ..replication.control_store import ControlStore, StoreView
 from ..replication.controller import Controller, new_incarnation
 from ..replication.follower import holds_unreplicated
@@ -45,11 +42,14 @@ from .apis.fetch_purgatory import FetchPurgatory
 from .apis.listener_addresses import ListenerAddresses
 from .apis.reassignments import Reassignments
 from .apis.store_topics import StoreTopics
-from .coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
-from .coordinator.producer_ids import ProducerIdAllocator
-from .coordinator.transaction_coordinator import TransactionCoordinator
-from .coordinator.transaction_records import TRANSACTION_STATE_TOPIC
-from .coordinator.txn_markers import MarkerChannels
+from .coordinator.find_coordinator import FindCoordinator
+from .coordinator.group.coordinator import GroupCoordinator
+from .coordinator.group.offset_records import OFFSETS_TOPIC
+from .coordinator.runtime import LocalPartitionWriter, ReplicatedPartitionWriter
+from .coordinator.transaction.coordinator import TransactionCoordinator
+from .coordinator.transaction.producer_ids import ProducerIdAllocator
+from .coordinator.transaction.transaction_records import TRANSACTION_STATE_TOPIC
+from .coordinator.transaction.txn_markers import MarkerChannels
 from .network.channel import SASL_HANDLERS
 from .network.inter_broker import InterBrokerClient
 from .network.listener_security import listener_securities, split_settings
@@ -62,7 +62,6 @@ from .ops.security_sync import SharedSecurity
 
 logger = logging.getLogger(__name__)
 
-OFFSETS_COMMIT_TIMEOUT_MS = 5000  # Kafka's offsets.commit.timeout.ms: how long a commit waits for the ISR
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -214,28 +213,38 @@ class StorageNode:
                                    "follower.replication.throttled.rate": self.replicas.follower_quota.set_rate},
                                addresses=self.addresses,
                                dynamic_file=DynamicBrokerConfigs.in_dir(self.log_dir.paths[0]))
-        self.groups = GroupCoordinator(self.registry,
-                                       offsets_partitions=self.server_config.offsets_topic_num_partitions,
-                                       initial_rebalance_delay_ms=self.server_config.group_initial_rebalance_delay_ms,
-                                       replication_factor=self.server_config.offsets_topic_replication_factor
-                                       if self.replicas is not None else None)
         self.authorizing = bool(self.server_config.authorizer_class_name)
         # With etcd the cluster shares one security state (security_sync.py); on Kubernetes the operator writes it.
         self.shared_security: SharedSecurity | None = None
         if options.store is not None and options.store.startswith("etcd://"):
             self.shared_security = SharedSecurity.on_etcd(options.store, options.cluster_id, self.security)
-        self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
-        # Transactions: on a single node, or with a store where every node may lead state partitions.
+        # The coordinators: both write their internal topic through one writer (a commit or a marker wakes the
+        # fetches of its partition; with a store, writes are in the leader epoch and wait for the ISR), and follow
+        # the partitions this node leads (_coordinator_follows_leadership). Groups first: the transaction coordinator
+        # makes their TxnOffsetCommit offsets visible when its markers reach `__consumer_offsets`.
         config = self.server_config
+        writer = LocalPartitionWriter(self.purgatory.poke) if self.replicas is None else \
+            ReplicatedPartitionWriter(self.replicas, options.node_id, self.purgatory.poke)
+        self.groups = GroupCoordinator(self.registry, writer=writer,
+                                       offsets_partitions=config.offsets_topic_num_partitions,
+                                       initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+                                       replication_factor=config.offsets_topic_replication_factor
+                                       if self.replicas is not None else None)
+        self.producer_ids = ProducerIdAllocator(self.log_dir.path, node_id=options.node_id)
+        # Transactions: on a single node, or with a store where every node may lead state partitions (markers to the
+        # other nodes' partitions go by WriteTxnMarkers on the inter-broker listener).
         self.transactions = TransactionCoordinator(
-            self.registry, self.producer_ids, offsets_partitions=self.server_config.offsets_topic_num_partitions,
-            partitions=self.server_config.transaction_state_log_num_partitions,
-            max_timeout_ms=self.server_config.transaction_max_timeout_ms,
-            abort_interval_ms=self.server_config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
-            id_expiration_ms=self.server_config.transactional_id_expiration_ms,
+            self.registry, self.producer_ids, offsets_partitions=config.offsets_topic_num_partitions,
+            partitions=config.transaction_state_log_num_partitions,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            abort_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            id_expiration_ms=config.transactional_id_expiration_ms,
             replication_factor=config.transaction_state_log_replication_factor,
             min_isr=min(config.transaction_state_log_min_isr, config.transaction_state_log_replication_factor),
-            serving=lambda: self.replicas is not None or len(self.registry.nodes()) == 1)
+            serving=lambda: self.replicas is not None or len(self.registry.nodes()) == 1,
+            writer=writer, complete_txn_offsets=self.groups.complete_txn_offsets,
+            channels=None if self.replicas is None else MarkerChannels(self.inter_broker.connect,
+                                                                       f"shale-txn-markers-{options.node_id}"))
         self.broker = Broker(self.registry, host=host, port=port, cluster_id=options.cluster_id,
                              observe=self.metrics.requests.observe,
                              max_request_bytes=self.server_config.socket_request_max_bytes,
@@ -244,6 +253,7 @@ class StorageNode:
                              consumer_fetch_sessions=not self.authorizing,
                              replicas=self.replicas, listeners=self.listeners, purgatory=self.purgatory,
                              handlers={**SASL_HANDLERS, **self.admin.handlers(), **self.groups.handlers(),
+                                       **FindCoordinator(self.groups, self.transactions, self.addresses).handlers(),
                                        **Reassignments(self.registry, store_topics, self._store_view).handlers(),
                                        **AclAdmin(self.security, authorizer_enabled=self.authorizing,
                                                   shared=self.shared_security).handlers(),
@@ -257,18 +267,6 @@ class StorageNode:
                              if self.authorizing else None,
                              on_failed_authentication=self.metrics.security.failed_authentication,
                              addresses=self.addresses)
-        self.groups.on_append = self.purgatory.poke  # commits wake fetches of __consumer_offsets
-        self.groups.address_on = self.addresses.address_on  # FindCoordinator answers the request's listener
-        self.groups.find_transaction_coordinator = self.transactions.find_coordinator  # ... key type 1 too
-        self.transactions.on_append = self.purgatory.poke  # markers wake read_committed fetches
-        self.transactions.on_offsets_marker = self.groups.complete_txn_offsets  # TxnOffsetCommit made visible
-        if self.replicas is not None:
-            self.groups.append = self._append_as_leader
-            self.groups.replicated = self._replicated
-            self.transactions.append = self._append_as_leader  # state writes and markers, acks=all
-            self.transactions.replicated = self._replicated
-            self.transactions.channels = MarkerChannels(self.inter_broker.connect,
-                                                        f"shale-txn-markers-{options.node_id}")
         self.ready = False
         self.clean_shutdown = False  # set by run() once the logs are closed; `shale serve` exits 1 without it
         self._stop: asyncio.Event | None = None
@@ -322,31 +320,6 @@ class StorageNode:
         if name not in self.registry.topics:
             self.manifests.forget(name)
             self.groups.topic_deleted(name)
-
-    def _append_as_leader(self, tp: TopicPartition, log: Log, batch: bytes) -> AppendInfo:
-        """The group and transaction coordinators' appends with a store: stamped with the leader epoch, the high
-        watermark raised as for a produce. LogError when this node does not lead the partition (any more)."""
-        partition = self.replicas.leader(tp)
-        if partition is None or partition.log is not log:
-            raise LogError(f"{tp} is not led by node {self.options.node_id} now")
-        info = log.append(batch, leader_epoch=partition.leader_epoch)
-        self.replicas.appended(partition)
-        return info
-
-    async def _replicated(self, tp: TopicPartition, last_offset: int) -> int:
-        """Wait until the ISR has `last_offset` of a partition this node leads (the coordinators' writes): the
-        error code of the parked produce, or REQUEST_TIMED_OUT after Kafka's offsets.commit.timeout.ms."""
-        partition = self.replicas.leader(tp)
-        if partition is None:
-            return NOT_LEADER_OR_FOLLOWER
-        waiter = self.replicas.park(partition, last_offset)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter.done), OFFSETS_COMMIT_TIMEOUT_MS / 1000)
-            return waiter.done.result()
-        except asyncio.TimeoutError:
-            return REQUEST_TIMED_OUT
-        finally:
-            self.replicas.delayed.forget(waiter)
 
     def _on_view(self, view: StoreView) -> None:
         """The controller read the store: the API's topics follow their records (first: replicas need their

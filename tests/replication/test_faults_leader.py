@@ -66,7 +66,7 @@ def test_leader_sigkill_of_the_group_coordinator_keeps_the_committed_offsets(tmp
     from confluent_kafka import Consumer, Producer, TopicPartition
     from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 
-    from shale.sidecar.server.coordinator.offset_records import partition_for
+    from shale.sidecar.server.coordinator.group.offset_records import partition_for
     from support.clients_util import build, call
 
     cluster = start_replicated_cluster(tmp_path, etcd, 3, topic_manifest("events", 1, replicas=3),

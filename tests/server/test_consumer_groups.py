@@ -23,8 +23,8 @@ from kafka import TopicPartition as KpTP
 from kafka.protocol.consumer.group import JoinGroupRequest, JoinGroupResponse
 from test_offset_records import KAFKA_SCHEMAS
 
-from shale.sidecar.server.coordinator.group_coordinator import GroupState
-from shale.sidecar.server.coordinator.offset_records import (
+from shale.sidecar.server.coordinator.group.model import GroupState
+from shale.sidecar.server.coordinator.group.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
     OffsetCommitKey,

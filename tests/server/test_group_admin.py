@@ -24,8 +24,8 @@ from test_group_coordinator import (
 )
 
 from shale.sidecar.server.apis.authorized_operations import GROUP_OPERATIONS
-from shale.sidecar.server.coordinator.group_coordinator import CommitPartition, GroupState
-from shale.sidecar.server.coordinator.offset_records import (
+from shale.sidecar.server.coordinator.group.model import CommitPartition, GroupState
+from shale.sidecar.server.coordinator.group.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
     OffsetCommitKey,

@@ -21,8 +21,11 @@ from shale.sidecar.log.log_dir import LogDir
 from shale.sidecar.log.records import Record, decode_batch, encode_batch
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol import codec
-from shale.sidecar.server.coordinator.group_coordinator import OFFSETS_TOPIC_CONFIG, GroupCoordinator, GroupState
-from shale.sidecar.server.coordinator.offset_records import (
+from shale.sidecar.server.apis.listener_addresses import ListenerAddresses
+from shale.sidecar.server.coordinator.find_coordinator import FindCoordinator
+from shale.sidecar.server.coordinator.group.coordinator import OFFSETS_TOPIC_CONFIG, GroupCoordinator
+from shale.sidecar.server.coordinator.group.model import GroupState
+from shale.sidecar.server.coordinator.group.offset_records import (
     OFFSETS_TOPIC,
     GroupMetadataKey,
     OffsetCommitKey,
@@ -33,6 +36,7 @@ from shale.sidecar.server.coordinator.offset_records import (
     encode_key,
     partition_for,
 )
+from shale.sidecar.server.coordinator.runtime import LocalPartitionWriter
 from shale.sidecar.server.network.handler import ConnectionInfo
 from shale.sidecar.topic_config import TopicConfig
 from shale.sidecar.topics.registry import NodeAddress, TopicRegistry, TopicSpec
@@ -112,6 +116,7 @@ class Harness:
         self.registry.put(TopicSpec("t", 4, TopicConfig.from_mapping({})))
         self.registry.put(TopicSpec("u", 2, TopicConfig.from_mapping({})))
         self.coord = GroupCoordinator(self.registry, clock=self.clock, **self.options)
+        self.handlers = {**self.coord.handlers(), **FindCoordinator(self.coord, None, ListenerAddresses(0)).handlers()}
 
     async def restart(self) -> None:
         """A new coordinator (and log directory) over the same files, as after a node restart."""
@@ -126,7 +131,7 @@ class Harness:
     async def call(self, api_key: int, version: int, *, client_id: str = "client-1", **values):
         request = build(codec.request_class(api_key), values, version)
         decoded = codec.decode_request(request_frame(request, 7, client_id)[4:])
-        body = await self.coord.handlers()[api_key](decoded, ConnectionInfo(client_id, "10.0.0.9"))
+        body = await self.handlers[api_key](decoded, ConnectionInfo(client_id, "10.0.0.9"))
         raw = codec.encode_response(api_key, version, 7, body)
         return codec.response_class(api_key).decode(raw, version=version, header=True)
 
@@ -670,9 +675,8 @@ def test_offsets_topic_is_declared_compacted_and_internal(tmp_path):
 
 def test_the_poke_hook_names_the_partition_written(tmp_path):
     async def main():
-        h = Harness(tmp_path)
         poked: list[TopicPartition] = []
-        h.coord.on_append = poked.append
+        h = Harness(tmp_path, writer=LocalPartitionWriter(poked.append))
         await h.coord.start()
         try:
             assert await h.commit({("t", 0): 1}, group="poke") == {("t", 0): 0}

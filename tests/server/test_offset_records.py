@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
 
-from shale.sidecar.server.coordinator.offset_records import (
+from shale.sidecar.server.coordinator.group.offset_records import (
     GroupMetadataKey,
     GroupMetadataValue,
     MemberMetadata,

@@ -10,8 +10,8 @@ import pytest
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
 from shale.sidecar.protocol.codec import decode_request, encode_response
-from shale.sidecar.server.coordinator import producer_ids
-from shale.sidecar.server.coordinator.producer_ids import (
+from shale.sidecar.server.coordinator.transaction import producer_ids
+from shale.sidecar.server.coordinator.transaction.producer_ids import (
     COORDINATOR_NOT_AVAILABLE,
     INVALID_REQUEST,
     PRODUCER_ID_BLOCK_FILE,
@@ -19,7 +19,7 @@ from shale.sidecar.server.coordinator.producer_ids import (
     ProducerIdAllocatorError,
     init_producer_id,
 )
-from shale.sidecar.server.coordinator.producer_ids import (
+from shale.sidecar.server.coordinator.transaction.producer_ids import (
     NODE_STRIDE as S,
 )
 

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shale.sidecar.server.coordinator.transaction_records import (
+from shale.sidecar.server.coordinator.transaction.transaction_records import (
     TransactionRecordError,
     decode_key,
     decode_value,
     encode_key,
     encode_value,
 )
-from shale.sidecar.server.coordinator.transaction_state import TxnMetadata, TxnState
+from shale.sidecar.server.coordinator.transaction.transaction_state import TxnMetadata, TxnState
 from support.kafka_schema_util import message_classes
 
 KAFKA_SCHEMAS = {

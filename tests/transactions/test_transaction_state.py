@@ -21,8 +21,8 @@ from shale.sidecar.protocol.error_codes import (
     NONE,
     PRODUCER_FENCED,
 )
-from shale.sidecar.server.coordinator.transaction_records import decode_value, encode_value
-from shale.sidecar.server.coordinator.transaction_state import (
+from shale.sidecar.server.coordinator.transaction.transaction_records import decode_value, encode_value
+from shale.sidecar.server.coordinator.transaction.transaction_state import (
     INT16_MAX,
     VALID_PREVIOUS,
     IllegalTransition,

@@ -10,7 +10,7 @@ from shale.sidecar.log.records import decode_batch, parse_control_key, parse_end
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol import codec
 from shale.sidecar.protocol.client_codec import decode_response, encode_request
-from shale.sidecar.server.coordinator.txn_markers import (
+from shale.sidecar.server.coordinator.transaction.txn_markers import (
     API_WRITE_TXN_MARKERS,
     REQUEST_VERSION,
     Marker,

@@ -3,7 +3,7 @@
 Kafka's transaction coordinator keeps one compacted record per transactional id; the layouts are
 `TransactionLogKey.json` / `TransactionLogValue.json` in `transaction-coordinator/src/main/resources/common/
 message/`. The same bytes keep the topic readable by Kafka's tooling (`kafka-dump-log
---transaction-log-decoder`) and loadable by a Kafka broker, as `offset_records.py` does for
+--transaction-log-decoder`) and loadable by a Kafka broker, as `group/offset_records.py` does for
 `__consumer_offsets`.
 
 * key   = int16 0 (the coordinator record type) + TransactionLogKey{transactional_id: string}.
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import struct
 
-from ...log.message_reader import MessageReader
-from ...log.varint import encode_uvarint
+from ....log.message_reader import MessageReader
+from ....log.varint import encode_uvarint
 from .transaction_state import NO_PRODUCER_ID, TxnMetadata, TxnState
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"

@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ...protocol.error_codes import (
+from ....protocol.error_codes import (
     CONCURRENT_TRANSACTIONS,
     INVALID_PRODUCER_ID_MAPPING,
     INVALID_TRANSACTION_TIMEOUT,
@@ -44,6 +44,12 @@ class TxnState(enum.IntEnum):
     COMPLETE_ABORT = 5
     DEAD = 6
     PREPARE_EPOCH_FENCE = 7
+
+# Kafka's names of the states (TransactionState.name), as DescribeTransactions and ListTransactions show them.
+STATE_NAMES: dict[TxnState, str] = {
+    TxnState.EMPTY: "Empty", TxnState.ONGOING: "Ongoing", TxnState.PREPARE_COMMIT: "PrepareCommit",
+    TxnState.PREPARE_ABORT: "PrepareAbort", TxnState.COMPLETE_COMMIT: "CompleteCommit",
+    TxnState.COMPLETE_ABORT: "CompleteAbort", TxnState.DEAD: "Dead", TxnState.PREPARE_EPOCH_FENCE: "PrepareEpochFence"}
 
 
 _COMPLETE = frozenset({TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})

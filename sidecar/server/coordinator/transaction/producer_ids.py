@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import threading
 
-from ...log.atomic_file import atomic_write
-from ...protocol.error_codes import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, NONE
+from ....log.atomic_file import atomic_write
+from ....protocol.error_codes import COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST, NONE
 
 PRODUCER_ID_BLOCK_FILE = "producer-id-block"
 _FILE_VERSION = 0
@@ -80,7 +80,7 @@ class ProducerIdAllocator:
 def init_producer_id(allocator: ProducerIdAllocator, version: int, body) -> dict:
     """The InitProducerId response body for a decoded request (`body`: kafka-python's request object)."""
     if body.transactional_id is not None:
-        # A transactional id is the transaction coordinator's (transaction_coordinator.py), which calls this
+        # A transactional id is the transaction coordinator's (transaction/coordinator.py), which calls this
         # only without one. Answered as Kafka answers when its coordinator cannot serve: the client retries.
         return _response(COORDINATOR_NOT_AVAILABLE)
     # v0-2 have no producer id and epoch fields (kafka-protocol.md G7).

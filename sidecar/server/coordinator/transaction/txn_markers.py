@@ -15,11 +15,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
 
-from ...log.records import ControlType, end_txn_marker_batch
-from ...log.topic_partition import TopicPartition
-from ...protocol.client_codec import decode_response, encode_request
-from ...protocol.codec import ProtocolError
-from ...topics.registry import NodeAddress
+from ....log.records import ControlType, end_txn_marker_batch
+from ....log.topic_partition import TopicPartition
+from ....protocol.client_codec import decode_response, encode_request
+from ....protocol.codec import ProtocolError
+from ....topics.registry import NodeAddress
 
 logger = logging.getLogger(__name__)
 

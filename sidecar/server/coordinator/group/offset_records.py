@@ -20,8 +20,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from ...log.message_reader import MessageReader
-from ...log.varint import encode_uvarint
+from ....log.message_reader import MessageReader
+from ....log.varint import encode_uvarint
 
 OFFSETS_TOPIC = "__consumer_offsets"
 

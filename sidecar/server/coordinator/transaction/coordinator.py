@@ -1,84 +1,60 @@
-"""The transaction coordinator: InitProducerId (with a transactional id), AddPartitionsToTxn, AddOffsetsToTxn,
-EndTxn, DescribeTransactions and ListTransactions, with state in `__transaction_state` (docs/transactions.md).
+"""The transaction coordinator: every transactional id whose `__transaction_state` partition this node leads,
+its state stored and loaded, its transactions ended (docs/transactions.md).
 
 The rules are `transaction_state.py`'s; this module stores their results (`transaction_records.py`'s bytes,
 appended to the id's partition, and with a control store replicated to the ISR, before the client is answered
-and before the new state is current), writes the COMMIT/ABORT markers, aborts transactions past their timeout
-and loads the state back. An id with a write in flight answers CONCURRENT_TRANSACTIONS (Kafka's pending state),
-so one request's write-then-apply is never interleaved with another's.
+and before the new state is current), drives the COMMIT/ABORT markers (`markers.py` writes each round), aborts
+transactions past their timeout and loads the state back. An id with a write in flight answers
+CONCURRENT_TRANSACTIONS (Kafka's pending state), so one request's write-then-apply is never interleaved with
+another's. Its Kafka APIs are `handlers.py`'s.
 
 Without a store every partition is local: markers are direct appends and the state is loaded at start. With a
 store (docs/transactions.md, "Replicated like any topic") the coordinator of an id is the leader of its
 `__transaction_state` partition, which loads the partition when it comes to lead it in a new leader epoch (that
-epoch is the markers' coordinator epoch) and unloads it when it stops; markers go to each partition's leader,
-by WriteTxnMarkers (`txn_markers.py`) to other nodes, retried until every partition has them. The same
-module answers WriteTxnMarkers from other coordinators. On several nodes without a store, FindCoordinator for
-transactions answers COORDINATOR_NOT_AVAILABLE: no node can reach the others' partitions' leaders by election.
+epoch is the markers' coordinator epoch) and unloads it when it stops (docs/coordinator-runtime.md); markers go
+to each partition's leader, by WriteTxnMarkers to other nodes, retried until every partition has them. On
+several nodes without a store, FindCoordinator for transactions answers COORDINATOR_NOT_AVAILABLE: no node can
+reach the others' partitions' leaders by election.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Callable, Iterable
 
-from ...log.errors import InvalidProducerEpochError, KafkaStorageError
-from ...log.log import AppendInfo, Log
-from ...log.records import Record, encode_batch
-from ...log.topic_partition import TopicPartition
-from ...plural import plural
-from ...protocol import codec
-from ...protocol.error_codes import (
+from ....log.records import Record, encode_batch
+from ....log.topic_partition import TopicPartition
+from ....plural import plural
+from ....protocol.error_codes import (
     CONCURRENT_TRANSACTIONS,
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
-    INVALID_PRODUCER_EPOCH,
     INVALID_PRODUCER_ID_MAPPING,
     INVALID_REQUEST,
     INVALID_TRANSACTION_TIMEOUT,
-    KAFKA_STORAGE_ERROR,
     NONE,
     NOT_COORDINATOR,
     NOT_ENOUGH_REPLICAS,
     NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    NOT_LEADER_OR_FOLLOWER,
-    OPERATION_NOT_ATTEMPTED,
     PRODUCER_FENCED,
     REQUEST_TIMED_OUT,
     TRANSACTION_ABORTABLE,
-    TRANSACTION_COORDINATOR_FENCED,
-    TRANSACTIONAL_ID_NOT_FOUND,
-    UNKNOWN_TOPIC_OR_PARTITION,
     name_of,
 )
-from ...topics.registry import TopicRegistry
+from ....topics.registry import TopicRegistry
+from ..coordinator_log import declare_internal_topic, loaded_batches
+from ..group.offset_records import partition_for
+from ..runtime import Clock, LedPartitions, LocalPartitionWriter, LoopClock, PartitionWriter, Timer
 from . import transaction_state as rules  # its functions share names with our handlers
-from .coordinator_log import declare_internal_topic, loaded_batches
-from .group_coordinator import Clock, LoopClock, Timer
-from .offset_records import OFFSETS_TOPIC, partition_for
+from .handlers import TransactionApis
+from .markers import MarkerWriter
 from .producer_ids import ProducerIdAllocator
-from .producer_ids import init_producer_id as idempotent_producer_id
-from .transaction_records import (
-    TRANSACTION_STATE_TOPIC,
-    decode_key,
-    decode_value,
-    encode_key,
-    encode_value,
-)
-from .transaction_state import IllegalTransition, Refused, TxnMetadata, TxnState
-from .txn_markers import (
-    API_WRITE_TXN_MARKERS,
-    Marker,
-    MarkerChannels,
-    request_partitions,
-    response_markers,
-)
+from .transaction_records import TRANSACTION_STATE_TOPIC, decode_key, decode_value, encode_key, encode_value
+from .transaction_state import STATE_NAMES, IllegalTransition, Refused, TxnMetadata, TxnState
+from .txn_markers import Marker, MarkerChannels
 
 logger = logging.getLogger(__name__)
-
-API_INIT_PRODUCER_ID, API_ADD_PARTITIONS_TO_TXN, API_ADD_OFFSETS_TO_TXN, API_END_TXN = 22, 24, 25, 26
-API_DESCRIBE_TRANSACTIONS, API_LIST_TRANSACTIONS = 65, 66
 
 # TransactionStateManager's defaults (transaction.state.log.*, transaction.*.ms).
 STATE_LOG_SEGMENT_BYTES = 100 * 1024 * 1024
@@ -90,20 +66,8 @@ ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000
 MARKER_RETRY_S = (0.05, 1.0)  # first and longest pause between rounds of markers some partition refused
 ENDTXN_MARKER_WAIT_S = 5.0  # EndTxn answers once its markers are written, or after this (they go on after it)
 
-# ... with one of these, the whole transaction's markers stop: this coordinator is stale (Kafka's
-# TransactionMarkerRequestCompletionHandler drops them; the current coordinator sends its own).
-_MARKER_STALE = (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED, TRANSACTION_COORDINATOR_FENCED)
 # Kafka's TransactionStateManager.appendTransactionToLog: a write the ISR did not take is retriable elsewhere.
 _NOT_AVAILABLE = (NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT)
-
-# Request versions before KIP-588 get INVALID_PRODUCER_EPOCH where newer ones get PRODUCER_FENCED.
-_FIRST_FENCED_VERSION = {API_INIT_PRODUCER_ID: 4, API_ADD_PARTITIONS_TO_TXN: 2, API_ADD_OFFSETS_TO_TXN: 2,
-                         API_END_TXN: 2}
-
-STATE_NAMES = {TxnState.EMPTY: "Empty", TxnState.ONGOING: "Ongoing", TxnState.PREPARE_COMMIT: "PrepareCommit",
-               TxnState.PREPARE_ABORT: "PrepareAbort", TxnState.COMPLETE_COMMIT: "CompleteCommit",
-               TxnState.COMPLETE_ABORT: "CompleteAbort", TxnState.DEAD: "Dead",
-               TxnState.PREPARE_EPOCH_FENCE: "PrepareEpochFence"}
 
 
 class TransactionCoordinator:
@@ -113,7 +77,9 @@ class TransactionCoordinator:
                  max_timeout_ms: int = MAX_TIMEOUT_MS, abort_interval_ms: int = ABORT_INTERVAL_MS,
                  id_expiration_ms: int = ID_EXPIRATION_MS, offsets_partitions: int = 50,
                  replication_factor: int | None = None, min_isr: int = 1,
-                 clock: Clock | None = None, serving: Callable[[], bool] = lambda: True) -> None:
+                 clock: Clock | None = None, serving: Callable[[], bool] = lambda: True,
+                 writer: PartitionWriter | None = None, channels: MarkerChannels | None = None,
+                 complete_txn_offsets: Callable[[int, int, bool], None] = lambda _p, _pid, _commit: None) -> None:
         self.registry = registry
         self.producer_ids = producer_ids
         self.partitions = partitions
@@ -126,35 +92,26 @@ class TransactionCoordinator:
         self.min_isr = min_isr
         self.clock: Clock = clock or LoopClock()
         self.serving = serving  # False where no node can coordinate (several nodes without a control store)
-        # How a batch is appended to a led partition and waited for (with a store: in the leader epoch, then
-        # until the ISR has it, as acks=all; `StorageNode._append_as_leader` / `_replicated`).
-        self.append: Callable[[TopicPartition, Log, bytes], AppendInfo] = lambda _tp, log, batch: log.append(batch)
-        self.replicated: Callable[[TopicPartition, int], Awaitable[int]] | None = None
-        self.channels: MarkerChannels | None = None  # WriteTxnMarkers to other nodes (with a store)
-        self.on_append: Callable[[TopicPartition], None] = lambda _tp: None  # the fetch purgatory's poke
-        # A marker reached `__consumer_offsets` partition p: (p, producer id, commit) for the group coordinator,
-        # which then commits or drops that producer's pending TxnOffsetCommit offsets.
-        self.on_offsets_marker: Callable[[int, int, bool], None] = lambda _p, _pid, _commit: None
+        # State writes and markers, waking fetches (read_committed ones wait for markers); with a store in the
+        # leader epoch, and waited for until the ISR has them, as acks=all.
+        self.writer: PartitionWriter = writer or LocalPartitionWriter()
+        self.markers = MarkerWriter(registry, self.writer, self.clock, channels, complete_txn_offsets)
         self.txns: dict[str, TxnMetadata] = {}
         self.active = False
         # `__transaction_state` declared (on first use, at start if on disk, or seen in the store's view); without a
         # store it is loaded then.
         self.declared = False
-        # With a store: partition -> the leader epoch it was loaded in, the coordinator epoch of its ids.
-        self.led: dict[int, int] = {}
+        # With a store: the partitions loaded here, each in the leader epoch it was loaded in, the coordinator epoch
+        # of its ids.
+        self.led = LedPartitions(TRANSACTION_STATE_TOPIC, "transactional id", registry.log_dir.logs,
+                                 load=self._load_led, unload=self._unload)
         self.pending: set[str] = set()  # ids whose next state is being written (CONCURRENT_TRANSACTIONS)
-        self._markers: dict[str, asyncio.Task] = {}  # id -> the task writing its markers
+        self._marker_tasks: dict[str, asyncio.Task] = {}  # id -> the task writing its markers
         self._timer: Timer | None = None
         self._ticking: asyncio.Task | None = None  # the last tick's work (one at a time)
 
     def handlers(self) -> dict[int, Any]:
-        return {API_INIT_PRODUCER_ID: self._handle_init_producer_id,
-                API_ADD_PARTITIONS_TO_TXN: self._handle_add_partitions,
-                API_ADD_OFFSETS_TO_TXN: self._handle_add_offsets,
-                API_END_TXN: self._handle_end_txn,
-                API_DESCRIBE_TRANSACTIONS: self._handle_describe,
-                API_LIST_TRANSACTIONS: self._handle_list,
-                API_WRITE_TXN_MARKERS: self._handle_write_markers}
+        return TransactionApis(self).handlers()
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -170,7 +127,7 @@ class TransactionCoordinator:
     @property
     def replicated_state(self) -> bool:
         """With a control store: the state partitions are replicated and loaded on election."""
-        return self.replicated is not None
+        return self.writer.replicates
 
     def _declared(self) -> bool:
         """Declare (and without a store load) `__transaction_state` on first use; False where no node can
@@ -226,33 +183,24 @@ class TransactionCoordinator:
 
     def leadership_changed(self, led: dict[int, int]) -> None:
         """With a store: `led` is {partition: leader epoch} of the `__transaction_state` partitions this node
-        leads now. The ids of a partition no longer led (or led in another epoch) are unloaded; a partition led
-        in a new epoch is replayed to its end, and its ids in Prepare* get their markers again (Kafka's
-        onElection / onResignation of the transaction coordinator)."""
-        if not self.active or not self.declared:
-            return
-        resigned = sorted(p for p, epoch in self.led.items() if led.get(p) != epoch)
-        unloaded = [tid for tid in self.txns if self.partition_for(tid) in resigned]
+        leads now (`LedPartitions.follow`); the ids in Prepare* of a partition loaded get their markers again."""
+        if self.active and self.declared:
+            self._resume_markers(m for p in self.led.follow(led) for m in self._ids_in(p))
+
+    def _ids_in(self, partition: int) -> list[TxnMetadata]:
+        return [m for tid, m in self.txns.items() if self.partition_for(tid) == partition]
+
+    def _unload(self, partition: int) -> int:
+        """Forget the ids of a partition no longer led here (in this epoch)."""
+        unloaded = [m.transactional_id for m in self._ids_in(partition)]
         for tid in unloaded:
             del self.txns[tid]
-        for p in resigned:
-            del self.led[p]
-        elected, records, loaded = [], 0, []
-        for p, epoch in sorted(led.items()):
-            if p in self.led or TopicPartition(TRANSACTION_STATE_TOPIC, p) not in self.registry.log_dir.logs:
-                continue
-            before = set(self.txns)
-            records += self._load_partition(p)
-            self.led[p] = epoch
-            loaded += [self.txns[t] for t in self.txns if t not in before]
-            elected.append(f"{p} (epoch {epoch})")
-        if resigned:
-            logger.info("%s partitions %s no longer led here: %s unloaded", TRANSACTION_STATE_TOPIC,
-                        ", ".join(map(str, resigned)), plural(len(unloaded), "transactional id"))
-        if elected:
-            logger.info("%s partitions %s led here: %s loaded (%s)", TRANSACTION_STATE_TOPIC, ", ".join(elected),
-                        plural(len(loaded), "transactional id"), plural(records, "record"))
-            self._resume_markers(loaded)
+        return len(unloaded)
+
+    def _load_led(self, partition: int) -> tuple[int, int]:
+        """Replay a partition led here: (ids loaded, records read)."""
+        records = self._load_partition(partition)
+        return len(self._ids_in(partition)), records
 
     def _resume_markers(self, loaded: Iterable[TxnMetadata]) -> None:
         """Markers of the loaded ids found between Prepare* and Complete*: sent again (a second marker of the
@@ -268,12 +216,11 @@ class TransactionCoordinator:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for task in [*self._markers.values(), self._ticking]:
+        for task in [*self._marker_tasks.values(), self._ticking]:
             if task is not None:
                 task.cancel()
-        self._markers.clear()
-        if self.channels is not None:
-            self.channels.close()
+        self._marker_tasks.clear()
+        self.markers.close()
 
     def _schedule(self) -> None:
         self._timer = self.clock.call_later(self.abort_interval_ms, self._tick)
@@ -319,7 +266,7 @@ class TransactionCoordinator:
         """The coordinator epoch of partition `p` while this node coordinates its ids, else None (without a
         store: 0 while the partition is local)."""
         if self.replicated_state:
-            return self.led.get(p) if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is not None else None
+            return self.led.epoch(p) if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is not None else None
         return 0 if self.registry.local_log(TRANSACTION_STATE_TOPIC, p) is not None else None
 
     async def _store(self, meta: TxnMetadata) -> int:
@@ -337,20 +284,18 @@ class TransactionCoordinator:
         self.pending.add(tid)
         try:
             try:
-                info = self.append(tp, log, batch)
+                info = self.writer.append(tp, log, batch)
             except Exception as exc:  # noqa: BLE001 - Kafka answers a failed coordinator append NOT_COORDINATOR
                 logger.error("transactional id %r: writing %s to %s failed: %s", tid, STATE_NAMES[meta.state], tp,
                              exc)
                 return NOT_COORDINATOR
-            self.on_append(tp)
-            if self.replicated is not None:
-                code = await self.replicated(tp, info.last_offset)
-                if code != NONE:
-                    logger.warning("transactional id %r: %s at %s offset %d not replicated: %s", tid,
-                                   STATE_NAMES[meta.state], tp, info.last_offset, name_of(code))
-                    return COORDINATOR_NOT_AVAILABLE if code in _NOT_AVAILABLE else NOT_COORDINATOR
-                if self._epoch_of(p) != epoch:  # lost the partition meanwhile: the new leader has loaded it
-                    return NOT_COORDINATOR
+            code = await self.writer.replicated(tp, info.last_offset)
+            if code != NONE:
+                logger.warning("transactional id %r: %s at %s offset %d not replicated: %s", tid,
+                               STATE_NAMES[meta.state], tp, info.last_offset, name_of(code))
+                return COORDINATOR_NOT_AVAILABLE if code in _NOT_AVAILABLE else NOT_COORDINATOR
+            if self._epoch_of(p) != epoch:  # lost the partition meanwhile: the new leader has loaded it
+                return NOT_COORDINATOR
         finally:
             self.pending.discard(tid)
         if meta.state == TxnState.DEAD:
@@ -363,12 +308,12 @@ class TransactionCoordinator:
 
     def _start_markers(self, meta: TxnMetadata) -> asyncio.Task:
         """The task writing `meta`'s markers (one per id; a running one is kept)."""
-        task = self._markers.get(meta.transactional_id)
+        task = self._marker_tasks.get(meta.transactional_id)
         if task is None or task.done():
             task = asyncio.get_running_loop().create_task(self._write_markers(meta))
-            self._markers[meta.transactional_id] = task
-            task.add_done_callback(lambda t, tid=meta.transactional_id: self._markers.pop(tid, None)
-                                   if self._markers.get(tid) is t else None)
+            self._marker_tasks[meta.transactional_id] = task
+            task.add_done_callback(lambda t, tid=meta.transactional_id: self._marker_tasks.pop(tid, None)
+                                   if self._marker_tasks.get(tid) is t else None)
         return task
 
     async def _write_markers(self, meta: TxnMetadata) -> None:
@@ -385,7 +330,7 @@ class TransactionCoordinator:
         remaining = set(TopicPartition(t, q) for t, q in meta.partitions)
         pause = MARKER_RETRY_S[0]
         while remaining:
-            failed = await self._markers_round(marker, remaining)
+            failed = await self.markers.write_round(marker, remaining)
             if failed is None:
                 logger.warning("transactional id %r: %s refused as stale; this coordinator stops sending it", tid,
                                marker.describe())
@@ -401,91 +346,6 @@ class TransactionCoordinator:
                 return  # unloaded, or led in another epoch: the loader sends them
         if self.txns.get(tid) is meta:
             await self._store(rules.complete(meta, self.clock.now_ms()))
-
-    async def _markers_round(self, marker: Marker, partitions: set[TopicPartition]
-                             ) -> dict[TopicPartition, str] | None:
-        """One try of every partition: local ones appended, the others' leaders asked (one request per node).
-        The partitions still to do and why, or None when a partition refused the marker as stale."""
-        me = self.registry.node.node_id
-        by_node: dict[int, list[TopicPartition]] = {}
-        failed: dict[TopicPartition, str] = {}
-        for tp in partitions:
-            leader = self.registry.leader(tp.topic, tp.partition)
-            if leader is None:
-                continue  # the partition was deleted: nothing left to close
-            if leader < 0:
-                failed[tp] = "no leader now"
-                continue
-            by_node.setdefault(leader, []).append(tp)
-        nodes = self.registry.nodes()
-        asked: list[list[TopicPartition]] = []
-        asks: list[Awaitable[dict[TopicPartition, int] | None]] = []
-        for node_id, tps in sorted(by_node.items()):
-            if node_id == me:
-                asks.append(self._append_markers(marker, tps))
-            elif node_id in nodes and self.channels is not None:
-                asks.append(self.channels.send(nodes[node_id], marker, sorted(tps)))
-            else:
-                failed.update({tp: f"leader {node_id} not reachable" for tp in tps})
-                continue
-            asked.append(tps)
-        for tps, codes in zip(asked, await asyncio.gather(*asks)):
-            if codes is None:
-                failed.update({tp: "no answer" for tp in tps})
-                continue
-            for tp, code in codes.items():
-                if code in _MARKER_STALE:
-                    return None
-                # Done when written, or when the partition is gone here too (a leader that has not applied a
-                # new topic yet is asked again, as Kafka checks its metadata before dropping a marker).
-                gone = code == UNKNOWN_TOPIC_OR_PARTITION and self.registry.leader(tp.topic, tp.partition) is None
-                if code != NONE and not gone:
-                    failed[tp] = name_of(code)
-        return failed
-
-    async def _append_markers(self, marker: Marker, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-        codes = await asyncio.gather(*(self.append_marker(tp, marker) for tp in partitions))
-        return dict(zip(partitions, codes))
-
-    async def append_marker(self, tp: TopicPartition, marker: Marker) -> int:
-        """Append `marker` to a partition this node leads, acks=all: the error code once the ISR has it (Kafka's
-        WriteTxnMarkers handling: a lower coordinator epoch than the producer's last marker is
-        TRANSACTION_COORDINATOR_FENCED, an older producer epoch INVALID_PRODUCER_EPOCH)."""
-        log = self.registry.local_log(tp.topic, tp.partition)
-        if log is None:
-            leader = self.registry.leader(tp.topic, tp.partition)
-            return UNKNOWN_TOPIC_OR_PARTITION if leader is None else NOT_LEADER_OR_FOLLOWER
-        last = log.producer_state.last_entry(marker.producer_id)
-        if last is not None and last.coordinator_epoch > marker.coordinator_epoch:
-            logger.warning("%s: refusing the %s: the producer's last marker had coordinator epoch %d", tp,
-                           marker.describe(), last.coordinator_epoch)
-            return TRANSACTION_COORDINATOR_FENCED
-        try:
-            info = self.append(tp, log, marker.batch(self.clock.now_ms()))
-        except InvalidProducerEpochError as exc:
-            logger.warning("%s: refusing the %s: %s", tp, marker.describe(), exc)
-            return INVALID_PRODUCER_EPOCH
-        except KafkaStorageError as exc:
-            logger.error("%s: writing the %s failed: %s", tp, marker.describe(), exc)
-            return KAFKA_STORAGE_ERROR
-        except Exception as exc:  # noqa: BLE001 - not the leader any more (LogError), or a refusal: retried
-            logger.warning("%s: writing the %s failed: %s", tp, marker.describe(), exc)
-            return NOT_LEADER_OR_FOLLOWER
-        self.on_append(tp)
-        if tp.topic == OFFSETS_TOPIC:
-            self.on_offsets_marker(tp.partition, marker.producer_id, marker.commit)
-        if self.replicated is None:
-            return NONE
-        return await self.replicated(tp, info.last_offset)
-
-    async def _handle_write_markers(self, request: codec.Request, conn) -> dict:
-        """WriteTxnMarkers from another node's coordinator: each marker appended to the partitions it names."""
-        results = []
-        for m in request.body.markers:
-            marker = Marker(m.producer_id, m.producer_epoch, bool(m.transaction_result), m.coordinator_epoch)
-            tps = request_partitions(m)
-            results.append((m.producer_id, await self._append_markers(marker, tps)))
-        return {"markers": response_markers(results)}
 
     # -- FindCoordinator ----------------------------------------------------------------------------------------
 
@@ -515,7 +375,7 @@ class TransactionCoordinator:
         transaction.partition.verification.enable=false) until AddPartitionsToTxn v4 asks the coordinating node.
         An id whose next state is being written is checked as it stands (Kafka does not look at the pending state
         here)."""
-        error = self._coordinating(transactional_id)
+        error = self.coordinating(transactional_id)
         if error == NOT_COORDINATOR:
             return None
         if error not in (NONE, CONCURRENT_TRANSACTIONS):
@@ -529,7 +389,7 @@ class TransactionCoordinator:
             return CONCURRENT_TRANSACTIONS
         return NONE if (tp.topic, tp.partition) in meta.partitions else TRANSACTION_ABORTABLE
 
-    def _coordinating(self, transactional_id: str | None) -> int:
+    def coordinating(self, transactional_id: str | None) -> int:
         """NONE if this node coordinates the id now (Kafka's getTransactionState checks)."""
         if transactional_id is None or transactional_id == "":
             return INVALID_REQUEST
@@ -547,7 +407,7 @@ class TransactionCoordinator:
     async def init_producer_id(self, transactional_id: str, timeout_ms: int, expected: tuple[int, int] | None
                                ) -> tuple[int, int, int]:
         """(error, producer id, epoch) for a transactional producer; an Ongoing transaction is fenced first."""
-        error = self._coordinating(transactional_id)
+        error = self.coordinating(transactional_id)
         if error != NONE:
             return error, -1, -1
         if not rules.valid_timeout(timeout_ms, self.max_timeout_ms):
@@ -573,7 +433,7 @@ class TransactionCoordinator:
                      ) -> tuple[int, TxnMetadata | None]:
         """(error, the metadata stored) of a request about an id's current producer: `step` maps its metadata
         and now to the next metadata or a refusal; an id without metadata is INVALID_PRODUCER_ID_MAPPING."""
-        error = self._coordinating(transactional_id)
+        error = self.coordinating(transactional_id)
         if error != NONE:
             return error, None
         meta = self.txns.get(transactional_id)
@@ -598,106 +458,3 @@ class TransactionCoordinator:
         if error == NONE and out.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             await asyncio.wait([self._start_markers(out)], timeout=ENDTXN_MARKER_WAIT_S)
         return error
-
-    # -- wire handlers ------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _error_for(api_key: int, version: int, error: int) -> int:
-        if error == PRODUCER_FENCED and version < _FIRST_FENCED_VERSION[api_key]:
-            return INVALID_PRODUCER_EPOCH
-        return error
-
-    async def _handle_init_producer_id(self, request: codec.Request, conn) -> dict:
-        v, b = request.api_version, request.body
-        if b.transactional_id is None:
-            return idempotent_producer_id(self.producer_ids, v, b)
-        expected = (b.producer_id, b.producer_epoch) if v >= 3 and b.producer_id >= 0 else None
-        error, pid, epoch = await self.init_producer_id(b.transactional_id, b.transaction_timeout_ms, expected)
-        return {"throttle_time_ms": 0, "error_code": self._error_for(API_INIT_PRODUCER_ID, v, error),
-                "producer_id": pid, "producer_epoch": epoch}
-
-    def _partition_errors(self, topics) -> tuple[frozenset[tuple[str, int]], dict[tuple[str, int], int]]:
-        """The partitions asked for, and UNKNOWN_TOPIC_OR_PARTITION for those that do not exist."""
-        asked = frozenset((t.name, p) for t in topics for p in t.partitions)
-        unknown = {tp: UNKNOWN_TOPIC_OR_PARTITION for tp in asked if self.registry.leader(*tp) is None}
-        return asked, unknown
-
-    async def _handle_add_partitions(self, request: codec.Request, conn) -> dict:
-        v, b = request.api_version, request.body
-        asked, errors = self._partition_errors(b.v3_and_below_topics)
-        if errors:  # Kafka: the unknown ones fail, the others OPERATION_NOT_ATTEMPTED (55)
-            errors = {tp: errors.get(tp, OPERATION_NOT_ATTEMPTED) for tp in asked}
-        else:
-            error = self._error_for(API_ADD_PARTITIONS_TO_TXN, v, await self.add_partitions(
-                b.v3_and_below_transactional_id, b.v3_and_below_producer_id, b.v3_and_below_producer_epoch, asked))
-            errors = {tp: error for tp in asked}
-        by_topic: dict[str, list[dict]] = {}
-        for (topic, partition), error in sorted(errors.items()):
-            by_topic.setdefault(topic, []).append({"partition_index": partition, "partition_error_code": error})
-        return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": [
-            {"name": t, "results_by_partition": r} for t, r in by_topic.items()]}
-
-    async def _handle_add_offsets(self, request: codec.Request, conn) -> dict:
-        v, b = request.api_version, request.body
-        offsets_partition = (OFFSETS_TOPIC, partition_for(b.group_id, self.offsets_partitions))
-        error = await self.add_partitions(b.transactional_id, b.producer_id, b.producer_epoch,
-                                          frozenset({offsets_partition}))
-        return {"throttle_time_ms": 0, "error_code": self._error_for(API_ADD_OFFSETS_TO_TXN, v, error)}
-
-    async def _handle_end_txn(self, request: codec.Request, conn) -> dict:
-        v, b = request.api_version, request.body
-        error = await self.end_txn(b.transactional_id, b.producer_id, b.producer_epoch, bool(b.committed))
-        return {"throttle_time_ms": 0, "error_code": self._error_for(API_END_TXN, v, error),
-                "producer_id": -1, "producer_epoch": -1}
-
-    def describe(self, transactional_id: str) -> dict:
-        meta = self.txns.get(transactional_id)
-        out = {"transactional_id": transactional_id, "transaction_state": "", "transaction_timeout_ms": 0,
-               "transaction_start_time_ms": -1, "producer_id": -1, "producer_epoch": -1, "topics": []}
-        error = self._coordinating(transactional_id)
-        if error == NONE and meta is None:
-            error = TRANSACTIONAL_ID_NOT_FOUND
-        if error != NONE:
-            return {**out, "error_code": error}
-        by_topic: dict[str, list[int]] = {}
-        for topic, partition in sorted(meta.partitions):
-            by_topic.setdefault(topic, []).append(partition)
-        return {**out, "error_code": NONE, "transaction_state": STATE_NAMES[meta.state],
-                "transaction_timeout_ms": meta.timeout_ms, "transaction_start_time_ms": meta.start_timestamp_ms,
-                "producer_id": meta.producer_id, "producer_epoch": meta.producer_epoch,
-                "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]}
-
-    async def _handle_describe(self, request: codec.Request, conn) -> dict:
-        return {"throttle_time_ms": 0,
-                "transaction_states": [self.describe(t) for t in request.body.transactional_ids]}
-
-    def list_transactions(self, states: list[str], producer_ids: list[int], min_duration_ms: int = -1,
-                          pattern: str | None = None) -> tuple[list[str], list[dict]]:
-        """Kafka's ListTransactions filters: states by name (unknown ones reported), producer ids, the time
-        since the transaction started, and (v2) a Java regular expression on the id (Python's `re` here)."""
-        names = {name: state for state, name in STATE_NAMES.items()}
-        unknown = [s for s in states if s not in names]
-        wanted = {names[s] for s in states if s in names}
-        now = self.clock.now_ms()
-        regex = re.compile(pattern) if pattern else None
-        found = [m for m in self.txns.values()
-                 if (not states or m.state in wanted) and (not producer_ids or m.producer_id in producer_ids)
-                 and (min_duration_ms < 0 or (m.start_timestamp_ms >= 0 and now - m.start_timestamp_ms >= min_duration_ms))
-                 and (regex is None or regex.fullmatch(m.transactional_id))]
-        return unknown, [{"transactional_id": m.transactional_id, "producer_id": m.producer_id,
-                          "transaction_state": STATE_NAMES[m.state]} for m in sorted(found, key=lambda m: m.transactional_id)]
-
-    async def _handle_list(self, request: codec.Request, conn) -> dict:
-        v, b = request.api_version, request.body
-        if not self.active:
-            return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "unknown_state_filters": [],
-                    "transaction_states": []}
-        try:
-            unknown, states = self.list_transactions(list(b.state_filters or []), list(b.producer_id_filters or []),
-                                                     b.duration_filter if v >= 1 else -1,
-                                                     b.transactional_id_pattern if v >= 2 else None)
-        except re.error:
-            return {"throttle_time_ms": 0, "error_code": INVALID_REQUEST, "unknown_state_filters": [],
-                    "transaction_states": []}
-        return {"throttle_time_ms": 0, "error_code": NONE, "unknown_state_filters": unknown,
-                "transaction_states": states}
