@@ -59,9 +59,9 @@ from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX,
 from .topic_partition import TopicPartition
 from .transaction_index import AbortedTxn
 
-try:  # a leader's common append in one C call, built with the cleaner's kernel; Log._assign's Python otherwise
-    from ._cleaner_kernel import append_produced as _append_produced
-    from ._cleaner_kernel import prepare_produce as _prepare_produce
+try:  # a leader's common append in one C call (_append_kernel.c); Log._assign's Python otherwise
+    from ._append_kernel import append_produced as _append_produced
+    from ._append_kernel import prepare_produce as _prepare_produce
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
     _append_produced = _prepare_produce = None
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shale.sidecar.log import log as log_module
-from shale.sidecar.log._cleaner_kernel import append_produced, prepare_produce
+from shale.sidecar.log._append_kernel import append_produced, prepare_produce
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.log import Log
