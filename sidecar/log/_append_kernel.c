@@ -7,6 +7,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <errno.h>
 #include <string.h>
@@ -204,62 +205,123 @@ static PyObject *prepare_produce(PyObject *self, PyObject *args) {
  * A leader's whole append of a produced record set to the active segment (log.py: Log.append with
  * segment.py: LogSegment.append), when nothing but the segment's bytes and a few counters change.
  *
- * The state it reads and changes stays in the Python objects (one source of truth); their attribute names are
- * listed here, so a renamed attribute fails the tests (an AttributeError) instead of going unnoticed.
+ * The state it reads and changes is declared in append_state.py, slots of the Python objects' base classes (one
+ * source of truth), and read here at those slots' offsets: declare_state(), which log.py calls once with the
+ * declared classes, finds every field named below among the slots of its class and fails (TypeError) when one is
+ * missing, so a renamed field fails at import instead of going unnoticed. Before it, append_produced refuses.
  */
 
+/* The declared classes, in declare_state's order. */
+enum { T_LOG, T_SEGMENT, T_INDEX, T_EPOCHS, T_LIMITS, N_TYPES };
+static const char *const type_text[N_TYPES] = {
+    "LogAppendState", "SegmentAppendState", "IndexAppendState", "EpochCacheAppendState", "AppendLimits",
+};
+static PyTypeObject *types[N_TYPES];
+
+/* The fields this code reads or writes, each of its declared class, and their slots' offsets. */
 enum {
-    N_LOCK, N_ACQUIRE, N_RELEASE, N_STORAGE_FAILURE, N_LEADER_EPOCH_CACHE, N_DIRTY, N_CLOCK, N_CONFIG,
-    N_TIMESTAMP_TYPE, N_BEFORE_MAX_MS, N_AFTER_MAX_MS, N_SEGMENT_BYTES, N_MAX_MESSAGE_BYTES, N_CLEANUP_POLICY,
-    N_MAX_COMPACTION_LAG_MS, N_SEGMENT_MS, N_FLUSH_MESSAGES, N_LOG_END_OFFSET, N_RECOVERY_POINT, N_SEGMENTS,
-    N_SIZE, N_ROLLING_TS, N_CREATED_MS, N_ROLL_JITTER_MS, N_SINCE_INDEX_ENTRY, N_INDEX_INTERVAL_BYTES, N_MAX_TS,
-    N_BASE_OFFSET, N_OFFSET_INDEX, N_TIME_INDEX, N_ENTRIES, N_MAX_ENTRIES, N_RESERVED, N_WRITABLE, N_MM, N_FILE,
-    N_COMPACT, N_CREATE_TIME, N_NAMES
+    DF_LOCK, DF_STORAGE_FAILURE, DF_LEADER_EPOCH_CACHE, DF_LIMITS, DF_CLOCK, DF_LOG_END_OFFSET, DF_RECOVERY_POINT, DF_SEGMENTS,
+    DF_FILE, DF_BASE_OFFSET, DF_SIZE, DF_CREATED_MS, DF_ROLL_JITTER_MS, DF_INDEX_INTERVAL_BYTES, DF_SINCE_INDEX_ENTRY,
+    DF_ROLLING_TS, DF_MAX_TS, DF_OFFSET_INDEX, DF_TIME_INDEX,
+    DF_MM, DF_ENTRIES, DF_MAX_ENTRIES, DF_RESERVED, DF_WRITABLE,
+    DF_DIRTY,
+    DF_CREATE_TIME, DF_BEFORE_MAX_MS, DF_AFTER_MAX_MS, DF_SEGMENT_BYTES, DF_MAX_MESSAGE_BYTES, DF_COMPACT, DF_MAX_SEGMENT_MS,
+    DF_FLUSH_MESSAGES, N_DECLARED
 };
-static const char *const name_text[N_NAMES] = {
-    "lock", "acquire", "release", "storage_failure", "leader_epoch_cache", "dirty", "clock", "config",
-    "message_timestamp_type", "message_timestamp_before_max_ms", "message_timestamp_after_max_ms", "segment_bytes",
-    "max_message_bytes", "cleanup_policy", "max_compaction_lag_ms", "segment_ms", "flush_messages", "log_end_offset",
-    "recovery_point", "segments", "size", "_rolling_ts", "created_ms", "roll_jitter_ms",
-    "bytes_since_last_index_entry", "index_interval_bytes", "_max_ts", "base_offset", "offset_index", "time_index",
-    "entries", "max_entries", "_reserved", "writable", "_mm", "_file", "compact", "CreateTime",
+static const struct {
+    int type;
+    const char *name;
+} declared[N_DECLARED] = {
+    {T_LOG, "lock"}, {T_LOG, "storage_failure"}, {T_LOG, "leader_epoch_cache"}, {T_LOG, "limits"}, {T_LOG, "clock"},
+    {T_LOG, "log_end_offset"}, {T_LOG, "recovery_point"}, {T_LOG, "segments"},
+    {T_SEGMENT, "file"}, {T_SEGMENT, "base_offset"}, {T_SEGMENT, "size"}, {T_SEGMENT, "created_ms"},
+    {T_SEGMENT, "roll_jitter_ms"}, {T_SEGMENT, "index_interval_bytes"}, {T_SEGMENT, "bytes_since_last_index_entry"},
+    {T_SEGMENT, "rolling_ts"}, {T_SEGMENT, "max_ts"}, {T_SEGMENT, "offset_index"}, {T_SEGMENT, "time_index"},
+    {T_INDEX, "mm"}, {T_INDEX, "entries"}, {T_INDEX, "max_entries"}, {T_INDEX, "reserved"}, {T_INDEX, "writable"},
+    {T_EPOCHS, "dirty"},
+    {T_LIMITS, "create_time"}, {T_LIMITS, "timestamp_before_max_ms"}, {T_LIMITS, "timestamp_after_max_ms"},
+    {T_LIMITS, "segment_bytes"}, {T_LIMITS, "max_message_bytes"}, {T_LIMITS, "compact"}, {T_LIMITS, "max_segment_ms"},
+    {T_LIMITS, "flush_messages"},
 };
+static Py_ssize_t offsets[N_DECLARED];
+
+/* The names of the methods called: the lock's and open_files.SEGMENT_FILES'. */
+enum { N_ACQUIRE, N_RELEASE, N_NAMES };
+static const char *const name_text[N_NAMES] = {"acquire", "release"};
 static PyObject *names[N_NAMES];
 
-/* `obj.<name>` as an int64 into `*out`: 1, or 0 (decline) when it does not fit or is not an int, -1 on error. */
-static int attr_i64(PyObject *obj, int name, int64_t *out) {
-    PyObject *v = PyObject_GetAttr(obj, names[name]);
+/* declare_state(LogAppendState, SegmentAppendState, IndexAppendState, EpochCacheAppendState, AppendLimits):
+ * the offset of every field's slot. */
+static PyObject *declare_state(PyObject *self, PyObject *args) {
+    PyTypeObject *given[N_TYPES];
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!", &PyType_Type, &given[0], &PyType_Type, &given[1], &PyType_Type,
+                          &given[2], &PyType_Type, &given[3], &PyType_Type, &given[4]))
+        return NULL;
+    for (int t = 0; t < N_TYPES; t++)
+        if (strcmp(given[t]->tp_name, type_text[t]) != 0)
+            return PyErr_Format(PyExc_TypeError, "declare_state: argument %d is %s, not %s", t + 1, given[t]->tp_name,
+                                type_text[t]);
+    for (int f = 0; f < N_DECLARED; f++) {
+        PyObject *d = PyObject_GetAttrString((PyObject *)given[declared[f].type], declared[f].name);
+        if (d == NULL)
+            return NULL;
+        const int slot = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                         ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        if (slot)
+            offsets[f] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!slot)
+            return PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type_text[declared[f].type], declared[f].name);
+    }
+    for (int t = 0; t < N_TYPES; t++)
+        Py_XSETREF(types[t], (PyTypeObject *)Py_NewRef(given[t]));
+    Py_RETURN_NONE;
+}
+
+/* 1 if `obj` is an instance of the declared class `t`, else -1 with a TypeError. */
+static int is_declared(PyObject *obj, int t) {
+    if (LIKELY(PyObject_TypeCheck(obj, types[t])))
+        return 1;
+    PyErr_Format(PyExc_TypeError, "the C append reads a %s, not a %s", type_text[t], Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+/* The declared field `f` of `obj` (an instance of its class): a borrowed reference, or NULL with an
+ * AttributeError when the slot is unset. */
+static inline PyObject *field(PyObject *obj, int f) {
+    PyObject *v = *(PyObject **)((char *)obj + offsets[f]);
+    if (UNLIKELY(v == NULL))
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", Py_TYPE(obj)->tp_name,
+                     declared[f].name);
+    return v;
+}
+
+/* Sets the declared field `f` of `obj` to `value`, a reference it takes (NULL: -1, the error set). */
+static int set_field(PyObject *obj, int f, PyObject *value) {
+    if (value == NULL)
+        return -1;
+    Py_XSETREF(*(PyObject **)((char *)obj + offsets[f]), value);
+    return 0;
+}
+
+/* The field as an int64 into `*out`: 1, or 0 (decline) when it does not fit or is not an int, -1 on error. */
+static int field_i64(PyObject *obj, int f, int64_t *out) {
+    PyObject *v = field(obj, f);
     if (v == NULL)
         return -1;
-    if (!PyLong_Check(v)) {
-        Py_DECREF(v);
+    if (!PyLong_Check(v))
         return 0;
-    }
     int overflow;
     *out = PyLong_AsLongLongAndOverflow(v, &overflow);
-    Py_DECREF(v);
     if (*out == -1 && PyErr_Occurred())
         return -1;
     return !overflow;
 }
 
-/* `obj.<name>` is truthy (1), falsy (0) or the lookup failed (-1). */
-static int attr_true(PyObject *obj, int name) {
-    PyObject *v = PyObject_GetAttr(obj, names[name]);
-    if (v == NULL)
-        return -1;
-    const int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
-}
-
-static int set_i64(PyObject *obj, int name, int64_t value) {
-    PyObject *v = PyLong_FromLongLong(value);
-    if (v == NULL)
-        return -1;
-    const int r = PyObject_SetAttr(obj, names[name], v);
-    Py_DECREF(v);
-    return r;
+/* The field is truthy (1), falsy (0) or could not be read (-1). */
+static int field_true(PyObject *obj, int f) {
+    PyObject *v = field(obj, f);
+    return v == NULL ? -1 : PyObject_IsTrue(v);
 }
 
 /* One of the active segment's indexes (index.py: MmapIndex): its counters, and its map while an entry is due. */
@@ -271,7 +333,7 @@ typedef struct {
 
 /* Everything Log.append reads for a produced set, as ints; segment and index state of the active segment. */
 typedef struct {
-    int64_t ts_before, ts_after, segment_bytes, max_message_bytes, max_lag, segment_ms, flush_messages;
+    int64_t ts_before, ts_after, segment_bytes, max_message_bytes, max_segment_ms, flush_messages;
     int64_t log_end_offset, recovery_point, now;
     int64_t size, rolling_ts, created_ms, jitter, since_index, index_interval, max_ts, max_ts_offset, base_offset;
     index_t offsets, times;
@@ -285,55 +347,46 @@ typedef struct {
             return r_;         \
     } while (0)
 
-/* Reads the config's limits into `st`: 1, 0 to decline (LogAppendTime, a value beyond int64), -1 on error. */
-static int read_config(PyObject *cfg, append_state_t *st) {
-    PyObject *ts_type = PyObject_GetAttr(cfg, names[N_TIMESTAMP_TYPE]);
-    if (ts_type == NULL)
-        return -1;
-    const int create_time = PyUnicode_Check(ts_type) && PyUnicode_Compare(ts_type, names[N_CREATE_TIME]) == 0;
-    Py_DECREF(ts_type);
-    if (!create_time) /* LogAppendTime rewrites every batch's timestamp and CRC: Python's */
-        return PyErr_Occurred() ? -1 : 0;
-    TRY(attr_i64(cfg, N_BEFORE_MAX_MS, &st->ts_before));
-    TRY(attr_i64(cfg, N_AFTER_MAX_MS, &st->ts_after));
-    TRY(attr_i64(cfg, N_SEGMENT_BYTES, &st->segment_bytes));
-    TRY(attr_i64(cfg, N_MAX_MESSAGE_BYTES, &st->max_message_bytes));
-    TRY(attr_i64(cfg, N_MAX_COMPACTION_LAG_MS, &st->max_lag));
-    TRY(attr_i64(cfg, N_SEGMENT_MS, &st->segment_ms));
-    TRY(attr_i64(cfg, N_FLUSH_MESSAGES, &st->flush_messages));
-    PyObject *policy = PyObject_GetAttr(cfg, names[N_CLEANUP_POLICY]);
-    if (policy == NULL)
-        return -1;
-    st->compact = PySequence_Contains(policy, names[N_COMPACT]);
-    Py_DECREF(policy);
+/* Reads the topic's limits into `st`: 1, 0 to decline (LogAppendTime, a value beyond int64), -1 on error. */
+static int read_limits(PyObject *limits, append_state_t *st) {
+    TRY(is_declared(limits, T_LIMITS));
+    TRY(field_true(limits, DF_CREATE_TIME)); /* LogAppendTime rewrites every batch's timestamp and CRC: Python's */
+    TRY(field_i64(limits, DF_BEFORE_MAX_MS, &st->ts_before));
+    TRY(field_i64(limits, DF_AFTER_MAX_MS, &st->ts_after));
+    TRY(field_i64(limits, DF_SEGMENT_BYTES, &st->segment_bytes));
+    TRY(field_i64(limits, DF_MAX_MESSAGE_BYTES, &st->max_message_bytes));
+    TRY(field_i64(limits, DF_MAX_SEGMENT_MS, &st->max_segment_ms));
+    TRY(field_i64(limits, DF_FLUSH_MESSAGES, &st->flush_messages));
+    st->compact = field_true(limits, DF_COMPACT);
     return st->compact < 0 ? -1 : 1;
 }
 
 /* Reads one index's counters (`idx->obj` set by the caller). */
 static int read_index(index_t *idx) {
-    TRY(attr_i64(idx->obj, N_ENTRIES, &idx->entries));
-    return attr_i64(idx->obj, N_MAX_ENTRIES, &idx->max_entries);
+    TRY(is_declared(idx->obj, T_INDEX));
+    TRY(field_i64(idx->obj, DF_ENTRIES, &idx->entries));
+    return field_i64(idx->obj, DF_MAX_ENTRIES, &idx->max_entries);
 }
 
 /* Takes the map of an index that gets an entry of `entry_size` bytes: 1, or 0 to decline when Python has more to
  * do first (allocate the entry's page, reopen a closed or read-only index). */
 static int hold_map(index_t *idx, int64_t entry_size) {
-    TRY(attr_i64(idx->obj, N_RESERVED, &idx->reserved));
+    TRY(field_i64(idx->obj, DF_RESERVED, &idx->reserved));
     if ((idx->entries + 1) * entry_size > idx->reserved) /* MmapIndex.reserve: a page at a time, Python's */
         return 0;
-    const int writable = attr_true(idx->obj, N_WRITABLE);
-    if (writable <= 0)
-        return writable;
-    PyObject *mm = PyObject_GetAttr(idx->obj, names[N_MM]);
+    TRY(field_true(idx->obj, DF_WRITABLE));
+    PyObject *mm = field(idx->obj, DF_MM);
     if (mm == NULL)
         return -1;
-    const int r = mm == Py_None ? 0 : PyObject_GetBuffer(mm, &idx->map, PyBUF_WRITABLE) < 0 ? -1 : 1;
-    Py_DECREF(mm);
-    if (r > 0 && idx->map.len < (idx->entries + 1) * entry_size) {
+    if (mm == Py_None)
+        return 0;
+    if (PyObject_GetBuffer(mm, &idx->map, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (idx->map.len < (idx->entries + 1) * entry_size) {
         PyBuffer_Release(&idx->map);
         return 0;
     }
-    return r;
+    return 1;
 }
 
 static void drop_index(index_t *idx) {
@@ -344,69 +397,64 @@ static void drop_index(index_t *idx) {
 
 /* Reads the active segment's write state into `st`: 1, 0 to decline (a state Python fills in lazily), -1. */
 static int read_segment(PyObject *seg, append_state_t *st) {
-    TRY(attr_i64(seg, N_SIZE, &st->size));
-    TRY(attr_i64(seg, N_ROLLING_TS, &st->rolling_ts)); /* None until the first batch's timestamp is read */
-    TRY(attr_i64(seg, N_CREATED_MS, &st->created_ms));
-    TRY(attr_i64(seg, N_ROLL_JITTER_MS, &st->jitter));
-    TRY(attr_i64(seg, N_SINCE_INDEX_ENTRY, &st->since_index));
-    TRY(attr_i64(seg, N_INDEX_INTERVAL_BYTES, &st->index_interval));
-    TRY(attr_i64(seg, N_BASE_OFFSET, &st->base_offset));
-    PyObject *max_ts = PyObject_GetAttr(seg, names[N_MAX_TS]); /* (timestamp, offset), None until loaded */
+    TRY(is_declared(seg, T_SEGMENT));
+    TRY(field_i64(seg, DF_SIZE, &st->size));
+    TRY(field_i64(seg, DF_ROLLING_TS, &st->rolling_ts)); /* None until the first batch's timestamp is read */
+    TRY(field_i64(seg, DF_CREATED_MS, &st->created_ms));
+    TRY(field_i64(seg, DF_ROLL_JITTER_MS, &st->jitter));
+    TRY(field_i64(seg, DF_SINCE_INDEX_ENTRY, &st->since_index));
+    TRY(field_i64(seg, DF_INDEX_INTERVAL_BYTES, &st->index_interval));
+    TRY(field_i64(seg, DF_BASE_OFFSET, &st->base_offset));
+    PyObject *max_ts = field(seg, DF_MAX_TS); /* (timestamp, offset), None until loaded */
     if (max_ts == NULL)
         return -1;
-    int ok = PyTuple_Check(max_ts) && PyTuple_GET_SIZE(max_ts) == 2;
-    if (ok) {
-        int o1, o2;
-        st->max_ts = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(max_ts, 0), &o1);
-        st->max_ts_offset = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(max_ts, 1), &o2);
-        ok = !o1 && !o2;
-    }
-    Py_DECREF(max_ts);
+    if (!PyTuple_Check(max_ts) || PyTuple_GET_SIZE(max_ts) != 2)
+        return 0;
+    int o1, o2;
+    st->max_ts = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(max_ts, 0), &o1);
+    st->max_ts_offset = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(max_ts, 1), &o2);
     if (PyErr_Occurred())
         return -1;
-    if (!ok)
+    if (o1 || o2)
         return 0;
-    if ((st->offsets.obj = PyObject_GetAttr(seg, names[N_OFFSET_INDEX])) == NULL ||
-        (st->times.obj = PyObject_GetAttr(seg, names[N_TIME_INDEX])) == NULL)
+    PyObject *offsets_obj = field(seg, DF_OFFSET_INDEX), *times_obj = field(seg, DF_TIME_INDEX);
+    if (offsets_obj == NULL || times_obj == NULL)
         return -1;
+    st->offsets.obj = Py_NewRef(offsets_obj);
+    st->times.obj = Py_NewRef(times_obj);
     TRY(read_index(&st->offsets));
     return read_index(&st->times);
 }
 
 /* Reads what the append needs from the log; `*seg` gets the active segment (a new reference) on 1. */
 static int read_log(PyObject *log, PyObject *wall_clock, append_state_t *st, PyObject **seg) {
-    PyObject *failure = PyObject_GetAttr(log, names[N_STORAGE_FAILURE]);
+    PyObject *failure = field(log, DF_STORAGE_FAILURE);
     if (failure == NULL)
         return -1;
-    const int failed = failure != Py_None;
-    Py_DECREF(failure);
-    if (failed) /* Python's path takes the next append and logs the recovery */
+    if (failure != Py_None) /* Python's path takes the next append and logs the recovery */
         return 0;
-    PyObject *cache = PyObject_GetAttr(log, names[N_LEADER_EPOCH_CACHE]);
+    PyObject *cache = field(log, DF_LEADER_EPOCH_CACHE);
     if (cache == NULL)
         return -1;
-    const int dirty = attr_true(cache, N_DIRTY); /* a failed checkpoint write, retried before the next append */
-    Py_DECREF(cache);
+    TRY(is_declared(cache, T_EPOCHS));
+    const int dirty = field_true(cache, DF_DIRTY); /* a failed checkpoint write, retried before the next append */
     if (dirty != 0)
         return dirty < 0 ? -1 : 0;
-    PyObject *cfg = PyObject_GetAttr(log, names[N_CONFIG]);
-    if (cfg == NULL)
+    PyObject *limits = field(log, DF_LIMITS);
+    if (limits == NULL)
         return -1;
-    const int r = read_config(cfg, st);
-    Py_DECREF(cfg);
-    if (r <= 0)
-        return r;
-    TRY(attr_i64(log, N_LOG_END_OFFSET, &st->log_end_offset));
-    TRY(attr_i64(log, N_RECOVERY_POINT, &st->recovery_point));
-    PyObject *clock = PyObject_GetAttr(log, names[N_CLOCK]);
+    TRY(read_limits(limits, st));
+    TRY(field_i64(log, DF_LOG_END_OFFSET, &st->log_end_offset));
+    TRY(field_i64(log, DF_RECOVERY_POINT, &st->recovery_point));
+    PyObject *clock = field(log, DF_CLOCK);
     if (clock == NULL)
         return -1;
     if (clock == wall_clock) { /* log.now_ms, read here: time.time_ns() // 1_000_000 */
-        Py_DECREF(clock);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         st->now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     } else {
+        Py_INCREF(clock); /* held while it runs: it may set log.clock */
         PyObject *now = PyObject_CallNoArgs(clock);
         Py_DECREF(clock);
         if (now == NULL)
@@ -416,15 +464,12 @@ static int read_log(PyObject *log, PyObject *wall_clock, append_state_t *st, PyO
         if (st->now == -1 && PyErr_Occurred())
             return -1;
     }
-    PyObject *segments = PyObject_GetAttr(log, names[N_SEGMENTS]);
+    PyObject *segments = field(log, DF_SEGMENTS);
     if (segments == NULL)
         return -1;
-    if (!PyList_Check(segments) || PyList_GET_SIZE(segments) == 0) {
-        Py_DECREF(segments);
+    if (!PyList_Check(segments) || PyList_GET_SIZE(segments) == 0)
         return 0;
-    }
     *seg = Py_NewRef(PyList_GET_ITEM(segments, PyList_GET_SIZE(segments) - 1));
-    Py_DECREF(segments);
     return read_segment(*seg, st);
 }
 
@@ -526,13 +571,11 @@ static PyObject *locked_append(PyObject *log, PyObject *data, PyObject *files, P
         goto done;
     }
     /* LogSegment.should_roll: a roll is Python's */
-    const int64_t max_segment_ms = st.compact && st.max_lag > 0 && st.max_lag < st.segment_ms ? st.max_lag
-                                                                                               : st.segment_ms;
     int64_t waited, roll_after;
     if (st.size > st.segment_bytes - n ||
         __builtin_sub_overflow(st.rolling_ts >= 0 ? p.max_ts : st.now, st.rolling_ts >= 0 ? st.rolling_ts
                                                                                             : st.created_ms, &waited) ||
-        __builtin_sub_overflow(max_segment_ms, st.jitter, &roll_after) || waited > roll_after ||
+        __builtin_sub_overflow(st.max_segment_ms, st.jitter, &roll_after) || waited > roll_after ||
         st.offsets.entries >= st.offsets.max_entries || st.times.entries >= st.times.max_entries - 1 ||
         p.last_offset - st.base_offset > INT32_MAX ||
         p.last_offset + 1 - st.recovery_point >= st.flush_messages) { /* flush.messages: Python flushes */
@@ -543,37 +586,26 @@ static PyObject *locked_append(PyObject *log, PyObject *data, PyObject *files, P
     const int64_t max_ts = grows ? p.max_ts : st.max_ts, max_ts_offset = grows ? p.max_ts_offset : st.max_ts_offset;
     if (index_due && (r = index_entries(&st, p.last_offset, st.size, max_ts, max_ts_offset, 0)) <= 0)
         goto done;
-    file = PyObject_GetAttr(seg, names[N_FILE]);
-    if (file == NULL) {
+    if ((file = field(seg, DF_FILE)) == NULL) {
         r = -1;
         goto done;
     }
+    Py_INCREF(file);
     r = write_pinned(files, file, (const uint8_t *)PyByteArray_AS_STRING(buf), n, st.size);
     if (r <= 0)
         goto done;
     if (index_due) {
         index_entries(&st, p.last_offset, st.size, max_ts, max_ts_offset, 1);
-        if (set_i64(st.offsets.obj, N_ENTRIES, st.offsets.entries) < 0 ||
-            set_i64(st.times.obj, N_ENTRIES, st.times.entries) < 0) {
+        if (set_field(st.offsets.obj, DF_ENTRIES, PyLong_FromLongLong(st.offsets.entries)) < 0 ||
+            set_field(st.times.obj, DF_ENTRIES, PyLong_FromLongLong(st.times.entries)) < 0) {
             r = -1;
             goto done;
         }
     }
-    if (set_i64(seg, N_SIZE, st.size + n) < 0 ||
-        set_i64(seg, N_SINCE_INDEX_ENTRY, (index_due ? 0 : st.since_index) + n) < 0) {
-        r = -1;
-        goto done;
-    }
-    if (grows) {
-        PyObject *pair = Py_BuildValue("(LL)", (long long)max_ts, (long long)max_ts_offset);
-        if (pair == NULL || PyObject_SetAttr(seg, names[N_MAX_TS], pair) < 0) {
-            Py_XDECREF(pair);
-            r = -1;
-            goto done;
-        }
-        Py_DECREF(pair);
-    }
-    if (set_i64(log, N_LOG_END_OFFSET, p.last_offset + 1) < 0) {
+    if (set_field(seg, DF_SIZE, PyLong_FromLongLong(st.size + n)) < 0 ||
+        set_field(seg, DF_SINCE_INDEX_ENTRY, PyLong_FromLongLong((index_due ? 0 : st.since_index) + n)) < 0 ||
+        (grows && set_field(seg, DF_MAX_TS, Py_BuildValue("(LL)", (long long)max_ts, (long long)max_ts_offset)) < 0) ||
+        set_field(log, DF_LOG_END_OFFSET, PyLong_FromLongLong(p.last_offset + 1)) < 0) {
         r = -1;
         goto done;
     }
@@ -613,9 +645,14 @@ static PyObject *append_produced(PyObject *self, PyObject *const *args, Py_ssize
     const int one_batch = PyObject_IsTrue(args[5]);
     if (one_batch < 0)
         return NULL;
-    PyObject *lock = PyObject_GetAttr(log, names[N_LOCK]);
+    if (types[T_LOG] == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "append_produced before declare_state");
+    if (is_declared(log, T_LOG) < 0)
+        return NULL;
+    PyObject *lock = field(log, DF_LOCK);
     if (lock == NULL)
         return NULL;
+    Py_INCREF(lock); /* held until released: the append may run Python (crc32c, a clock) */
     PyObject *got = PyObject_CallMethodOneArg(lock, names[N_ACQUIRE], Py_False);
     const int held = got == NULL ? -1 : PyObject_IsTrue(got);
     Py_XDECREF(got);
@@ -651,6 +688,9 @@ static PyMethodDef methods[] = {
      "prepare_produce(buf, next_offset, epoch, max_set_bytes, max_batch_bytes, require_key, ts_lo, ts_hi, crc32c) -> "
      "(last_offset, max_timestamp, max_timestamp_offset, batches, producer_batches) with offsets and epochs written "
      "into buf, or None."},
+    {"declare_state", declare_state, METH_VARARGS,
+     "declare_state(LogAppendState, SegmentAppendState, IndexAppendState, EpochCacheAppendState, AppendLimits): the "
+     "classes whose slots the C append reads and writes (append_state.py); once, before append_produced."},
     {"append_produced", (PyCFunction)(void (*)(void))append_produced, METH_FASTCALL,
      "append_produced(files, crc32c, wall_clock, log, data, one_batch) -> a leader's Log.append of a produced set in one call (the "
      "AppendInfo fields as a tuple), or None for Python's path."},

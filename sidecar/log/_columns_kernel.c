@@ -19,8 +19,8 @@ static PyObject *header_list(const rec_t *r) {
         return NULL;
     const uint8_t *p = r->headers;
     for (int64_t j = 0; j < r->nheaders; j++) {
-        int64_t hk, hv;
-        const uint8_t *kd, *vd;
+        int64_t hk = 0, hv = -1;
+        const uint8_t *kd = NULL, *vd = NULL;
         /* parse_records checked every length: these reads cannot fail */
         read_nullable(&p, r->end, &kd, &hk);
         read_nullable(&p, r->end, &vd, &hv);
