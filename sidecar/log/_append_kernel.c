@@ -261,6 +261,7 @@ static PyObject *declare_state(PyObject *self, PyObject *args) {
         if (strcmp(given[t]->tp_name, type_text[t]) != 0)
             return PyErr_Format(PyExc_TypeError, "declare_state: argument %d is %s, not %s", t + 1, given[t]->tp_name,
                                 type_text[t]);
+    Py_ssize_t found[N_DECLARED]; /* taken only when every field is found */
     for (int f = 0; f < N_DECLARED; f++) {
         PyObject *d = PyObject_GetAttrString((PyObject *)given[declared[f].type], declared[f].name);
         if (d == NULL)
@@ -268,11 +269,12 @@ static PyObject *declare_state(PyObject *self, PyObject *args) {
         const int slot = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
                          ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
         if (slot)
-            offsets[f] = ((PyMemberDescrObject *)d)->d_member->offset;
+            found[f] = ((PyMemberDescrObject *)d)->d_member->offset;
         Py_DECREF(d);
         if (!slot)
             return PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type_text[declared[f].type], declared[f].name);
     }
+    memcpy(offsets, found, sizeof offsets);
     for (int t = 0; t < N_TYPES; t++)
         Py_XSETREF(types[t], (PyTypeObject *)Py_NewRef(given[t]));
     Py_RETURN_NONE;

@@ -7,10 +7,12 @@ Python code reads and writes it as plain attributes: `Log` derives from `LogAppe
 `SegmentAppendState`, `MmapIndex` from `IndexAppendState`, `LeaderEpochCache` from `EpochCacheAppendState`;
 the topic's limits are an `AppendLimits` made when the log's config is set.
 
-C reads and writes these fields, and only these, at their slot offsets: `declare_state` (called once by log.py)
-finds each field the C code names among the slots of its declared class, so a field renamed, removed or moved
-out of these classes fails at import instead of going unnoticed, and an object of another class is refused. A
-field marked *written* is one the C append sets after a successful write; the rest it only reads. Python stays
+C reads and writes these fields, and no other state, at their slot offsets: `declare_state` (called once by
+log.py) finds each field the C code names among the slots of its declared class, so a field renamed, removed or
+moved out of these classes fails at import instead of going unnoticed, and an object of another class is refused.
+A field marked *written* is one the C append sets after a successful write; the rest it only reads. Besides, it
+calls: the lock's `acquire(False)` and `release()`, `SEGMENT_FILES.acquire(file)` and `release(file)`, crc32c,
+and a clock other than `now_ms`. Python stays
 authoritative: whatever these fields cannot decide (a roll, a page of an index to allocate, a producer id, a
 fault to name), the C append declines with nothing changed and Python's `Log.append` does it.
 """

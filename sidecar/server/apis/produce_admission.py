@@ -16,7 +16,8 @@ which refuses it here exactly as if they did not exist:
   handler would run no other check (no replica manager, so no `min.insync.replicas` to meet).
 - The C append (`_append_kernel.c`: `append_produced` with `one_batch`, and `prepare_produce`) takes a set only
   when every batch is whole, of magic 2, uncompressed, not a control batch, with as many records as its offset
-  range, and (`append_produced`) exactly one; with the log's own checks (`Log.append`), which come after.
+  range, and (`append_produced`) exactly one, without a producer id (so never a transactional one). It restates
+  the log's own checks (`Log.append`) too, which come after this module's.
 """
 
 from __future__ import annotations
