@@ -1,8 +1,8 @@
 /*
  * Kafka's v2 record batches read in C, shared by the log engine's C modules (_cleaner_kernel.c,
  * _append_kernel.c, _columns_kernel.c): the batch header's attribute bits and sizes, big-endian fields,
- * zigzag varints and the records of one batch. Strict like records.py's decoder's strictest reading: a
- * -1 (or 0) from a reader means "let Python decide", never a verdict of its own.
+ * zigzag varints and the records of one batch. Strict: a reader's -1 means "let Python's decoder decide",
+ * never a verdict of its own. Included after <Python.h> (Py_ssize_t).
  *
  * A module that keeps its own per-record scratch beside what parse_records reads (the cleaner's map key)
  * defines REC_SCRATCH, the extra members of rec_t, before it includes this header.

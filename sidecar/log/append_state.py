@@ -12,9 +12,14 @@ log.py) finds each field the C code names among the slots of its declared class,
 moved out of these classes fails at import instead of going unnoticed, and an object of another class is refused.
 A field marked *written* is one the C append sets after a successful write; the rest it only reads. Besides, it
 calls: the lock's `acquire(False)` and `release()`, `SEGMENT_FILES.acquire(file)` and `release(file)`, crc32c,
-and a clock other than `now_ms`. Python stays
-authoritative: whatever these fields cannot decide (a roll, a page of an index to allocate, a producer id, a
-fault to name), the C append declines with nothing changed and Python's `Log.append` does it.
+and a clock other than `now_ms`. Python stays authoritative: whatever these fields cannot decide (a roll, a page
+of an index to allocate, a producer id, a fault to name), the C append declines with nothing changed and
+Python's `Log.append` does it.
+
+Why base classes and not a state object of their own: a separate object would be a second copy that every path
+changing a segment (append, roll, truncation, recovery, the cleaner's swap, a config change) must keep in step,
+and a stale copy would make C write at a wrong position; a slot is the attribute itself, read in C with one load
+instead of a lookup by name (a one-record append costs less CPU than with the lookups it replaced).
 """
 
 from __future__ import annotations
