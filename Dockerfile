@@ -3,8 +3,8 @@
 #   docker build -t shale:0.1.0 .
 # The chart runs it as user 10001 with a read-only root filesystem (writable: the data volume, /tmp).
 
-# Build stage: the wheels, with a C compiler for the cleaner's loops and the codec's interpreter
-# (sidecar/log/_cleaner_kernel.c, sidecar/protocol/_codec_kernel.c).
+# Build stage: the wheels, with a C compiler for the log engine's loops and the codec's interpreter
+# (sidecar/log/_cleaner_kernel.c, _append_kernel.c, _columns_kernel.c, sidecar/protocol/_codec_kernel.c).
 FROM python:3.11-slim AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \

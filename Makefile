@@ -15,12 +15,13 @@ endef
 # apt-get install, with an `apt-get update` first only when the package lists are too old to find it.
 APT_INSTALL = apt-get install -y --no-install-recommends $(1) || (apt-get update && apt-get install -y --no-install-recommends $(1))
 
-# setup.py compiles the four C modules (the cleaner's loops, the codec's interpreter, the native Produce, the I/O
-# thread); a change to any of them, or to the build's description, reinstalls.
-C_SOURCES := $(shell find sidecar -name '_*.c')
+# setup.py compiles the six C modules (the cleaner's loops, the append's, the record columns', the codec's
+# interpreter, the native Produce, the I/O thread); a change to any of them or their headers, or to the build's
+# description, reinstalls.
+C_SOURCES := $(shell find sidecar -name '_*.[ch]')
 $(BIN)/.installed: pyproject.toml setup.py $(C_SOURCES)
 	$(call step,creating the virtual environment $(VENV) with $(PYTHON),$(PYTHON) -m venv $(VENV),venv)
-	$(call step,installing Shale and its pinned Python dependencies into $(VENV) (pip; a few minutes on a fresh machine; compiles sidecar/log/_cleaner_kernel.c, sidecar/protocol/_codec_kernel.c, sidecar/server/network/_native_produce.c and sidecar/server/network/_io_thread.c),$(BIN)/pip install --upgrade pip && $(BIN)/pip install -e '.[test]',pip)
+	$(call step,installing Shale and its pinned Python dependencies into $(VENV) (pip; a few minutes on a fresh machine; compiles sidecar/log/_cleaner_kernel.c, sidecar/log/_append_kernel.c, sidecar/log/_columns_kernel.c, sidecar/protocol/_codec_kernel.c, sidecar/server/network/_native_produce.c and sidecar/server/network/_io_thread.c),$(BIN)/pip install --upgrade pip && $(BIN)/pip install -e '.[test]',pip)
 	@touch $@
 
 demo: $(BIN)/.installed
@@ -97,4 +98,4 @@ bench-txn: $(BIN)/.installed
 	$(BIN)/python bench/transactions.py
 
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache .hypothesis build sidecar/log/_cleaner_kernel.*.so
+	rm -rf $(VENV) demo-data .pytest_cache .hypothesis build sidecar/log/_*_kernel.*.so

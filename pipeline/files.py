@@ -133,9 +133,9 @@ class ReadOnlySegment:
 
     def close(self) -> None:
         for index in (self.offset_index, self.time_index):
-            if index._mm is not None:
-                index._mm.close()
-                index._mm = None
+            if index.mm is not None:
+                index.mm.close()
+                index.mm = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

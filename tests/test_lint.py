@@ -15,6 +15,7 @@ BIN = Path(sys.executable).parent
 STRICT = [
     "log.varint", "log.records", "log.checkpoint", "log.topic_partition", "log.leader_epoch_cache",
     "log.producer_snapshot", "log.transaction_index", "log.compression", "log.control_records", "log.message_reader",
+    "log.append_state",
     "protocol.codec", "protocol.error_codes",
     "replication.election", "replication.partition", "replication.truncation", "replication.reassignment",
     "replication.preferred_leader", "replication.store_records", "replication.topic_record",

@@ -20,12 +20,14 @@ import mmap
 import os
 from typing import Callable
 
+from .append_state import IndexAppendState
 from .errors import CorruptIndexError
 from .open_files import map_file
 
 
-class MmapIndex:
-    """An index file of `entry_size`-byte entries sorted by a key that the subclass reads."""
+class MmapIndex(IndexAppendState):
+    """An index file of `entry_size`-byte entries sorted by a key that the subclass reads (the fields the C append
+    reads and writes declared in append_state.py)."""
 
     entry_size: int = 0
 
@@ -33,7 +35,7 @@ class MmapIndex:
         self.path = path
         self.base_offset = base_offset
         self.writable = writable
-        self._reserved = 0  # bytes [0, _reserved) of the file are known to have blocks (see reserve)
+        self.reserved = 0  # bytes [0, reserved) of the file are known to have blocks (see reserve)
         exists = os.path.exists(path)
         if writable:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -53,19 +55,19 @@ class MmapIndex:
         else:
             length = os.path.getsize(path) if exists else 0
             self.entries = length // self.entry_size
-            self._mm = None
+            self.mm = None
             if length >= self.entry_size:
                 with open(path, "rb") as f:
-                    self._mm = map_file(f.fileno(), self._round(length), access=mmap.ACCESS_READ)
+                    self.mm = map_file(f.fileno(), self._round(length), access=mmap.ACCESS_READ)
             self.max_entries = self.entries
 
     def _round(self, n: int) -> int:
         return n - n % self.entry_size
 
     def _map(self, fd: int, length: int) -> None:
-        self._mm = map_file(fd, length) if length else None  # keeps no descriptor (open_files)
+        self.mm = map_file(fd, length) if length else None  # keeps no descriptor (open_files)
         self.max_entries = length // self.entry_size
-        self._reserved = min(self._reserved, length)  # a shrink gave the blocks beyond `length` back
+        self.reserved = min(self.reserved, length)  # a shrink gave the blocks beyond `length` back
 
     def reserve(self, entries: int = 1) -> None:
         """Allocate the blocks of the next `entries` slots, so that writing them through the map cannot fault.
@@ -74,22 +76,22 @@ class MmapIndex:
         a page at a time and stops at the file's end (the file never grows here).
         """
         end = (self.entries + entries) * self.entry_size
-        if end > self._reserved:  # once per page of entries; every other call ends here
+        if end > self.reserved:  # once per page of entries; every other call ends here
             self._allocate(min(end, self.max_entries * self.entry_size))
 
     def _allocate(self, end: int) -> None:
         upto = min(-(-end // mmap.PAGESIZE) * mmap.PAGESIZE, self.max_entries * self.entry_size)
-        if upto <= self._reserved:
+        if upto <= self.reserved:
             return
         fd = os.open(self.path, os.O_RDWR)
         try:
-            os.posix_fallocate(fd, self._reserved, upto - self._reserved)
+            os.posix_fallocate(fd, self.reserved, upto - self.reserved)
         except OSError as e:
-            raise OSError(e.errno, f"{e.strerror} (reserving index bytes {self._reserved}-{upto})",
+            raise OSError(e.errno, f"{e.strerror} (reserving index bytes {self.reserved}-{upto})",
                           self.path) from None
         finally:
             os.close(fd)
-        self._reserved = upto
+        self.reserved = upto
 
     @property
     def size_bytes(self) -> int:
@@ -128,10 +130,10 @@ class MmapIndex:
         length = self._round(new_size)
         if self.writable and length == self.max_entries * self.entry_size:
             return  # Kafka skips an unchanged size too; remapping costs a syscall storm per segment at load
-        if self._mm is not None:
+        if self.mm is not None:
             # No msync here: the pages reach the file through the shared mapping; durability is Log.flush's job.
-            self._mm.close()
-            self._mm = None
+            self.mm.close()
+            self.mm = None
         fd = os.open(self.path, os.O_RDWR)
         try:
             os.ftruncate(fd, length)
@@ -152,15 +154,15 @@ class MmapIndex:
         self.resize(max_index_size)
 
     def flush(self) -> None:
-        if self._mm is not None and self.writable:
-            self._mm.flush()
+        if self.mm is not None and self.writable:
+            self.mm.flush()
 
     def close(self) -> None:
         """Trim and unmap; the file then holds exactly its entries."""
         self.trim_to_valid_size()
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
 
     def rename(self, new_path: str) -> None:
         if os.path.exists(self.path):
@@ -168,20 +170,20 @@ class MmapIndex:
         self.path = new_path
 
     def delete(self) -> None:
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
         if os.path.exists(self.path):
             os.unlink(self.path)
 
     def _check_writable(self) -> None:
-        if not self.writable or self._mm is None:
+        if not self.writable or self.mm is None:
             raise CorruptIndexError(f"index {self.path} is not open for writing")
 
     def _raw(self, slot: int, fmt_unpack: Callable[[mmap.mmap, int], tuple[int, ...]]) -> tuple[int, ...]:
         if not 0 <= slot < self.entries:
             # Kafka's AbstractIndex.entry: a slot past the entries is an error, not a zeroed preallocated slot.
             raise IndexError(f"attempt to fetch entry {slot} from index {self.path}, which has {self.entries} entries")
-        if self._mm is None:
+        if self.mm is None:
             raise CorruptIndexError(f"index {self.path} has no entries")
-        return fmt_unpack(self._mm, slot * self.entry_size)
+        return fmt_unpack(self.mm, slot * self.entry_size)

@@ -19,6 +19,7 @@ import logging
 import threading
 from typing import Callable, Iterable
 
+from .append_state import EpochCacheAppendState
 from .atomic_file import atomic_write
 from .checkpoint import EpochEntry, encode_epoch_entries, parse_epoch_entries
 from .records import BatchHeader
@@ -104,7 +105,7 @@ def recovered(entries: Entries, from_offset: int, batch_epochs: Iterable[EpochEn
     return entries
 
 
-class LeaderEpochCache:
+class LeaderEpochCache(EpochCacheAppendState):
     """One partition's leader epochs, in memory and in its `leader-epoch-checkpoint`.
 
     `entries` None reads the file (missing: empty; unparseable: `CheckpointError` naming it), each

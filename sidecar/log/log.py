@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple
 import crc32c
 
 from ..plural import plural
+from .append_state import AppendLimits, EpochCacheAppendState, IndexAppendState, LogAppendState, SegmentAppendState
 from .atomic_file import fsync_dir
 from .checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError, EpochEntry
 from .errors import (
@@ -59,11 +60,14 @@ from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIXES, LOG_SUFFIX,
 from .topic_partition import TopicPartition
 from .transaction_index import AbortedTxn
 
-try:  # a leader's common append in one C call, built with the cleaner's kernel; Log._assign's Python otherwise
-    from ._cleaner_kernel import append_produced as _append_produced
-    from ._cleaner_kernel import prepare_produce as _prepare_produce
+try:  # a leader's common append in one C call (_append_kernel.c); Log._assign's Python otherwise
+    from ._append_kernel import append_produced as _append_produced
+    from ._append_kernel import declare_state
+    from ._append_kernel import prepare_produce as _prepare_produce
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
     _append_produced = _prepare_produce = None
+else:  # the slots it reads and writes (append_state.py): a field it names that is not declared fails here
+    declare_state(LogAppendState, SegmentAppendState, IndexAppendState, EpochCacheAppendState, AppendLimits)
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +172,8 @@ def parse_batch_set(data: bytes | bytearray | memoryview, where: str) -> _Parsed
     return _ParsedSet(headers, pos)
 
 
-class Log:
-    """One partition's log in one directory."""
+class Log(LogAppendState):
+    """One partition's log in one directory (the fields the C append reads and writes declared in append_state.py)."""
 
     def __init__(
         self,
@@ -315,12 +319,21 @@ class Log:
         return sum(s.size for s in self.segments)
 
     @property
+    def config(self):
+        """The topic's TopicConfig (topic_config.py, a layer above the log engine)."""
+        return self._config
+
+    @config.setter
+    def config(self, config) -> None:
+        """Read at every append, roll and retention check: a new config takes effect with the next; the C append
+        reads its limits (`limits`), made here."""
+        self._config = config
+        self.limits = AppendLimits.of(config)
+
+    @property
     def max_segment_ms(self) -> int:
         """`max.compaction.lag.ms` caps `segment.ms` on compacted topics so dirty data becomes cleanable."""
-        cfg = self.config
-        if cfg.compact and cfg.max_compaction_lag_ms > 0:
-            return min(cfg.max_compaction_lag_ms, cfg.segment_ms)
-        return cfg.segment_ms
+        return self.limits.max_segment_ms
 
     # -- append ----------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ class OffsetIndex(MmapIndex):
         return self.base_offset + rel, pos
 
     def _rel(self, slot: int) -> int:
-        return _ENTRY.unpack_from(self._mm, slot * 8)[0]  # type: ignore[arg-type]
+        return _ENTRY.unpack_from(self.mm, slot * 8)[0]  # type: ignore[arg-type]
 
     @property
     def last_offset(self) -> int:
@@ -44,7 +44,7 @@ class OffsetIndex(MmapIndex):
         if not self.can_append_offset(offset):
             raise InvalidIndexEntryError(f"offset {offset} overflows the relative offset of {self.path} (base {self.base_offset})")
         self.reserve()  # a full disk is an OSError here, never a SIGBUS in pack_into
-        _ENTRY.pack_into(self._mm, self.entries * 8, offset - self.base_offset, position)  # type: ignore[arg-type]
+        _ENTRY.pack_into(self.mm, self.entries * 8, offset - self.base_offset, position)  # type: ignore[arg-type]
         self.entries += 1
 
     def lookup(self, offset: int) -> tuple[int, int]:

@@ -18,9 +18,9 @@ from .compression import Compression, compress, decompress
 from .errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError
 from .varint import decode_varint, decode_varlong, encode_varint
 
-try:  # the C walks of check_records and decode_columns, built with the cleaner's kernel; pure Python otherwise
-    from ._cleaner_kernel import records_check as _records_check
-    from ._cleaner_kernel import records_columns as _records_columns
+try:  # the C walks of check_records (the append's kernel) and decode_columns (the columns'); pure Python otherwise
+    from ._append_kernel import records_check as _records_check
+    from ._columns_kernel import records_columns as _records_columns
 except ImportError:  # pragma: no cover - a checkout without the compiled extension
     _records_check = _records_columns = None
 

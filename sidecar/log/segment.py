@@ -10,6 +10,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from .append_state import SegmentAppendState
 from .errors import CorruptRecordError, InvalidIndexEntryError, TornSegmentError
 from .file_records import BatchPosition, iter_batches
 from .offset_index import OffsetIndex
@@ -45,11 +46,11 @@ def _holding_file(method):
 
     @functools.wraps(method)
     def held(self, *args, **kwargs):
-        SEGMENT_FILES.acquire(self._file)
+        SEGMENT_FILES.acquire(self.file)
         try:
             return method(self, *args, **kwargs)
         finally:
-            SEGMENT_FILES.release(self._file)
+            SEGMENT_FILES.release(self.file)
 
     return held
 
@@ -77,8 +78,9 @@ class LogSlice:
         return view[: self.segment.read_into(view, self.position)]
 
 
-class LogSegment:
-    """A segment's three files and the in-memory counters Kafka keeps for them.
+class LogSegment(SegmentAppendState):
+    """A segment's three files and the in-memory counters Kafka keeps for them (those the C append reads and writes
+    declared in append_state.py).
 
     The `.log` descriptor is opened when used and may be closed by the process's LRU of open segment files
     (`open_files`) while the segment is idle; the methods that use it hold it (`_holding_file`).
@@ -107,11 +109,11 @@ class LogSegment:
         self.suffix = suffix
         log_path = self._path(LOG_SUFFIX)
         existed = os.path.exists(log_path)
-        self._file = OpenFile(log_path, create=True)
+        self.file = OpenFile(log_path, create=True)
         # A raw descriptor, unlike the index maps, is not released when its object is collected: a segment
         # dropped without close() (a Log abandoned after an error) must not keep it open for the process's life.
-        self._release_fd = weakref.finalize(self, SEGMENT_FILES.close, self._file)
-        SEGMENT_FILES.acquire(self._file)
+        self._release_fd = weakref.finalize(self, SEGMENT_FILES.close, self.file)
+        SEGMENT_FILES.acquire(self.file)
         try:
             if existed:
                 self.size = os.fstat(self._fd).st_size
@@ -127,11 +129,11 @@ class LogSegment:
             self._release_fd()
             raise
         finally:
-            SEGMENT_FILES.release(self._file)
+            SEGMENT_FILES.release(self.file)
         self.bytes_since_last_index_entry = 0
         self.created_ms = now_ms()
-        self._max_ts: tuple[int, int] | None = None  # (max timestamp so far, offset of its batch)
-        self._rolling_ts: int | None = None  # first batch's max timestamp, for time-based rolls
+        self.max_ts = None  # (max timestamp so far, offset of its batch)
+        self.rolling_ts = None  # first batch's max timestamp, for time-based rolls
 
     # -- files -----------------------------------------------------------------------------------
 
@@ -145,12 +147,12 @@ class LogSegment:
     @property
     def _fd(self) -> int:
         """The `.log` descriptor: only a method that holds it (`_holding_file`) may use the number."""
-        return self._file.fd
+        return self.file.fd
 
     def fileno(self) -> int:
         """The `.log` descriptor, opened if needed. The LRU may close it once other segments are used, so a
         single-threaded tool may use it for a while; a server takes `dup_fd()` instead."""
-        with SEGMENT_FILES.use(self._file) as fd:
+        with SEGMENT_FILES.use(self.file) as fd:
             return fd
 
     @_holding_file
@@ -171,11 +173,11 @@ class LogSegment:
 
     def _walk(self, start: int, end: int) -> Iterator[BatchPosition]:
         """The batches in [start, end), holding the descriptor until the walk ends or is dropped."""
-        SEGMENT_FILES.acquire(self._file)
+        SEGMENT_FILES.acquire(self.file)
         try:
             yield from iter_batches(self._fd, start, end, self.log_path)
         finally:
-            SEGMENT_FILES.release(self._file)
+            SEGMENT_FILES.release(self.file)
 
     # -- append ----------------------------------------------------------------------------------
 
@@ -189,17 +191,17 @@ class LogSegment:
         if not data:
             return
         # Held as `_holding_file` would, without its wrapper's call: every produced batch comes through here.
-        fd = SEGMENT_FILES.acquire(self._file)
+        fd = SEGMENT_FILES.acquire(self.file)
         try:
             self._append(fd, largest_offset, largest_timestamp, offset_of_max_timestamp, data)
         finally:
-            SEGMENT_FILES.release(self._file)
+            SEGMENT_FILES.release(self.file)
 
     def _append(self, fd: int, largest_offset: int, largest_timestamp: int, offset_of_max_timestamp: int,
                 data: bytes | bytearray | memoryview) -> None:
         position = self.size
         if position == 0:
-            self._rolling_ts = largest_timestamp
+            self.rolling_ts = largest_timestamp
         if not self.offset_index.can_append_offset(largest_offset):
             raise InvalidIndexEntryError(
                 f"offset {largest_offset} does not fit segment {self.log_path} with base {self.base_offset}"
@@ -208,7 +210,7 @@ class LogSegment:
         if index_due:  # a full disk fails here, before a byte of the log is written
             self.offset_index.reserve()
             self.time_index.reserve()
-        prior = (self._max_ts, self.offset_index.entries, self.time_index.entries)
+        prior = (self.max_ts, self.offset_index.entries, self.time_index.entries)
         try:
             written = os.pwrite(fd, data, position)
             if written < len(data):  # a short write (the disk filled mid-way) is retried, so the real errno surfaces
@@ -217,12 +219,12 @@ class LogSegment:
                     view = view[os.pwrite(fd, view, position + len(data) - len(view)):]
             max_ts, _ = self.max_timestamp_and_offset
             if largest_timestamp > max_ts:
-                self._max_ts = (largest_timestamp, offset_of_max_timestamp)
+                self.max_ts = (largest_timestamp, offset_of_max_timestamp)
             if index_due:
                 self.offset_index.append(largest_offset, position)
                 self.time_index.maybe_append(*self.max_timestamp_and_offset)
         except BaseException as e:
-            self._max_ts, self.offset_index.entries, self.time_index.entries = prior
+            self.max_ts, self.offset_index.entries, self.time_index.entries = prior
             self._discard_from(position)
             if isinstance(e, OSError) and e.filename is None:  # pwrite's error names no file
                 raise OSError(e.errno, f"{e.strerror} (writing {len(data)} bytes at position {position})",
@@ -254,9 +256,9 @@ class LogSegment:
     @property
     def max_timestamp_and_offset(self) -> tuple[int, int]:
         """Largest timestamp in the segment and the last offset of its batch, read from the time index once."""
-        if self._max_ts is None:
-            self._max_ts = self._load_largest_timestamp()
-        return self._max_ts
+        if self.max_ts is None:
+            self.max_ts = self._load_largest_timestamp()
+        return self.max_ts
 
     def _load_largest_timestamp(self) -> tuple[int, int]:
         ts, off = self.time_index.last_entry
@@ -273,10 +275,10 @@ class LogSegment:
         return ts if ts >= 0 else int(os.stat(self.log_path).st_mtime * 1000)
 
     def _rolling_based_timestamp(self) -> int:
-        if self._rolling_ts is None:
+        if self.rolling_ts is None:
             first = next(iter(self.batches()), None)
-            self._rolling_ts = first.header.max_timestamp if first else -1
-        return self._rolling_ts
+            self.rolling_ts = first.header.max_timestamp if first else -1
+        return self.rolling_ts
 
     @property
     def first_batch_timestamp(self) -> int:
@@ -294,7 +296,7 @@ class LogSegment:
         if size > max_segment_bytes - messages_size:
             return True
         if size > 0:
-            rolling_ts = self._rolling_ts if self._rolling_ts is not None else self._rolling_based_timestamp()
+            rolling_ts = self.rolling_ts if self.rolling_ts is not None else self._rolling_based_timestamp()
             waited = max_timestamp - rolling_ts if rolling_ts >= 0 else now_ms - self.created_ms
             if waited > max_segment_ms - self.roll_jitter_ms:
                 return True
@@ -387,8 +389,8 @@ class LogSegment:
         if truncated > 0:
             os.ftruncate(self._fd, valid_bytes)
             self.size = valid_bytes
-        self._max_ts = max_ts
-        self._rolling_ts = None
+        self.max_ts = max_ts
+        self.rolling_ts = None
         self.offset_index.trim_to_valid_size()
         try:
             self.time_index.maybe_append(*max_ts, skip_full_check=True)
@@ -413,9 +415,9 @@ class LogSegment:
             self.size = found.position
         if self.size == 0:
             self.created_ms = self._now_ms()
-            self._rolling_ts = None
+            self.rolling_ts = None
         self.bytes_since_last_index_entry = 0
-        self._max_ts = None
+        self.max_ts = None
         return removed
 
     def resize_indexes(self, size: int) -> None:
@@ -441,7 +443,7 @@ class LogSegment:
 
     def close(self) -> None:
         """Write the final time-index entry, trim all three files and release them."""
-        if self._file.closed:
+        if self.file.closed:
             return
         if self.max_timestamp_and_offset[0] >= 0 and self.time_index.writable:
             try:
@@ -450,7 +452,7 @@ class LogSegment:
                 log.warning("%s: no final time index entry in %s: %s", self.where, self.time_index.path, e)
         self.offset_index.close()
         self.time_index.close()
-        with SEGMENT_FILES.use(self._file) as fd:
+        with SEGMENT_FILES.use(self.file) as fd:
             os.ftruncate(fd, self.size)
         self._release_fd()
 
@@ -458,9 +460,9 @@ class LogSegment:
         """Release descriptors and maps without touching the files (after a rename to `.deleted`)."""
         self._release_fd()
         for idx in (self.offset_index, self.time_index):
-            if idx._mm is not None:
-                idx._mm.close()
-                idx._mm = None
+            if idx.mm is not None:
+                idx.mm.close()
+                idx.mm = None
 
     def change_suffix(self, old: str, new: str) -> None:
         """Rename all the segment's files from `old` to `new` suffix (`""`, `.deleted`, `.cleaned`, `.swap`)."""
@@ -471,7 +473,7 @@ class LogSegment:
             if index is not None:
                 index.rename(dst)
             elif os.path.exists(src):
-                SEGMENT_FILES.rename(self._file, dst)  # renamed and renamed in the LRU at once: reopens find it
+                SEGMENT_FILES.rename(self.file, dst)  # renamed and renamed in the LRU at once: reopens find it
         self.suffix = new
 
     def delete_files(self) -> None:

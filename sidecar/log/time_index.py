@@ -21,10 +21,10 @@ class TimeIndex(MmapIndex):
         return ts, self.base_offset + rel
 
     def _ts(self, slot: int) -> int:
-        return _ENTRY.unpack_from(self._mm, slot * 12)[0]  # type: ignore[arg-type]
+        return _ENTRY.unpack_from(self.mm, slot * 12)[0]  # type: ignore[arg-type]
 
     def _rel(self, slot: int) -> int:
-        return _ENTRY.unpack_from(self._mm, slot * 12)[1]  # type: ignore[arg-type]
+        return _ENTRY.unpack_from(self.mm, slot * 12)[1]  # type: ignore[arg-type]
 
     @property
     def is_full(self) -> bool:
@@ -55,7 +55,7 @@ class TimeIndex(MmapIndex):
                 # A segment reopened with a trimmed index has no spare slot: grow by one entry.
                 self.resize(self.size_bytes + self.entry_size)
             self.reserve()  # a full disk is an OSError here, never a SIGBUS in pack_into
-            _ENTRY.pack_into(self._mm, self.entries * 12, timestamp, offset - self.base_offset)  # type: ignore[arg-type]
+            _ENTRY.pack_into(self.mm, self.entries * 12, timestamp, offset - self.base_offset)  # type: ignore[arg-type]
             self.entries += 1
 
     def lookup(self, timestamp: int) -> tuple[int, int]:

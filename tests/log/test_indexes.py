@@ -139,8 +139,8 @@ def test_untrimmed_file_looks_full_of_zero_entries(tmp_path) -> None:
     idx = offset_index(tmp_path, base=0, max_entries=30)
     idx.append(5, 0)
     idx.flush()
-    idx._mm.close()  # a crash: no trim
-    idx._mm = None
+    idx.mm.close()  # a crash: no trim
+    idx.mm = None
     again = OffsetIndex(idx.path, 0, 30 * 8)
     assert again.entries == 30
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shale.sidecar.log import log as log_module
-from shale.sidecar.log._cleaner_kernel import append_produced, prepare_produce
+from shale.sidecar.log._append_kernel import append_produced, prepare_produce
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import KafkaStorageError
 from shale.sidecar.log.log import Log
@@ -123,7 +123,7 @@ def files(directory: str) -> dict[str, bytes]:
 
 def segment_state(log: Log) -> list[tuple]:
     """What an append changes in memory besides the log end offset, per segment."""
-    return [(seg.base_offset, seg.size, seg.bytes_since_last_index_entry, seg._max_ts, seg.offset_index.entries,
+    return [(seg.base_offset, seg.size, seg.bytes_since_last_index_entry, seg.max_ts, seg.offset_index.entries,
              seg.time_index.entries) for seg in log.segments]
 
 

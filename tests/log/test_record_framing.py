@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shale.sidecar.log import records
-from shale.sidecar.log._cleaner_kernel import records_check
+from shale.sidecar.log._append_kernel import records_check
 from shale.sidecar.log.compression import Compression
 from shale.sidecar.log.errors import InvalidRecordError, InvalidTimestampError
 from shale.sidecar.log.records import BATCH_OVERHEAD, Header, Record, check_batch, check_records, encode_batch

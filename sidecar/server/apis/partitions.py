@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from typing import Any
 
 from ...log.errors import (
@@ -32,7 +31,6 @@ from ...protocol.error_codes import (
     CORRUPT_MESSAGE,
     FENCED_LEADER_EPOCH,
     INVALID_RECORD,
-    INVALID_REQUIRED_ACKS,
     INVALID_TIMESTAMP,
     KAFKA_STORAGE_ERROR,
     LEADER_NOT_AVAILABLE,
@@ -50,7 +48,6 @@ from ...protocol.error_codes import (
     UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
-    UNSUPPORTED_VERSION,
 )
 from ...replication.fetch_session import FetchSessionCache
 from ...replication.partition import NO_EPOCH
@@ -67,19 +64,13 @@ from ..network.handler import (
     ConnectionInfo,
     Handler,
 )
-from ..network.native_produce import FIRST_BATCH_VERSION, appended
+from ..network.native_produce import appended
 from ..network.socket_server import OUT_OF_RESOURCES
 from .authorized_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from .fetch_purgatory import FetchPurgatory
 from .listener_addresses import ListenerAddresses
-from .transaction_verification import (
-    CONTROL_FROM_CLIENT,
-    Verify,
-    batch_header,
-    needs_verification,
-    produce_error,
-    transactional,
-)
+from .produce_admission import partition_refusal, request_refusal
+from .transaction_verification import Verify
 
 logger = logging.getLogger(__name__)
 
@@ -113,32 +104,6 @@ def _append_error_code(exc: Exception) -> int:
     return UNKNOWN_SERVER_ERROR
 
 
-
-def _produce_records_error(version: int, records: bytes) -> str | None:
-    """Kafka's ProduceRequest.validateRecords (v3+): exactly one whole record batch, of magic 2 (and, from
-    LogValidator.validateBatch, a non-negative offset range: lastOffsetDelta -1 would make the next batch
-    reuse the offset).
-
-    Kafka answers these INVALID_RECORD before the log sees the bytes; framing errors (a declared size
-    below the minimum, a partial trailing batch) are left to the log, which answers CORRUPT_MESSAGE.
-    """
-    first = _whole_batch_size(records, 0)
-    if first is None:
-        return f"Produce requests with version {version} must have at least one record batch per partition"
-    if first < 0:
-        return None
-    if records[16] != 2:
-        return (f"Produce requests with version {version} are only allowed to contain record batches with "
-                f"magic version 2 (got magic {records[16]})")
-    if first >= 27 and struct.unpack_from(">i", records, 23)[0] < 0:  # LogValidator.validateBatch
-        return "Batch has an invalid offset range (lastOffsetDelta < 0)"
-    second = _whole_batch_size(records, first)
-    if second is not None and second > 0:
-        return (f"Produce requests with version {version} are only allowed to contain exactly one record batch "
-                f"per partition")
-    return None
-
-
 def _aborted_transactions(log: Log, fetch_offset: int, found: LogSlice | None) -> list[dict]:
     """A read_committed fetch's `aborted_transactions`: those overlapping what it returns (Kafka's
     addAbortedTransactions); an empty list, not null, when none or nothing is returned."""
@@ -146,17 +111,6 @@ def _aborted_transactions(log: Log, fetch_offset: int, found: LogSlice | None) -
         return []
     return [{"producer_id": t.producer_id, "first_offset": t.first_offset}
             for t in log.collect_aborted_transactions(fetch_offset, log.fetch_upper_bound(found))]
-
-
-def _whole_batch_size(records: bytes, pos: int) -> int | None:
-    """Size of the whole batch at `pos`; None if none fits there; -1 if its declared size is corrupt."""
-    if len(records) - pos < 17:  # offset, length, leader epoch and magic
-        return None
-    (length,) = struct.unpack_from(">i", records, pos + 8)
-    if length < 14:  # Kafka's minimum record overhead
-        return -1
-    return 12 + length if pos + 12 + length <= len(records) else None
-
 
 
 class PartitionApis:
@@ -262,9 +216,7 @@ class PartitionApis:
         version, body = request.api_version, request.body
         responses = []
         parked: list[tuple[str, dict, Any]] = []  # acks=all appends waiting for the high watermark
-        if body.transactional_id is None and any(pd.records is not None and transactional(pd.records)
-                                                 for topic in body.topic_data for pd in topic.partition_data):
-            # Kafka refuses the whole request before looking at a partition: transactional records need an id.
+        if request_refusal(body.transactional_id, body.topic_data):
             logger.error("produce from client %r at %s refused: transactional records without a transactional id",
                          conn.client_id, conn.host)
             return {"throttle_time_ms": 0, "responses": [
@@ -365,29 +317,10 @@ class PartitionApis:
             code = self._partition_error(topic, partition)
             where = "unknown" if code == UNKNOWN_TOPIC_OR_PARTITION else "not led by this node:"
             return fail(code, f"{where} topic-partition {topic}-{partition}")
-        if version < FIRST_BATCH_VERSION:
-            return fail(UNSUPPORTED_VERSION, "Produce v0-2 (message format v0/v1) is not supported")
-        if acks not in (0, 1, -1):
-            return fail(INVALID_REQUIRED_ACKS, f"acks={acks}")
-        if records is None:
-            return fail(CORRUPT_MESSAGE, "null record set")
-        refused = _produce_records_error(version, records)
+        refused = partition_refusal(version, acks, records, tp, log, transactional_id, self.verify_transaction,
+                                    leading)
         if refused is not None:
-            return fail(INVALID_RECORD, f"{refused} ({topic}-{partition})")
-        header = batch_header(records)
-        if header is not None and header.is_control:  # LogValidator: markers come from coordinators only
-            return fail(INVALID_RECORD, f"{CONTROL_FROM_CLIENT} ({topic}-{partition}, producer {header.producer_id})")
-        if header is not None and transactional_id is not None and needs_verification(log, header):
-            verified = self.verify_transaction(transactional_id, header.producer_id, header.producer_epoch, tp)
-            if verified is not None and verified != NONE:
-                code, why = produce_error(version, verified)
-                return fail(code, f"{why} ({topic}-{partition}, transactional id {transactional_id!r}, producer "
-                                  f"{header.producer_id} epoch {header.producer_epoch})")
-        if leading is not None and acks == -1 and leading.state.under_min_isr(log.config.min_insync_replicas):
-            isr = list(leading.state.record.isr)
-            return fail(NOT_ENOUGH_REPLICAS, f"the ISR {isr} of {topic}-{partition} is smaller than its minimum "
-                                             f"{leading.state.min_isr(log.config.min_insync_replicas)} "
-                                             f"(min.insync.replicas, capped by the replication factor)")
+            return fail(refused.code, refused.message)
         try:
             info = log.append(records, leader_epoch=None if leading is None else leading.leader_epoch)
         except Exception as exc:  # noqa: BLE001 - mapped to a per-partition error code
