@@ -410,8 +410,7 @@ class StorageNode:
         self.moves.start()  # moves found at load resume (their swap runs on this loop)
         await self.broker.start()
         if self.registry.node.port == 0 and (not self.options.advertised_port or self.listener_config is not None):
-            # an ephemeral port (tests)
-            self.registry.node = NodeAddress(self.options.node_id, self.registry.node.host, self.broker.port)
+            self.registry.bound(self.broker.port)
         if self.replicas is not None:
             self._start_replication()
         if self.shared_security is not None:

@@ -160,6 +160,10 @@ class TopicRegistry:
         it is built on this registry (the two need each other: the node's one cycle)."""
         self.replication = replication
 
+    def bound(self, port: int) -> None:
+        """The node listens on an ephemeral port (`--listen host:0`, tests): its address takes the port bound."""
+        self.node = NodeAddress(self.node.node_id, self.node.host, port)
+
     # -- queries ---------------------------------------------------------------------------------
 
     def config_for(self, topic: str) -> TopicConfig:
