@@ -1,0 +1,132 @@
+"""A log dir's free-space floor: clients' Produce stops while free space is under it, so the cleaner has room.
+
+Why: a full disk refuses every write, and the cleaner writes a group's cleaned segments before it deletes the
+dirty ones, so a compacted topic on a full disk cannot clean itself back under its limit (the end state of
+KAFKA-9087). The floor (`log.dir.min.free.bytes`, `log.dir.min.free.ratio` of the filesystem; the larger wins) is a
+reserve: under it clients' Produce is refused with KAFKA_STORAGE_ERROR, while what frees space or must not stall
+(the cleaner and its swap, retention, checkpoints, transaction markers, coordinator writes) goes on writing into
+it. Kafka has no such setting (docs/architecture.md, "A full disk").
+
+Free space is read with statvfs at most every `SAMPLE_INTERVAL_MS` per dir, on the produce path itself: a sample is
+one system call, and no thread has to keep a flag fresh. At most that long of produced bytes can enter the reserve.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_INTERVAL_MS = 100  # the oldest sample a produce is admitted on
+REFUSAL_LOG_INTERVAL_MS = 10_000  # one line per dir this often while produce is refused
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class FreeFloor:
+    """The broker settings: the floor is the larger of `min_free_bytes` and `min_free_ratio` of the filesystem."""
+
+    min_free_bytes: int = 0
+    min_free_ratio: float = 0.0
+
+    def bytes_for(self, total: int) -> int:
+        """The floor, in bytes, of a filesystem of `total` bytes."""
+        return max(self.min_free_bytes, math.ceil(self.min_free_ratio * total))
+
+    @property
+    def off(self) -> bool:
+        return self.min_free_bytes <= 0 and self.min_free_ratio <= 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One statvfs of a log dir: the bytes an unprivileged writer has free, the filesystem's size, the floor."""
+
+    free: int
+    total: int
+    floor: int
+    at_ms: int
+
+    @property
+    def below_floor(self) -> bool:
+        return self.free < self.floor
+
+
+class DirSpace:
+    """One log dir's free space as the produce path sees it: sampled when stale, refusals counted and logged."""
+
+    def __init__(self, path: str, floor: FreeFloor, *, clock: Callable[[], int] = _monotonic_ms,
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
+        self.path = path
+        self.floor = floor
+        self._clock = clock
+        self._statvfs = statvfs
+        self._lock = threading.Lock()  # samples come from the event loop, the I/O thread and /metrics
+        self.last: Sample | None = None
+        self.refused = 0  # clients' Produce refused by the floor since the start
+        self._refused_before = 0  # ... when the dir last went under its floor
+        self._logged_ms: int | None = None
+        self._unlogged = 0
+
+    def sample(self) -> Sample:
+        """Read the filesystem now; log when the dir goes under its floor or comes back above it."""
+        with self._lock:
+            try:
+                st = self._statvfs(self.path)
+                total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+            except OSError as e:  # the dir's own writes will name the fault; the floor does not guess
+                logger.error("log dir %s: cannot read its free space: %s", self.path, e)
+                total = free = 0
+            was, now = self.last, Sample(free, total, self.floor.bytes_for(total) if total else 0, self._clock())
+            self.last = now
+            if now.below_floor and not (was is not None and was.below_floor):
+                logger.warning("log dir %s: %d bytes free, under its floor of %d bytes (log.dir.min.free.bytes, "
+                               "log.dir.min.free.ratio of %d): Produce is refused with KAFKA_STORAGE_ERROR until the "
+                               "cleaner or retention frees space", self.path, now.free, now.floor, now.total)
+                self._refused_before, self._logged_ms, self._unlogged = self.refused, None, 0
+            elif was is not None and was.below_floor and not now.below_floor:
+                logger.warning("log dir %s: %d bytes free, above its floor of %d bytes again: Produce is accepted "
+                               "again (%d refused meanwhile)", self.path, now.free, now.floor,
+                               self.refused - self._refused_before)
+            return now
+
+    def current(self) -> Sample:
+        """The last sample if it is younger than SAMPLE_INTERVAL_MS, else a new one."""
+        last = self.last
+        if last is None or self._clock() - last.at_ms >= SAMPLE_INTERVAL_MS:
+            return self.sample()
+        return last
+
+    def has_room(self) -> bool:
+        """Whether writes that may not use the reserve (clients' Produce, a follower's fetches) may go on now."""
+        return self.floor.off or not self.current().below_floor
+
+    def produce_refusal(self, where: str) -> tuple[str, bool] | None:
+        """None if a client's Produce to `where` (a topic-partition in this dir) may write; else the reason, and
+        whether to log it now (one line per dir every REFUSAL_LOG_INTERVAL_MS, with the count it stands for)."""
+        if self.floor.off:
+            return None
+        s = self.current()
+        if not s.below_floor:
+            return None
+        with self._lock:
+            self.refused += 1
+            self._unlogged += 1
+            now = self._clock()
+            log = self._logged_ms is None or now - self._logged_ms >= REFUSAL_LOG_INTERVAL_MS
+            count = self._unlogged
+            if log:
+                self._logged_ms, self._unlogged = now, 0
+        more = f" ({count} refused in this dir since the last such line)" if log and count > 1 else ""
+        return (f"{where}: log dir {self.path} has {s.free} bytes free, under its floor of {s.floor} bytes "
+                f"(log.dir.min.free.bytes, log.dir.min.free.ratio); the rest is kept for the cleaner and retention"
+                f"{more}"), log
