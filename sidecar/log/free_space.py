@@ -7,8 +7,10 @@ reserve: under it clients' Produce is refused with KAFKA_STORAGE_ERROR, while wh
 (the cleaner and its swap, retention, checkpoints, transaction markers, coordinator writes) goes on writing into
 it. Kafka has no such setting (docs/architecture.md, "A full disk").
 
-Free space is read with statvfs at most every `SAMPLE_INTERVAL_MS` per dir, on the produce path itself: a sample is
-one system call, and no thread has to keep a flag fresh. At most that long of produced bytes can enter the reserve.
+Free space is read with statvfs on the produce path itself (one system call, ~1 µs; no thread has to keep a flag
+fresh): at most every `SAMPLE_INTERVAL_MS` per dir while more than twice the floor is free, and at every question
+nearer the floor, where a stale sample would let a fast producer (tens of MB/s) write megabytes into the reserve.
+So only the request being admitted can enter the reserve, at most one request's bytes.
 """
 
 from __future__ import annotations
@@ -100,9 +102,10 @@ class DirSpace:
             return now
 
     def current(self) -> Sample:
-        """The last sample if it is younger than SAMPLE_INTERVAL_MS, else a new one."""
+        """The last sample if it is younger than SAMPLE_INTERVAL_MS and more than twice the floor was free, else a
+        new one."""
         last = self.last
-        if last is None or self._clock() - last.at_ms >= SAMPLE_INTERVAL_MS:
+        if last is None or last.free < 2 * last.floor or self._clock() - last.at_ms >= SAMPLE_INTERVAL_MS:
             return self.sample()
         return last
 
