@@ -8,9 +8,10 @@ reserve: under it clients' Produce is refused with KAFKA_STORAGE_ERROR, while wh
 it. Kafka has no such setting (docs/architecture.md, "A full disk").
 
 Free space is read with statvfs on the produce path itself (one system call, ~1 µs; no thread has to keep a flag
-fresh): at most every `SAMPLE_INTERVAL_MS` per dir while more than twice the floor is free, and at every question
-nearer the floor, where a stale sample would let a fast producer (tens of MB/s) write megabytes into the reserve.
-So only the request being admitted can enter the reserve, at most one request's bytes.
+fresh). Between two samples the bytes admitted since the last one are taken off it, and a new sample is read when
+the last is `SAMPLE_INTERVAL_MS` old or, so counted, less than twice the floor is left: a stale sample would let a
+fast producer (hundreds of MB/s on tmpfs) write megabytes into the reserve. A request is admitted only if its bytes
+fit above the floor; the native Produce (one record, size not asked) is the only writer that can cross it.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ class Sample:
     floor: int
     at_ms: int
 
-    @property
-    def below_floor(self) -> bool:
-        return self.free < self.floor
+    def fits(self, size: int) -> bool:
+        """Whether `size` more bytes leave the floor free (always, without a floor: 0, or an unreadable filesystem)."""
+        return not self.floor or self.free - size >= self.floor
 
 
 class DirSpace:
@@ -72,56 +73,64 @@ class DirSpace:
         self.floor = floor
         self._clock = clock
         self._statvfs = statvfs
-        self._lock = threading.Lock()  # samples come from the event loop, the I/O thread and /metrics
+        self._lock = threading.Lock()  # questions come from the event loop, the I/O thread and /metrics
         self.last: Sample | None = None
+        self._admitted = 0  # bytes of Produce admitted since `last` was read
+        self.refusing = False  # the last Produce was refused, and no sample since has room for it
+        self._refused_size = 0  # ... its bytes
         self.refused = 0  # clients' Produce refused by the floor since the start
-        self._refused_before = 0  # ... when the dir last went under its floor
+        self._refused_before = 0  # ... when the dir last began to refuse
         self._logged_ms: int | None = None
         self._unlogged = 0
 
     def sample(self) -> Sample:
-        """Read the filesystem now; log when the dir goes under its floor or comes back above it."""
+        """Read the filesystem now (and end a refusal if the last refused request now fits)."""
+        try:
+            st = self._statvfs(self.path)
+            total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        except OSError as e:  # the dir's own writes will name the fault; the floor does not guess
+            logger.error("log dir %s: cannot read its free space: %s", self.path, e)
+            total = free = 0
+        now = Sample(free, total, self.floor.bytes_for(total) if total else 0, self._clock())
         with self._lock:
-            try:
-                st = self._statvfs(self.path)
-                total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-            except OSError as e:  # the dir's own writes will name the fault; the floor does not guess
-                logger.error("log dir %s: cannot read its free space: %s", self.path, e)
-                total = free = 0
-            was, now = self.last, Sample(free, total, self.floor.bytes_for(total) if total else 0, self._clock())
-            self.last = now
-            if now.below_floor and not (was is not None and was.below_floor):
-                logger.warning("log dir %s: %d bytes free, under its floor of %d bytes (log.dir.min.free.bytes, "
-                               "log.dir.min.free.ratio of %d): Produce is refused with KAFKA_STORAGE_ERROR until the "
-                               "cleaner or retention frees space", self.path, now.free, now.floor, now.total)
-                self._refused_before, self._logged_ms, self._unlogged = self.refused, None, 0
-            elif was is not None and was.below_floor and not now.below_floor:
-                logger.warning("log dir %s: %d bytes free, above its floor of %d bytes again: Produce is accepted "
-                               "again (%d refused meanwhile)", self.path, now.free, now.floor,
-                               self.refused - self._refused_before)
-            return now
+            self.last, self._admitted = now, 0
+            if self.refusing and now.fits(self._refused_size):
+                self._accept_again(now)
+        return now
 
     def current(self) -> Sample:
-        """The last sample if it is younger than SAMPLE_INTERVAL_MS and more than twice the floor was free, else a
-        new one."""
+        """The free space now: the last sample less the bytes admitted since, if it is younger than
+        SAMPLE_INTERVAL_MS and leaves more than twice the floor; else a new sample."""
         last = self.last
-        if last is None or last.free < 2 * last.floor or self._clock() - last.at_ms >= SAMPLE_INTERVAL_MS:
+        if (last is None or (last.floor and last.free - self._admitted < 2 * last.floor)
+                or self._clock() - last.at_ms >= SAMPLE_INTERVAL_MS):
             return self.sample()
-        return last
+        return Sample(last.free - self._admitted, last.total, last.floor, last.at_ms)
 
-    def has_room(self) -> bool:
-        """Whether writes that may not use the reserve (clients' Produce, a follower's fetches) may go on now."""
-        return self.floor.off or not self.current().below_floor
+    def has_room(self, size: int = 0) -> bool:
+        """Whether `size` more bytes of writes that may not use the reserve (clients' Produce, a follower's fetches)
+        stay above the floor now."""
+        return self.floor.off or self.current().fits(size)
 
-    def produce_refusal(self, where: str) -> tuple[str, bool] | None:
-        """None if a client's Produce to `where` (a topic-partition in this dir) may write; else the reason, and
-        whether to log it now (one line per dir every REFUSAL_LOG_INTERVAL_MS, with the count it stands for)."""
+    def produce_refusal(self, where: str, size: int) -> tuple[str, bool] | None:
+        """None if a client's Produce of `size` bytes to `where` (a topic-partition in this dir) may write, counted
+        as admitted; else the reason, and whether to log it now (one line per dir every REFUSAL_LOG_INTERVAL_MS,
+        with the count it stands for)."""
         if self.floor.off:
             return None
         s = self.current()
-        if not s.below_floor:
-            return None
         with self._lock:
+            if s.fits(size):
+                self._admitted += size
+                if self.refusing:
+                    self._accept_again(s)
+                return None
+            if not self.refusing:
+                logger.warning("log dir %s: %d bytes free, at its floor of %d bytes (log.dir.min.free.bytes, "
+                               "log.dir.min.free.ratio of %d): Produce is refused with KAFKA_STORAGE_ERROR until the "
+                               "cleaner or retention frees space", self.path, s.free, s.floor, s.total)
+                self.refusing, self._refused_before, self._logged_ms, self._unlogged = True, self.refused, None, 0
+            self._refused_size = size
             self.refused += 1
             self._unlogged += 1
             now = self._clock()
@@ -130,6 +139,12 @@ class DirSpace:
             if log:
                 self._logged_ms, self._unlogged = now, 0
         more = f" ({count} refused in this dir since the last such line)" if log and count > 1 else ""
-        return (f"{where}: log dir {self.path} has {s.free} bytes free, under its floor of {s.floor} bytes "
-                f"(log.dir.min.free.bytes, log.dir.min.free.ratio); the rest is kept for the cleaner and retention"
+        return (f"{where}: log dir {self.path} has {s.free} bytes free; {size} more would leave less than its floor of "
+                f"{s.floor} bytes (log.dir.min.free.bytes, log.dir.min.free.ratio), kept for the cleaner and retention"
                 f"{more}"), log
+
+    def _accept_again(self, s: Sample) -> None:
+        """The refusal ends (under the lock)."""
+        self.refusing = False
+        logger.warning("log dir %s: %d bytes free, above its floor of %d bytes: Produce is accepted again (%d "
+                       "refused meanwhile)", self.path, s.free, s.floor, self.refused - self._refused_before)

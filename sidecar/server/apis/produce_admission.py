@@ -97,7 +97,7 @@ def partition_refusal(version: int, acks: int, records: bytes | None, tp: TopicP
                                             f"{leading.state.min_isr(log.config.min_insync_replicas)} "
                                             f"(min.insync.replicas, capped by the replication factor)")
     if log.space is not None:  # last: the records are valid and may go to the ISR, but the disk keeps its reserve
-        floor = log.space.produce_refusal(where)
+        floor = log.space.produce_refusal(where, len(records))
         if floor is not None:
             return Refusal(KAFKA_STORAGE_ERROR, *floor)
     return None

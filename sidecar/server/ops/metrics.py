@@ -246,8 +246,9 @@ def _log_dir_families(f: NodeFigures) -> Iterator[Metric]:
     floor = _gauge("shale_log_dir_min_free_bytes", "The log dir's free-space floor (log.dir.min.free.bytes, "
                    "log.dir.min.free.ratio): under it clients' Produce is refused, the rest is the cleaner's.",
                    ["log_dir"])
-    refused = _gauge("shale_log_dir_produce_refused", "1 while the log dir is under its free-space floor and "
-                     "refuses clients' Produce (KAFKA_STORAGE_ERROR).", ["log_dir"])
+    refused = _gauge("shale_log_dir_produce_refused", "1 while the log dir refuses clients' Produce "
+                     "(KAFKA_STORAGE_ERROR): the last one would have left less than its free-space floor free.",
+                     ["log_dir"])
     refusals = CounterMetricFamily("shale_log_dir_produce_refusals", "Clients' Produce to the log dir refused "
                                    "under its free-space floor, since the start.", labels=["log_dir"])
     for d in f.log_dirs:

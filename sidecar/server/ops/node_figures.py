@@ -279,7 +279,7 @@ def _log_dir_figures(log_dir, snapshot: dict, partitions: list[PartitionFigures]
     for space in log_dir.spaces:
         s = space.sample()
         dirs.append(LogDirFigures(space.path, sum(1 for p in out if p.log_dir == space.path), futures.get(space.path, 0),
-                                  s.free, s.total, s.floor, s.below_floor, space.refused))
+                                  s.free, s.total, s.floor, space.refusing, space.refused))
     return out, tuple(dirs)
 
 
