@@ -95,22 +95,22 @@ class DirSpace:
         with self._lock:
             self.last, self._admitted = now, 0
             if self.refusing and now.fits(self._refused_size):
-                self._accept_again(now)
+                self._accept_again(now.free, now.floor)
         return now
 
-    def current(self) -> Sample:
-        """The free space now: the last sample less the bytes admitted since, if it is younger than
-        SAMPLE_INTERVAL_MS and leaves more than twice the floor; else a new sample."""
+    def fresh(self) -> Sample:
+        """The last sample, read again if it is SAMPLE_INTERVAL_MS old or if, less the bytes admitted since, it
+        leaves less than twice the floor (no new object on the way: the native Produce asks at every request)."""
         last = self.last
         if (last is None or (last.floor and last.free - self._admitted < 2 * last.floor)
                 or self._clock() - last.at_ms >= SAMPLE_INTERVAL_MS):
             return self.sample()
-        return Sample(last.free - self._admitted, last.total, last.floor, last.at_ms)
+        return last
 
     def has_room(self, size: int = 0) -> bool:
         """Whether `size` more bytes of writes that may not use the reserve (clients' Produce, a follower's fetches)
         stay above the floor now."""
-        return self.floor.off or self.current().fits(size)
+        return self.floor.off or self.fresh().fits(size + self._admitted)
 
     def produce_refusal(self, where: str, size: int) -> tuple[str, bool] | None:
         """None if a client's Produce of `size` bytes to `where` (a topic-partition in this dir) may write, counted
@@ -118,17 +118,18 @@ class DirSpace:
         with the count it stands for)."""
         if self.floor.off:
             return None
-        s = self.current()
+        s = self.fresh()
         with self._lock:
-            if s.fits(size):
+            free = s.free - self._admitted
+            if s.fits(size + self._admitted):
                 self._admitted += size
                 if self.refusing:
-                    self._accept_again(s)
+                    self._accept_again(free, s.floor)
                 return None
             if not self.refusing:
                 logger.warning("log dir %s: %d bytes free, at its floor of %d bytes (log.dir.min.free.bytes, "
                                "log.dir.min.free.ratio of %d): Produce is refused with KAFKA_STORAGE_ERROR until the "
-                               "cleaner or retention frees space", self.path, s.free, s.floor, s.total)
+                               "cleaner or retention frees space", self.path, free, s.floor, s.total)
                 self.refusing, self._refused_before, self._logged_ms, self._unlogged = True, self.refused, None, 0
             self._refused_size = size
             self.refused += 1
@@ -139,12 +140,12 @@ class DirSpace:
             if log:
                 self._logged_ms, self._unlogged = now, 0
         more = f" ({count} refused in this dir since the last such line)" if log and count > 1 else ""
-        return (f"{where}: log dir {self.path} has {s.free} bytes free; {size} more would leave less than its floor of "
+        return (f"{where}: log dir {self.path} has {free} bytes free; {size} more would leave less than its floor of "
                 f"{s.floor} bytes (log.dir.min.free.bytes, log.dir.min.free.ratio), kept for the cleaner and retention"
                 f"{more}"), log
 
-    def _accept_again(self, s: Sample) -> None:
+    def _accept_again(self, free: int, floor: int) -> None:
         """The refusal ends (under the lock)."""
         self.refusing = False
         logger.warning("log dir %s: %d bytes free, above its floor of %d bytes: Produce is accepted again (%d "
-                       "refused meanwhile)", self.path, s.free, s.floor, self.refused - self._refused_before)
+                       "refused meanwhile)", self.path, free, floor, self.refused - self._refused_before)
