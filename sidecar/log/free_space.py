@@ -1,11 +1,12 @@
-"""A log dir's free-space floor: clients' Produce stops while free space is under it, so the cleaner has room.
+"""A log dir's free-space floor: clients' Produce and followers' fetches stop at it, so the cleaner has room.
 
 Why: a full disk refuses every write, and the cleaner writes a group's cleaned segments before it deletes the
 dirty ones, so a compacted topic on a full disk cannot clean itself back under its limit (the end state of
 KAFKA-9087). The floor (`log.dir.min.free.bytes`, `log.dir.min.free.ratio` of the filesystem; the larger wins) is a
-reserve: under it clients' Produce is refused with KAFKA_STORAGE_ERROR, while what frees space or must not stall
-(the cleaner and its swap, retention, checkpoints, transaction markers, coordinator writes) goes on writing into
-it. Kafka has no such setting (docs/architecture.md, "A full disk").
+reserve: a client's Produce that would leave less free is refused with KAFKA_STORAGE_ERROR, and a follower does not
+fetch while less is free, while what frees space or must not stall (the cleaner and its swap, retention,
+checkpoints, transaction markers, coordinator writes) goes on writing into it. Kafka has no such setting
+(docs/architecture.md, "The free-space floor").
 
 Free space is read with statvfs on the produce path itself (one system call, ~1 µs; no thread has to keep a flag
 fresh). Between two samples the bytes admitted since the last one are taken off it, and a new sample is read when
