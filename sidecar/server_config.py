@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
+from .log.free_space import FreeFloor
 from .log.log_cleaner import CleanerConfig
 from .security.principal import parse_super_users
 from .topic_config import (
@@ -63,6 +64,13 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "The log dirs, comma-separated, each its own volume (JBOD): new partitions go to the dir with the "
               "fewest, AlterReplicaLogDirs moves them between dirs (docs/moves.md). Empty: the --data-dir "
               "options (repeated or comma-separated). Node files live in the first dir."),
+    ConfigKey("log.dir.min.free.bytes", LONG, 0, Range(0),
+              "Free bytes each log dir keeps for the cleaner and retention: under the floor (the larger of this and "
+              "log.dir.min.free.ratio) clients' Produce is refused with KAFKA_STORAGE_ERROR, which they retry, while "
+              "cleaning, retention, checkpoints, transaction markers and coordinator writes go on. Not in Kafka."),
+    ConfigKey("log.dir.min.free.ratio", DOUBLE, 0.05, Range(0, 0.9),
+              "The floor as a share of each log dir's filesystem (the larger of this and log.dir.min.free.bytes "
+              "wins); 0 with log.dir.min.free.bytes 0 turns the floor off, as in Kafka."),
     ConfigKey("replica.alter.log.dirs.io.max.bytes.per.second", LONG, LONG_MAX, Range(1),
               "Bytes per second all log-dir moves together copy at most, so that a move does not starve "
               "producers."),
@@ -201,6 +209,8 @@ class ServerConfig:
     log_cleaner_io_max_bytes_per_second: float
     log_cleaner_backoff_ms: int
     log_dirs: str
+    log_dir_min_free_bytes: int
+    log_dir_min_free_ratio: float
     replica_alter_log_dirs_io_max_bytes_per_second: int
     producer_id_expiration_ms: int
     producer_id_expiration_check_interval_ms: int
@@ -276,6 +286,9 @@ class ServerConfig:
         """The keys that differ from Kafka's defaults, as Kafka strings (logged at startup)."""
         return {k.name: k.to_string(self.value_of(k.name)) for k in SERVER_CONFIG_KEYS
                 if self.value_of(k.name) != k.default}
+
+    def free_floor(self) -> FreeFloor:
+        return FreeFloor(self.log_dir_min_free_bytes, self.log_dir_min_free_ratio)
 
     def cleaner_config(self) -> CleanerConfig:
         return CleanerConfig(

@@ -35,6 +35,7 @@ from .errors import (
     RecordTooLargeError,
     TornSegmentError,
 )
+from .free_space import DirSpace
 from .leader_epoch_cache import BatchEpochs, LeaderEpochCache, recovered, truncated_from_end, truncated_from_start
 from .loader import load
 from .open_files import SEGMENT_FILES
@@ -186,8 +187,11 @@ class Log(LogAppendState):
         clock: Callable[[], int] = now_ms,
         rng: random.Random | None = None,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+        space: DirSpace | None = None,
     ) -> None:
         self.dir = directory
+        # The free space of the log dir this log is in: the Produce paths ask it; the log's own appends do not.
+        self.space = space
         self.name = os.path.basename(directory)
         self.config = config
         self.clock = clock

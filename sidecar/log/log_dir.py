@@ -33,6 +33,7 @@ from .checkpoint import (
     write_offsets,
 )
 from .errors import LogError
+from .free_space import DirSpace, FreeFloor
 from .future_replica import parse_move_dir
 from .log import Log, now_ms
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -64,9 +65,11 @@ class LogDir:
     """All partition logs of one data directory."""
 
     def __init__(self, path: str, config_for: Callable[[str], object], *, clock: Callable[[], int] = now_ms,
-                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS, load: bool = True) -> None:
+                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS, load: bool = True,
+                 floor: FreeFloor = FreeFloor()) -> None:
         """Lock the directory and (unless `load` is False: `LogDirs` recovers moves over all its dirs first) load it."""
         self.path = os.path.abspath(path)
+        self.space = DirSpace(self.path, floor)  # its free space under the floor refuses clients' Produce
         self.config_for = config_for
         self.clock = clock
         self.producer_id_expiration_ms = producer_id_expiration_ms  # a broker setting, given to every Log
@@ -150,6 +153,7 @@ class LogDir:
                 had_clean_shutdown=self.had_clean_shutdown,
                 clock=self.clock,
                 producer_id_expiration_ms=self.producer_id_expiration_ms,
+                space=self.space,
             )
             if tp in high_watermarks:
                 log.set_high_watermark_on_load(high_watermarks[tp])
@@ -173,7 +177,7 @@ class LogDir:
             try:
                 config = config if config is not None else self.config_for(tp.topic)
                 log = Log(directory, config, clock=self.clock,
-                          producer_id_expiration_ms=self.producer_id_expiration_ms)
+                          producer_id_expiration_ms=self.producer_id_expiration_ms, space=self.space)
                 atomic_write(os.path.join(directory, PARTITION_METADATA),
                              encode_partition_metadata(topic_id or new_topic_id()))
                 fsync_dir(self.path)
@@ -191,6 +195,11 @@ class LogDir:
         """The dirs' paths, as `LogDirs.paths`: one."""
         return [self.path]
 
+    @property
+    def spaces(self) -> list[DirSpace]:
+        """The dirs' free space, as `LogDirs.spaces`: one."""
+        return [self.space]
+
     def dir_of(self, tp: TopicPartition) -> str | None:
         return self.path if tp in self.logs else None
 
@@ -202,7 +211,7 @@ class LogDir:
         with self.lock:
             log = Log(os.path.join(self.path, str(tp)), self.config_for(tp.topic), recovery_point=recovery_point,
                       log_start_offset=log_start_offset, had_clean_shutdown=True, clock=self.clock,
-                      producer_id_expiration_ms=self.producer_id_expiration_ms)
+                      producer_id_expiration_ms=self.producer_id_expiration_ms, space=self.space)
             self.logs[tp] = log
             return log
 

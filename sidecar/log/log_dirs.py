@@ -14,6 +14,7 @@ import threading
 from typing import Callable, Sequence
 
 from .errors import LogError
+from .free_space import FreeFloor
 from .future_replica import (
     FutureCopy,
     PendingMove,
@@ -49,7 +50,8 @@ class LogDirs:
 
     def __init__(self, paths: Sequence[str], config_for: Callable[[str], object], *,
                  clock: Callable[[], int] = now_ms,
-                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> None:
+                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+                 floor: FreeFloor = FreeFloor()) -> None:
         absolute = [os.path.abspath(p) for p in paths]
         if not absolute:
             raise ValueError("no log dir given")
@@ -63,7 +65,8 @@ class LogDirs:
         try:
             for path in absolute:  # every dir locked before a move's renames touch two of them
                 self.dirs.append(LogDir(path, config_for, clock=clock,
-                                        producer_id_expiration_ms=producer_id_expiration_ms, load=False))
+                                        producer_id_expiration_ms=producer_id_expiration_ms, load=False,
+                                        floor=floor))
             self.pending_moves: list[PendingMove] = recover_moves(absolute)
             for d in self.dirs:
                 d.lock = self.lock
@@ -84,6 +87,7 @@ class LogDirs:
             self.futures[move.tp] = (move.move_id, by_path[move.target])
         self.path = self.dirs[0].path  # node files (API topics, producer ids) live in the first dir
         self.paths = [d.path for d in self.dirs]
+        self.spaces = [d.space for d in self.dirs]
         self.is_new = all(d.is_new for d in self.dirs)
         self.had_clean_shutdown = all(d.had_clean_shutdown for d in self.dirs)
 

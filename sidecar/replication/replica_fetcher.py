@@ -232,6 +232,10 @@ class _LeaderLink:
             log = self.owner.log_of(state)
             if log is None:
                 continue
+            if log.space is not None and not log.space.has_room():
+                # The reserve is for the cleaner: as a follower whose dir failed in Kafka, it leaves the ISR instead
+                self.owner.back_off([state], f"not fetching: log dir {log.space.path} is under its free-space floor")
+                continue
             sent[state.tp] = (state, state.fetch_offset)
             fields[state.tp] = {
                 "partition": state.tp.partition,

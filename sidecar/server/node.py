@@ -152,7 +152,8 @@ class StorageNode:
             # their topic's config when the topic is put (load_api_topics, reload_manifests).
             # Every log dir (`log.dirs`, else each --data-dir; JBOD, docs/moves.md); node files live in the first.
             self.log_dir = LogDirs(parse_log_dirs(self.server_config.log_dirs or options.data_dir), config_for,
-                                   producer_id_expiration_ms=self.server_config.producer_id_expiration_ms)
+                                   producer_id_expiration_ms=self.server_config.producer_id_expiration_ms,
+                                   floor=self.server_config.free_floor())
             # The node's one security state (ACLs, SCRAM credentials): the authorizer, the ACL and SCRAM admin
             # APIs and the SASL sessions all read this store; an unreadable file stops the start (docs/security.md).
             self.authorizer = Authorizer(parse_super_users(self.server_config.super_users),

@@ -39,7 +39,7 @@ ALERTS = [rule["alert"] for rule in RULES]
 def test_the_alerts():
     assert ALERTS == ["ShaleCleaningPausedTooLong", "ShalePartitionUncleanable", "ShaleCleanerThreadDead",
                       "ShaleCompactionBehind", "ShaleDiskFullPredicted", "ShaleDiskAlmostFull", "ShaleStorageFailing",
-                      "ShaleTopicNotReady",
+                      "ShaleLogDirNearFreeFloor", "ShaleProduceRefusedAtFreeFloor", "ShaleTopicNotReady",
                       "ShaleStorageNodeNotReady", "ShaleManifestsMissing", "ShaleStorageNodeDown", "ShaleOperatorDown"]
     for rule in RULES:
         assert rule["labels"]["severity"] in ("warning", "critical")
@@ -65,7 +65,9 @@ def test_each_alert_says_what_to_do_and_has_a_runbook():
                "ShaleDiskFullPredicted": "predict_linear(shale_data_dir_bytes_free",
                "ShaleTopicNotReady": "shale_topic_ready",
                "ShaleManifestsMissing": "shale_manifests_missing == 1",
-               "ShaleStorageFailing": "shale_log_storage_failing == 1"}
+               "ShaleStorageFailing": "shale_log_storage_failing == 1",
+               "ShaleLogDirNearFreeFloor": "shale_log_dir_bytes_free < 2 * shale_log_dir_min_free_bytes",
+               "ShaleProduceRefusedAtFreeFloor": "shale_log_dir_produce_refused == 1"}
     exprs = {rule["alert"]: rule["expr"] for rule in RULES}
     for alert, expression in catches.items():
         assert expression in exprs[alert], (alert, exprs[alert])

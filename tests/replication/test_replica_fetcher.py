@@ -6,6 +6,7 @@ stale. The leader is `log_leader.LogLeader` (real Logs, the node's codec, Kafka'
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import tempfile
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from log_leader import LedPartition, LogLeader
 
 from shale.sidecar.log.errors import CorruptRecordError
+from shale.sidecar.log.free_space import DirSpace, FreeFloor
 from shale.sidecar.log.log import Log
 from shale.sidecar.log.records import BatchHeader, Record, encode_batch
 from shale.sidecar.log.topic_partition import TopicPartition
@@ -335,6 +337,32 @@ def test_a_corrupt_answer_appends_nothing_and_the_partition_fetches_again(tmp_pa
         await until(lambda: (fetchers.states()[TP].error or "").startswith("CorruptRecordError"), "the refusal")
         assert follower_log.log_end_offset == 0
         await until(lambda: follower_log.log_end_offset == 5, "the intact fetch")
+        assert log_bytes(follower_log) == log_bytes(leader_log)
+        await fetchers.close()
+        await leader.stop()
+    run(scenario())
+
+
+def test_a_follower_whose_log_dir_is_under_its_free_space_floor_does_not_fetch_until_space_is_back(tmp_path):
+    """The reserve is the cleaner's: a follower's appends are the leader's Produce by another road, so under the
+    floor it leaves the partition out of its fetches (and falls out of the ISR) instead of filling the disk."""
+    async def scenario():
+        leader_log, follower_log = new_log(tmp_path / "l"), new_log(tmp_path / "f")
+        lead(leader_log, 0, 2, 3)
+        disk = {"free": 1 << 20}
+
+        def statvfs(path: str) -> os.statvfs_result:
+            return os.statvfs_result((4096, 4096, 16384, disk["free"] // 4096, disk["free"] // 4096, 0, 0, 0, 0, 255))
+        follower_log.space = DirSpace(str(tmp_path / "f"), FreeFloor(8 << 20), statvfs=statvfs)
+        leader = await LogLeader({TP: LedPartition(leader_log, epoch=0)}).start()
+        fetchers = ReplicaFetchers(3, {TP: follower_log}.get, FAST)
+        fetchers.follow(TP, node(leader), 0)
+        await until(lambda: "under its free-space floor" in (fetchers.states()[TP].error or ""), "the hold")
+        await asyncio.sleep(0.3)  # several backoffs
+        assert follower_log.log_end_offset == 0
+        assert not [t for key, body in leader.requests if key == 1 for t in body.topics if t.partitions]
+        disk["free"] = 32 << 20
+        await until(lambda: follower_log.log_end_offset == 5, "the fetch once space is back")
         assert log_bytes(follower_log) == log_bytes(leader_log)
         await fetchers.close()
         await leader.stop()

@@ -23,7 +23,8 @@ from support.node_util import ServeProcess, topic_manifest, write_manifests
 
 TOPIC = "ledger"
 QUIET = ("--override", "offsets.topic.num.partitions=1",  # no scheduled checkpoint takes the last free page
-         "--override", "log.initial.task.delay.ms=3600000")
+         "--override", "log.initial.task.delay.ms=3600000",
+         "--override", "log.dir.min.free.ratio=0")  # no floor: these fill the disk itself (the floor's: test_disk_reserve)
 
 
 @pytest.fixture(params=["tmpfs", "ext4"])

@@ -11,6 +11,7 @@ the event loop making every native call.
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 
@@ -20,9 +21,11 @@ from hypothesis import strategies as st
 from native_util import HI, LO, NOW, Brokers, batch, brokers, exchange, fetch, produce, read_frame
 
 from shale.sidecar.log.compression import Compression
+from shale.sidecar.log.free_space import DirSpace, FreeFloor
 from shale.sidecar.log.records import Record, encode_batch
 from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.protocol.client_codec import decode_response
+from shale.sidecar.protocol.error_codes import KAFKA_STORAGE_ERROR
 from shale.sidecar.server.network import native_produce
 from shale.sidecar.server.network.handler import API_PRODUCE
 
@@ -203,3 +206,32 @@ def test_the_request_memory_is_back_to_zero_after_native_answers(tmp_path, answe
         assert [struct.unpack_from(">i", read_frame(sock))[0] for _ in range(5)] == list(range(20, 25))
         assert pair.brokers["native"].memory.used == 0
     assert sum(a is not None for a in answered) >= 20
+
+
+def test_a_log_dir_under_its_free_space_floor_is_left_to_the_handler_which_refuses(tmp_path, answered):
+    """The floor is Python's (produce_admission.py): the native Produce finds no log while the dir is under it, so
+    the handler answers KAFKA_STORAGE_ERROR naming the partition and the dir; above it again, C answers again."""
+    warm = [produce(9, i, batch(i)) for i in range(6)]  # the first index page allocated (by Python): C's from here
+    with brokers(tmp_path) as pair:
+        exchange(pair, warm)
+        assert answered[-1] is not None
+        disk = {"free": 1 << 20}
+
+        def statvfs(path: str) -> os.statvfs_result:
+            return os.statvfs_result((4096, 4096, (64 << 20) // 4096, disk["free"] // 4096, disk["free"] // 4096,
+                                      0, 0, 0, 0, 255))
+        for kind in ("native", "handler"):
+            log = pair.brokers[kind].registry.local_log("t", 0)
+            log.space = DirSpace(f"/volumes/{kind}", FreeFloor(8 << 20), statvfs=statvfs)
+        refused = exchange(pair, [produce(9, 6, batch(6))])
+        assert answered[-1] is None
+        answer = decode_response(API_PRODUCE, 9, refused["native"][0]).body.responses[0].partition_responses[0]
+        assert answer.error_code == KAFKA_STORAGE_ERROR and answer.base_offset == -1
+        assert answer.error_message.startswith("t-0: log dir /volumes/native has 1048576 bytes free; ")
+        assert "more would leave less than its floor of 8388608 bytes" in answer.error_message
+        assert pair.files("native") == pair.files("handler")
+        disk["free"] = 32 << 20
+        before = len(answered)
+        again = exchange(pair, [produce(9, i, batch(i)) for i in range(7, 11)])
+        assert again["native"] == again["handler"] and any(a is not None for a in answered[before:])
+        assert pair.brokers["native"].registry.local_log("t", 0).log_end_offset == 10

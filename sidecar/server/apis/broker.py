@@ -22,6 +22,7 @@ from ..network.socket_server import NativeSource, SocketServer
 from .fetch_purgatory import FetchPurgatory
 from .listener_addresses import ListenerAddresses
 from .partitions import PartitionApis
+from .produce_admission import native_log
 from .transaction_verification import Verify
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class Broker(SocketServer):
             addresses=addresses, verify_transaction=verify_transaction)
         table = {**self.partitions.handlers(), **(handlers or {})}
         native = None if replicas is not None else NativeSource(
-            table[API_PRODUCE], registry.local_log, self.purgatory.events, self.purgatory.poke)
+            table[API_PRODUCE], native_log(registry.local_log), self.purgatory.events, self.purgatory.poke)
         super().__init__(table, listeners=listeners or [ListenerSecurity.plaintext(host, port)], observe=observe,
                          max_request_bytes=max_request_bytes, queued_max_request_bytes=queued_max_request_bytes,
                          native=native, io_thread=io_thread, authorize=authorize,

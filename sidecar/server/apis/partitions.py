@@ -302,9 +302,10 @@ class PartitionApis:
         out = {"index": partition, "error_code": NONE, "base_offset": -1, "log_append_time_ms": -1,
                "log_start_offset": -1}
 
-        def fail(code: int, message: str) -> dict:
+        def fail(code: int, message: str, log: bool = True) -> dict:
             out["error_code"] = code
-            out["_reason"] = message  # for the log line; removed before encoding
+            if log:
+                out["_reason"] = message  # for the log line; removed before encoding
             if version >= 8:
                 out["error_message"] = message
             return out
@@ -320,7 +321,7 @@ class PartitionApis:
         refused = partition_refusal(version, acks, records, tp, log, transactional_id, self.verify_transaction,
                                     leading)
         if refused is not None:
-            return fail(refused.code, refused.message)
+            return fail(refused.code, refused.message, refused.log)
         try:
             info = log.append(records, leader_epoch=None if leading is None else leading.leader_epoch)
         except Exception as exc:  # noqa: BLE001 - mapped to a per-partition error code

@@ -14,6 +14,8 @@ which refuses it here exactly as if they did not exist:
 - The native Produce (`_native_produce.c`, native_produce.py) takes a request only with Produce v3+, no
   transactional id, one topic with one partition, `acks` -1, 0 or 1 and a record set, on a connection where the
   handler would run no other check (no replica manager, so no `min.insync.replicas` to meet).
+- The native Produce finds the partition's log through `native_log`, which hides it (the C call declines) while
+  the log's dir is under its free-space floor (log/free_space.py), so that the handler refuses and names it.
 - The C append (`_append_kernel.c`: `append_produced` with `one_batch`, and `prepare_produce`) takes a set only
   when every batch is whole, of magic 2, uncompressed, not a control batch, with as many records as its offset
   range, and (`append_produced`) exactly one, without a producer id (so never a transactional one). It restates
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ...log.log import Log
 from ...log.topic_partition import TopicPartition
@@ -32,6 +34,7 @@ from ...protocol.error_codes import (
     CORRUPT_MESSAGE,
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
+    KAFKA_STORAGE_ERROR,
     NONE,
     NOT_ENOUGH_REPLICAS,
     UNSUPPORTED_VERSION,
@@ -50,10 +53,12 @@ from .transaction_verification import (
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A partition's answer without an append: its error code and the message that names why."""
+    """A partition's answer without an append: its error code and the message that names why; `log` False when
+    the refusal's owner rate-limits its lines (the free-space floor: one per log dir every few seconds)."""
 
     code: int
     message: str
+    log: bool = True
 
 
 def request_refusal(transactional_id: str | None, topic_data: Any) -> bool:
@@ -91,7 +96,20 @@ def partition_refusal(version: int, acks: int, records: bytes | None, tp: TopicP
         return Refusal(NOT_ENOUGH_REPLICAS, f"the ISR {isr} of {where} is smaller than its minimum "
                                             f"{leading.state.min_isr(log.config.min_insync_replicas)} "
                                             f"(min.insync.replicas, capped by the replication factor)")
+    if log.space is not None:  # last: the records are valid and may go to the ISR, but the disk keeps its reserve
+        floor = log.space.produce_refusal(where, len(records))
+        if floor is not None:
+            return Refusal(KAFKA_STORAGE_ERROR, *floor)
     return None
+
+
+def native_log(local_log: Callable[[str, int], Log | None]) -> Callable[[str, int], Log | None]:
+    """The native Produce's `local_log`: no log (the C call declines) while the partition's dir is under its
+    free-space floor, so that the handler refuses the request here and names the partition and the dir."""
+    def find(topic: str, partition: int) -> Log | None:
+        log = local_log(topic, partition)
+        return log if log is None or log.space is None or log.space.has_room() else None
+    return find
 
 
 def records_error(version: int, records: bytes) -> str | None:

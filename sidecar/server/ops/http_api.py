@@ -114,7 +114,9 @@ def status_document(f: NodeFigures, spec_digests: Mapping[str, str] | None = Non
                      "bytes_total": f.bytes_total, "had_clean_shutdown": f.had_clean_shutdown,
                      "storage_failing_partitions": len(f.storage_failing)},
         "log_dirs": [{"path": d.path, "partitions": d.partitions, "future_replicas": d.future_replicas,
-                      "bytes_free": d.bytes_free, "bytes_total": d.bytes_total} for d in f.log_dirs],
+                      "bytes_free": d.bytes_free, "bytes_total": d.bytes_total, "min_free_bytes": d.min_free_bytes,
+                      "produce_refused": d.produce_refused, "produce_refusals": d.produce_refusals}
+                     for d in f.log_dirs],
         "moves_bytes_copied": f.bytes_moved,
         "topics": topics,
         "cleaner": None if c is None else {

@@ -240,10 +240,26 @@ def _log_dir_families(f: NodeFigures) -> Iterator[Metric]:
     partitions = _gauge("shale_log_dir_partitions", "Partitions whose current log is in the log dir.", ["log_dir"])
     futures = _gauge("shale_log_dir_future_replicas", "Future replicas (log-dir moves copying) in the log dir.",
                      ["log_dir"])
+    free = _gauge("shale_log_dir_bytes_free", "Free bytes of the log dir's filesystem (for an unprivileged writer).",
+                  ["log_dir"])
+    total = _gauge("shale_log_dir_bytes_total", "Size of the log dir's filesystem.", ["log_dir"])
+    floor = _gauge("shale_log_dir_min_free_bytes", "The log dir's free-space floor (log.dir.min.free.bytes, "
+                   "log.dir.min.free.ratio): under it clients' Produce is refused, the rest is the cleaner's.",
+                   ["log_dir"])
+    refused = _gauge("shale_log_dir_produce_refused", "1 while the log dir refuses clients' Produce "
+                     "(KAFKA_STORAGE_ERROR): the last one would have left less than its free-space floor free.",
+                     ["log_dir"])
+    refusals = CounterMetricFamily("shale_log_dir_produce_refusals", "Clients' Produce to the log dir refused "
+                                   "under its free-space floor, since the start.", labels=["log_dir"])
     for d in f.log_dirs:
         partitions.add_metric([d.path], d.partitions)
         futures.add_metric([d.path], d.future_replicas)
-    yield from (partitions, futures)
+        free.add_metric([d.path], d.bytes_free)
+        total.add_metric([d.path], d.bytes_total)
+        floor.add_metric([d.path], d.min_free_bytes)
+        refused.add_metric([d.path], 1.0 if d.produce_refused else 0.0)
+        refusals.add_metric([d.path], d.produce_refusals)
+    yield from (partitions, futures, free, total, floor, refused, refusals)
     yield CounterMetricFamily("shale_log_dir_move_bytes", "Bytes copied by log-dir moves (AlterReplicaLogDirs) "
                               "since the start.", value=f.bytes_moved)
 

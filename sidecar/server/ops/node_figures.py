@@ -107,6 +107,9 @@ class LogDirFigures:
     future_replicas: int
     bytes_free: int
     bytes_total: int
+    min_free_bytes: int = 0  # the free-space floor (log/free_space.py): under it clients' Produce is refused
+    produce_refused: bool = False
+    produce_refusals: int = 0  # since the start
 
 
 @dataclass(frozen=True)
@@ -273,13 +276,10 @@ def _log_dir_figures(log_dir, snapshot: dict, partitions: list[PartitionFigures]
             m.bytes_remaining)))
     futures = Counter(target.path for _, target in dict(getattr(log_dir, "futures", {})).values())
     dirs = []
-    for path in log_dir.paths:
-        try:
-            usage = shutil.disk_usage(path)
-            free, total = usage.free, usage.total
-        except OSError:
-            free = total = 0
-        dirs.append(LogDirFigures(path, sum(1 for p in out if p.log_dir == path), futures.get(path, 0), free, total))
+    for space in log_dir.spaces:
+        s = space.sample()
+        dirs.append(LogDirFigures(space.path, sum(1 for p in out if p.log_dir == space.path), futures.get(space.path, 0),
+                                  s.free, s.total, s.floor, space.refusing, space.refused))
     return out, tuple(dirs)
 
 
