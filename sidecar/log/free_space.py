@@ -6,7 +6,7 @@ KAFKA-9087). The floor (`log.dir.min.free.bytes`, `log.dir.min.free.ratio` of th
 reserve: a client's Produce that would leave less free is refused with KAFKA_STORAGE_ERROR, and a follower does not
 fetch while less is free, while what frees space or must not stall (the cleaner and its swap, retention,
 checkpoints, transaction markers, coordinator writes) goes on writing into it. Kafka has no such setting
-(docs/architecture.md, "The free-space floor").
+(docs/day-2-operations.md, "The free-space floor").
 
 Free space is read with statvfs on the produce path itself (one system call, ~1 µs; no thread has to keep a flag
 fresh). Between two samples the bytes admitted since the last one are taken off it, and a new sample is read when
