@@ -58,6 +58,11 @@ class StoreView:
         node = self.nodes.get(node_id)
         return node is not None and (incarnation is None or node.incarnation == incarnation)
 
+    def is_stopping(self, node_id: int) -> bool:
+        """The live node is in a controlled shutdown: it takes no leadership another member could take."""
+        node = self.nodes.get(node_id)
+        return node is not None and node.shutting_down
+
 
 def session_ttl_seconds(ttl_ms: int) -> int:
     """Sessions are granted in whole seconds (etcd leases, Lease.leaseDurationSeconds): rounded up, never
