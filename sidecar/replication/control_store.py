@@ -89,6 +89,10 @@ class ControlStore(Protocol):
         """Register `me` under a new session of `ttl_ms`, replacing any earlier registration of the same node
         id (a restarted node: its previous process's session ends now, not at its expiry)."""
 
+    def update_registration(self, me: NodeRegistration) -> None:
+        """Rewrite the open session's registration in place (same session, same incarnation): a stopping node
+        announces `shutting_down`. Raises SessionLost if the session is gone or held by another incarnation."""
+
     def keepalive(self) -> None:
         """Renew the session. Raises SessionLost if it is gone, StoreUnavailable if the store did not answer."""
 
