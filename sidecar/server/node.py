@@ -396,11 +396,14 @@ class StorageNode:
         self.controller.announce_shutdown()
         logger.info("node %d: controlled shutdown: moving its leaderships away (at most %d ms)", node_id,
                     config.controlled_shutdown_timeout_ms)
-        while (left := self.replicas.move_leaderships_away()) and time.monotonic() < deadline:
+        # Without a valid session (the store unreachable, fenced) nothing can move: stop as before.
+        while (left := self.replicas.move_leaderships_away()) and time.monotonic() < deadline \
+                and self.controller.may_lead():
             await asyncio.sleep(config.controlled_shutdown_retry_backoff_ms / 1000)
         if left:
-            logger.warning("node %d: controlled shutdown: %d leadership(s) not moved after %d ms; stopping anyway",
-                           node_id, left, config.controlled_shutdown_timeout_ms)
+            logger.warning("node %d: controlled shutdown: %d leadership(s) not moved after %.3f s (%s); stopping "
+                           "anyway", node_id, left, time.monotonic() - started,
+                           "no valid session" if not self.controller.may_lead() else "timeout")
         else:
             logger.info("node %d: controlled shutdown: no leadership left to move after %.3f s", node_id,
                         time.monotonic() - started)
