@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from .status import NodeReport
+from .storage import Storage
 
 
 @dataclass(frozen=True)
@@ -102,18 +103,8 @@ def pdb_max_unavailable(partitions: Iterable[RollPartition]) -> int:
     return 1 if all(p.spared or len(p.isr) - 1 >= p.min_isr for p in partitions) else 0
 
 
-@dataclass(frozen=True)
-class KubePod:
-    """What the pod object says: its StatefulSet revision and its Ready condition."""
-
-    name: str
-    revision: str | None
-    ready: bool
-
-
-def roll_inputs(statefulset: str, replicas: int, update_revision: str | None, kube_pods: Mapping[int, KubePod],
-                reports: Mapping[int, NodeReport]) -> tuple[list[RollPod], list[RollPartition]]:
-    """`next_step`'s inputs from the pod objects (by ordinal) and their /status reports.
+def roll_inputs(storage: Storage, reports: Mapping[int, NodeReport]) -> tuple[list[RollPod], list[RollPartition]]:
+    """`next_step`'s inputs from the StatefulSet and its pods as read, and their /status reports.
 
     A partition's record is taken from its leader's report (else the highest leader epoch reported): the
     leader's ISR is the committed one. An unreadable /status counts as not caught up: the roll waits
@@ -138,14 +129,14 @@ def roll_inputs(statefulset: str, replicas: int, update_revision: str | None, ku
                                                          tuple(replica.get("isr") or ()), min_isr))
     partitions = [record[2] for _, record in sorted(records.items())]
     pods = []
-    for ordinal in sorted(set(range(replicas)) | set(kube_pods)):
-        kube = kube_pods.get(ordinal)
+    for ordinal in sorted(set(range(storage.replicas)) | set(storage.pods)):
+        kube = storage.pods.get(ordinal)
         if kube is None:
-            pods.append(RollPod(ordinal, f"{statefulset}-{ordinal}", present=False))
+            pods.append(RollPod(ordinal, storage.pod_name(ordinal), present=False))
             continue
         report = reports.get(ordinal)
         caught_up = (report is not None and report.document is not None
                      and all(ordinal in p.isr for p in partitions if ordinal in p.replicas))
-        pods.append(RollPod(ordinal, kube.name, outdated=kube.revision != update_revision, ready=kube.ready,
+        pods.append(RollPod(ordinal, kube.name, outdated=kube.revision != storage.update_revision, ready=kube.ready,
                             caught_up=caught_up, leads=leads.get(ordinal, 0)))
     return pods, partitions

@@ -216,11 +216,15 @@ def test_rbac_is_least_privilege(default_objects):
     assert granted["operator"] == {
         ("shale.dev", "topics"): [(["list", "patch", "watch"], None)],
         ("shale.dev", "topics/status"): [(["patch"], None)],
-        ("", "events"): [(["create"], None)],
+        # the Topics' namespaces, and the storage namespace (the roll's Events on the StatefulSet)
+        ("", "events"): [(["create"], None), (["create"], None)],
         # create cannot be limited to a name: recreating the deleted topics ConfigMap
         ("", "configmaps"): [(["get", "patch"], [CONFIGMAP]), (["create"], None)],
         ("", "pods"): [(["list"], None)],
         ("apps", "statefulsets"): [(["get", "patch"], [STS])],  # a scale-in held until drained
+        ("", "pods/eviction"): [(["create"], None)],  # the roll
+        # the operator's storage PDB: created (no name possible), then its budget set
+        ("policy", "poddisruptionbudgets"): [(["create"], None), (["get", "patch"], [STS])],
         ("", "nodes"): [(["get"], None)],  # zone labels (ClusterRole)
         ("shale.dev", "users"): [(["list", "patch", "watch"], None)],
         ("shale.dev", "users/status"): [(["patch"], None)],

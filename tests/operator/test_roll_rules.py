@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from shale.operator.roll import (
     Done,
     Evict,
-    KubePod,
     RollPartition,
     RollPod,
     Wait,
@@ -22,6 +21,12 @@ from shale.operator.roll import (
     roll_inputs,
 )
 from shale.operator.status import NodeReport
+from shale.operator.storage import Storage, StoragePod
+
+
+def storage(revisions: list[str | None], update_revision: str, replicas: int = 3) -> Storage:
+    kube = {o: StoragePod(f"shale-{o}", o, "10.0.0.1", revision=r, ready=True) for o, r in enumerate(revisions)}
+    return Storage("ns", "shale", "shale-headless", replicas, kube, update_revision=update_revision, on_delete=True)
 
 
 def pods(*specs: dict, n: int = 3) -> list[RollPod]:
@@ -79,9 +84,8 @@ def test_operator_restart_recomputes_the_same_step() -> None:
 
 
 def test_second_change_mid_roll_makes_rolled_pods_outdated_again() -> None:
-    kube = {o: KubePod(f"shale-{o}", "rev-b" if o == 2 else "rev-a", True) for o in range(3)}
     reports = {o: NodeReport(o, f"shale-{o}", document={"topics": {}}) for o in range(3)}
-    rolled, _ = roll_inputs("shale", 3, "rev-c", kube, reports)
+    rolled, _ = roll_inputs(storage(["rev-a", "rev-a", "rev-b"], "rev-c"), reports)
     assert all(p.outdated for p in rolled)
 
 
@@ -96,10 +100,9 @@ def test_partition_already_at_min_isr_waits_naming_it() -> None:
 
 
 def test_unreadable_status_counts_as_not_caught_up() -> None:
-    kube = {o: KubePod(f"shale-{o}", "rev-a", True) for o in range(3)}
     reports = {0: NodeReport(0, "shale-0", document={"topics": {}}),
                1: NodeReport(1, "shale-1", error="GET ...: timeout"), 2: NodeReport(2, "shale-2", document={})}
-    rolled, _ = roll_inputs("shale", 3, "rev-b", kube, reports)
+    rolled, _ = roll_inputs(storage(["rev-a"] * 3, "rev-b"), reports)
     assert [p.caught_up for p in rolled] == [True, False, True]
     step = next_step(rolled, [])
     assert isinstance(step, Wait) and "shale-1" in step.reason
@@ -131,8 +134,7 @@ def test_inputs_take_the_leaders_record_and_count_leaderships() -> None:
                                                          "replicas": [0, 1, 2], "isr": [0, 1, 2], "min_isr": 2}}
     old_node = {"partition": 1, "served": True, "replica": {"role": "leader", "leader_epoch": 1,
                                                             "replicas": [0, 1, 2], "isr": [0, 1, 2]}}
-    kube = {o: KubePod(f"shale-{o}", "rev-a", True) for o in range(2)}
-    rolled, partitions = roll_inputs("shale", 3, "rev-a", kube, _status({0: [leader], 1: [old_node], 2: [stale]}))
+    rolled, partitions = roll_inputs(storage(["rev-a"] * 2, "rev-a"), _status({0: [leader], 1: [old_node], 2: [stale]}))
     assert partitions == [RollPartition("t", 0, (0, 1, 2), (0, 1), 2), RollPartition("t", 1, (0, 1, 2), (0, 1, 2), 2)]
     assert [(p.present, p.leads) for p in rolled] == [(True, 1), (True, 1), (False, 0)]
     assert [p.caught_up for p in rolled[:2]] == [True, True]
