@@ -135,8 +135,8 @@ def test_default_objects(default_objects):
         ("Service", f"{RELEASE}-shale"), ("Service", HEADLESS), ("Service", OPERATOR),
         ("ServiceAccount", OPERATOR), ("ServiceAccount", STORAGE_SA), ("StatefulSet", STS),
         *(("Secret", name) for name in SECRETS.values()),
-        ("NetworkPolicy", STS), ("NetworkPolicy", OPERATOR), ("PodDisruptionBudget", STS),
-    ])  # fmt: skip
+        ("NetworkPolicy", STS), ("NetworkPolicy", OPERATOR),
+    ])  # fmt: skip  (no PodDisruptionBudget: the operator owns it)
     for obj in default_objects:
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
@@ -273,15 +273,25 @@ def test_storage_statefulset(default_objects):
     assert sts["spec"]["selector"]["matchLabels"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_storage_pods_have_a_disruption_budget(default_objects):
+def test_without_the_operator_the_chart_renders_the_budget_and_rolls_with_rolling_update():
     """Drains evict one storage pod at a time: the budget selects exactly the StatefulSet's pods."""
-    pdb = one(default_objects, "PodDisruptionBudget", STS)
+    bare = {"operator": {"enabled": False}}
+    objs = objects(render(bare))
+    pdb = one(objs, "PodDisruptionBudget", STS)
     assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["maxUnavailable"] == 1
-    assert pdb["spec"]["selector"] == one(default_objects, "StatefulSet")["spec"]["selector"]
-    objs = objects(render({"storage": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": 2}}}))
+    assert pdb["spec"]["selector"] == one(objs, "StatefulSet")["spec"]["selector"]
+    assert one(objs, "StatefulSet")["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    objs = objects(render({**bare, "storage": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": 2}}}))
     assert one(objs, "PodDisruptionBudget", STS)["spec"]["maxUnavailable"] == 2
-    assert not by_kind(objects(render({"storage": {"podDisruptionBudget": {"enabled": False}}})),
+    assert not by_kind(objects(render({**bare, "storage": {"podDisruptionBudget": {"enabled": False}}})),
                        "PodDisruptionBudget")
+
+
+def test_with_the_operator_it_rolls_the_pods_and_owns_the_budget(default_objects):
+    """OnDelete: the operator evicts each pod once its partitions can spare it; the chart renders no budget (the
+    operator's is owned by the StatefulSet, so `helm uninstall` leaves none; its RBAC: test_rbac_is_least_privilege)."""
+    assert one(default_objects, "StatefulSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert not by_kind(default_objects, "PodDisruptionBudget")
 
 
 def test_storage_class_can_be_set():
