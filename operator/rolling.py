@@ -38,27 +38,44 @@ class Stuck:
 
 
 def ensure_pdb(api: kubernetes.client.ApiClient, storage: Storage, max_unavailable: int) -> None:
-    """Create the storage PDB, or set its budget and owner where they differ (blocking)."""
-    policy = kubernetes.client.PolicyV1Api(api)
+    """Create the storage PDB, or set its budget and owner where they differ (blocking).
+
+    Through the generic object API, in policy/v1 where served (Kubernetes 1.21 on), else policy/v1beta1 (the
+    same fields): the chart's floor is 1.29, but the real-cluster tests run 1.20 (docs/real-cluster.md). A
+    create answered 404 is a version not served (the namespace exists: the StatefulSet is in it)."""
+    for version in ("v1", "v1beta1"):
+        try:
+            _ensure_pdb(api, storage, max_unavailable, version)
+            return
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404 or version == "v1beta1":
+                raise
+
+
+def _ensure_pdb(api: kubernetes.client.ApiClient, storage: Storage, max_unavailable: int, version: str) -> None:
+    objects = kubernetes.client.CustomObjectsApi(api)
+    where = ("policy", version, storage.namespace, "poddisruptionbudgets")
     owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": storage.statefulset, "uid": storage.uid}
-    body = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+    body = {"apiVersion": f"policy/{version}", "kind": "PodDisruptionBudget",
             "metadata": {"name": storage.statefulset, "namespace": storage.namespace,
                          "labels": {**storage.selector, **MANAGED_BY}, "ownerReferences": [owner]},
             "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": storage.selector}}}
     try:
-        current = policy.read_namespaced_pod_disruption_budget(storage.statefulset, storage.namespace)
+        current = objects.get_namespaced_custom_object(*where, storage.statefulset)
     except kubernetes.client.ApiException as exc:
         if exc.status != 404:
             raise
-        policy.create_namespaced_pod_disruption_budget(storage.namespace, body)
+        objects.create_namespaced_custom_object(*where, body)
         return
-    owned = any(o.uid == storage.uid for o in current.metadata.owner_references or ())
-    if current.spec.max_unavailable != max_unavailable or not owned:
-        policy.patch_namespaced_pod_disruption_budget(storage.statefulset, storage.namespace, body)
+    owned = any(o.get("uid") == storage.uid for o in current["metadata"].get("ownerReferences") or ())
+    if current["spec"].get("maxUnavailable") != max_unavailable or not owned:
+        objects.patch_namespaced_custom_object(*where, storage.statefulset, body,
+                                               _content_type="application/merge-patch+json")
 
 
 def evict(api: kubernetes.client.ApiClient, namespace: str, pod: str) -> None:
-    """POST the pod's eviction (policy/v1): the API server refuses it (429) while the PDB allows none."""
+    """POST the pod's eviction: the API server refuses it (429) while the PDB allows none. The body names no
+    apiVersion, so the server takes the version it serves (policy/v1 from 1.22, v1beta1 before)."""
     eviction = kubernetes.client.V1Eviction(metadata=kubernetes.client.V1ObjectMeta(name=pod, namespace=namespace))
     kubernetes.client.CoreV1Api(api).create_namespaced_pod_eviction(pod, namespace, eviction)
 

@@ -100,3 +100,4 @@ def test_a_refused_eviction_waits(cluster: Cluster):
     assert evicted(cluster) == []
     cluster.apiserver.allow("CREATE", "pods/eviction")
     wait_for(lambda: evicted(cluster) == ["shale-1"], 20, what="the eviction once the budget allows it")
+
