@@ -135,8 +135,8 @@ def test_default_objects(default_objects):
         ("Service", f"{RELEASE}-shale"), ("Service", HEADLESS), ("Service", OPERATOR),
         ("ServiceAccount", OPERATOR), ("ServiceAccount", STORAGE_SA), ("StatefulSet", STS),
         *(("Secret", name) for name in SECRETS.values()),
-        ("NetworkPolicy", STS), ("NetworkPolicy", OPERATOR),
-    ])  # fmt: skip  (no PodDisruptionBudget: the operator owns it)
+        ("NetworkPolicy", STS), ("NetworkPolicy", OPERATOR), ("PodDisruptionBudget", STS),
+    ])  # fmt: skip
     for obj in default_objects:
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
@@ -287,11 +287,15 @@ def test_without_the_operator_the_chart_renders_the_budget_and_rolls_with_rollin
                        "PodDisruptionBudget")
 
 
-def test_with_the_operator_it_rolls_the_pods_and_owns_the_budget(default_objects):
-    """OnDelete: the operator evicts each pod once its partitions can spare it; the chart renders no budget (the
-    operator's is owned by the StatefulSet, so `helm uninstall` leaves none; its RBAC: test_rbac_is_least_privilege)."""
-    assert one(default_objects, "StatefulSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
-    assert not by_kind(default_objects, "PodDisruptionBudget")
+def test_with_the_operator_rolling_the_pods_it_owns_the_budget(default_objects):
+    """operator.rollsStorage: OnDelete, the operator evicts each pod once its partitions can spare it; the chart
+    renders no budget (the operator's is owned by the StatefulSet, so `helm uninstall` leaves none; its RBAC:
+    test_rbac_is_least_privilege). Off by default: RollingUpdate and the chart's budget."""
+    objs = objects(render({"operator": {"rollsStorage": True}}))
+    assert one(objs, "StatefulSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert not by_kind(objs, "PodDisruptionBudget")
+    assert one(default_objects, "StatefulSet")["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    assert one(default_objects, "PodDisruptionBudget", STS)["spec"]["maxUnavailable"] == 1
 
 
 def test_storage_class_can_be_set():
