@@ -57,7 +57,6 @@ from .manifests import (
 from .metrics import OperatorMetrics
 from .moves import Progress, moves_status, progress_of, reassigning, scale_in_refusal, shown_placement
 from .planning import Moves, Restore, lost_topics, plan, plan_restore
-from .rolling import roll_loop
 from .scaling import scale_loop
 from .settings import Settings
 from .status import NodeReport, Observation, ReportCache, fetch_reports, observe, partitions_of, placements, refusals
@@ -84,7 +83,6 @@ class Context:
     deleted: set[str] = field(default_factory=set)  # uids whose key was removed: never written again
     unrestorable: dict[str, str] = field(default_factory=dict)  # lost key → why it cannot be written back (reported)
     scaler: asyncio.Task | None = None  # scaling.scale_loop: the StatefulSet's size against the drains
-    roller: asyncio.Task | None = None  # rolling.roll_loop: the roll of the storage pods and their PDB
 
     @classmethod
     def create(cls, settings: Settings, api: kubernetes.client.ApiClient) -> "Context":
@@ -394,16 +392,6 @@ def build_registry(settings: Settings) -> kopf.OperatorRegistry:
     async def stop_scaling(memo: kopf.Memo, **_: Any) -> None:
         if memo.ctx.scaler is not None:
             memo.ctx.scaler.cancel()
-
-    @kopf.on.startup(id="roll-start", registry=registry)
-    async def start_rolling(memo: kopf.Memo, **_: Any) -> None:
-        ctx = memo.ctx
-        ctx.roller = asyncio.create_task(roll_loop(settings, ctx.api, ctx.metrics, ctx.reports))
-
-    @kopf.on.cleanup(id="roll-stop", registry=registry)
-    async def stop_rolling(memo: kopf.Memo, **_: Any) -> None:
-        if memo.ctx.roller is not None:
-            memo.ctx.roller.cancel()
 
     @kopf.on.probe(id="topics", registry=registry)
     def topics_probe(memo: kopf.Memo, **_: Any) -> int:

@@ -7,9 +7,7 @@ the topics ConfigMap: anything above 0 means someone emptied, deleted or edited 
 `shale_topic_moves{namespace,topic,state}` counts the partitions whose move between pods is pending, ongoing
 or failed, and `shale_topic_move_bytes_remaining{namespace,topic}` the bytes their new replicas still have to
 copy (docs/moves.md); `shale_operator_scale_in_target` is the StatefulSet's scale-in target while pods are
-drained before it, -1 when none waits. The roll (docs/day-2-operations.md): `shale_operator_roll_outdated_pods`,
-`shale_operator_roll_evictions_total`, `shale_operator_roll_stuck` (1 while the roll waits longer than
-`roll_stuck_seconds`) and `shale_operator_roll_pdb_max_unavailable` (the storage PDB's budget as last set).
+drained before it, -1 when none waits.
 kopf's liveness server serves one path only, so /metrics has its own aiohttp server (default port
 8082, beside kopf's /healthz on 8081). Each operator has its own registry, so several can run in one
 process (the tests do).
@@ -42,14 +40,6 @@ class OperatorMetrics:
         self.scale_in_target = Gauge("shale_operator_scale_in_target", "The storage StatefulSet's size once the "
                                      "pods above it are drained; -1: no scale-in waits", registry=self.registry)
         self.scale_in_target.set(-1)
-        self.roll_outdated = Gauge("shale_operator_roll_outdated_pods", "Storage pods not on the StatefulSet's "
-                                   "updateRevision", registry=self.registry)
-        self.roll_evictions = Counter("shale_operator_roll_evictions", "Storage pods evicted by the roll",
-                                      registry=self.registry)
-        self.roll_stuck = Gauge("shale_operator_roll_stuck", "1 while the roll has waited longer than "
-                                "roll_stuck_seconds", registry=self.registry)
-        self.roll_pdb_budget = Gauge("shale_operator_roll_pdb_max_unavailable", "The storage PodDisruptionBudget's "
-                                     "maxUnavailable as the operator last set it", registry=self.registry)
         self._runner: web.AppRunner | None = None
 
     def set_ready(self, namespace: str, name: str, ready: bool) -> None:

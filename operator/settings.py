@@ -44,8 +44,6 @@ class Settings:
     http_timeout_seconds: float = 5.0
     max_moves_per_topic: int = 2  # partitions of one topic moving between pods at a time (docs/moves.md)
     scale_check_interval_seconds: float = 5.0  # how often the StatefulSet's size is checked against the drains
-    roll_check_interval_seconds: float = 10.0  # how often the roll's next step and the PDB are recomputed (roll.py)
-    roll_stuck_seconds: float = 900.0  # a roll waiting this long is reported stuck (metric, Warning Event)
     liveness_endpoint: str | None = "http://0.0.0.0:8081/healthz"
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8082  # None = no metrics server
@@ -73,7 +71,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name in ("cleaning_stuck_after_seconds", "status_interval_seconds", "http_timeout_seconds",
-                     "scale_check_interval_seconds", "roll_check_interval_seconds", "roll_stuck_seconds"):
+                     "scale_check_interval_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.default_replicas < 1:
@@ -121,8 +119,6 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "http_timeout_seconds": ("SHALE_HTTP_TIMEOUT_SECONDS", float),
     "max_moves_per_topic": ("SHALE_MAX_MOVES_PER_TOPIC", _positive_int),
     "scale_check_interval_seconds": ("SHALE_SCALE_CHECK_INTERVAL_SECONDS", float),
-    "roll_check_interval_seconds": ("SHALE_ROLL_CHECK_INTERVAL_SECONDS", float),
-    "roll_stuck_seconds": ("SHALE_ROLL_STUCK_SECONDS", float),
     "liveness_endpoint": ("SHALE_LIVENESS_ENDPOINT", _optional_text),
     "metrics_host": ("SHALE_METRICS_HOST", str),
     "metrics_port": ("SHALE_METRICS_PORT", _optional_port),
@@ -159,9 +155,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag("--max-moves-per-topic", "partitions of one topic moving between pods at a time", type=_positive_int)
     flag("--scale-check-interval-seconds", "how often the StatefulSet's size is checked against the drains",
          type=float)
-    flag("--roll-check-interval-seconds", "how often the roll's next step and the storage PDB are recomputed",
-         type=float)
-    flag("--roll-stuck-seconds", "a roll waiting this long is reported stuck", type=float)
     flag("--liveness-endpoint", "kopf's liveness probe URL to serve, or 'off'", type=_optional_text)
     flag("--metrics-host", "address of the Prometheus /metrics server")
     flag("--metrics-port", "port of the Prometheus /metrics server, or 'off'", type=_optional_port)

@@ -20,7 +20,6 @@ from .settings import Settings
 ZONE_LABEL = "topology.kubernetes.io/zone"
 # The StatefulSet's scale-in target while the pods above it are drained (docs/moves.md, "The operator").
 SCALE_IN_ANNOTATION = "shale.dev/scale-in-to"
-REVISION_LABEL = "controller-revision-hash"  # set on each pod by the StatefulSet controller
 
 
 class StorageError(RuntimeError):
@@ -38,8 +37,6 @@ class StoragePod:
     ip: str | None
     ports: dict[str, int] = field(default_factory=dict)  # named container ports
     node: str | None = None  # the Kubernetes node it is scheduled on
-    revision: str | None = None  # its label controller-revision-hash: the StatefulSet revision it runs
-    ready: bool = False  # its Ready condition is True
 
 
 @dataclass(frozen=True)
@@ -52,10 +49,6 @@ class Storage:
     zones: dict[int, str] = field(default_factory=dict)  # ordinal → zone label of its pod's node, where known
     scale_in_to: int | None = None  # the pods from this ordinal up are being drained before a scale-in
     resource_version: str | None = None  # of the StatefulSet as read: the precondition of the operator's patches
-    uid: str | None = None  # of the StatefulSet: the owner of the operator's PodDisruptionBudget
-    selector: dict[str, str] = field(default_factory=dict)  # its pods' labels (spec.selector.matchLabels)
-    update_revision: str | None = None  # status.updateRevision: the revision every pod should run
-    on_delete: bool = False  # updateStrategy OnDelete: the operator rolls the pods (roll.py), the chart's choice
 
     @property
     def nodes(self) -> list[int]:
@@ -103,15 +96,11 @@ def read_storage(api: kubernetes.client.ApiClient, settings: Settings) -> Storag
             continue
         ports = {p.name: p.container_port for c in pod.spec.containers or () for p in c.ports or () if p.name}
         ordinal = int(match.group(1))
-        ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status and pod.status.conditions) or ())
         pods[ordinal] = StoragePod(pod.metadata.name, ordinal, pod.status.pod_ip if pod.status else None, ports,
-                                   pod.spec.node_name, (pod.metadata.labels or {}).get(REVISION_LABEL), ready)
+                                   pod.spec.node_name)
     zones = _zones(api, {o: p.node for o, p in pods.items() if p.node})
-    strategy = sts.spec.update_strategy.type if sts.spec.update_strategy else None
     return Storage(ns, name, service, sts.spec.replicas if sts.spec.replicas is not None else 1, pods, zones,
-                   _scale_in_to(sts.metadata.annotations or {}), sts.metadata.resource_version, sts.metadata.uid,
-                   dict(sts.spec.selector.match_labels or {}), sts.status.update_revision if sts.status else None,
-                   strategy == "OnDelete")
+                   _scale_in_to(sts.metadata.annotations or {}), sts.metadata.resource_version)
 
 
 def _scale_in_to(annotations: dict[str, str]) -> int | None:

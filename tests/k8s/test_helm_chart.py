@@ -216,15 +216,11 @@ def test_rbac_is_least_privilege(default_objects):
     assert granted["operator"] == {
         ("shale.dev", "topics"): [(["list", "patch", "watch"], None)],
         ("shale.dev", "topics/status"): [(["patch"], None)],
-        # the Topics' namespaces, and the storage namespace (the roll's Events on the StatefulSet)
-        ("", "events"): [(["create"], None), (["create"], None)],
+        ("", "events"): [(["create"], None)],
         # create cannot be limited to a name: recreating the deleted topics ConfigMap
         ("", "configmaps"): [(["get", "patch"], [CONFIGMAP]), (["create"], None)],
         ("", "pods"): [(["list"], None)],
         ("apps", "statefulsets"): [(["get", "patch"], [STS])],  # a scale-in held until drained
-        ("", "pods/eviction"): [(["create"], None)],  # the roll
-        # the operator's storage PDB: created (no name possible), then its budget set
-        ("policy", "poddisruptionbudgets"): [(["create"], None), (["get", "patch"], [STS])],
         ("", "nodes"): [(["get"], None)],  # zone labels (ClusterRole)
         ("shale.dev", "users"): [(["list", "patch", "watch"], None)],
         ("shale.dev", "users/status"): [(["patch"], None)],
@@ -273,29 +269,15 @@ def test_storage_statefulset(default_objects):
     assert sts["spec"]["selector"]["matchLabels"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_without_the_operator_the_chart_renders_the_budget_and_rolls_with_rolling_update():
+def test_storage_pods_have_a_disruption_budget(default_objects):
     """Drains evict one storage pod at a time: the budget selects exactly the StatefulSet's pods."""
-    bare = {"operator": {"enabled": False}}
-    objs = objects(render(bare))
-    pdb = one(objs, "PodDisruptionBudget", STS)
+    pdb = one(default_objects, "PodDisruptionBudget", STS)
     assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["maxUnavailable"] == 1
-    assert pdb["spec"]["selector"] == one(objs, "StatefulSet")["spec"]["selector"]
-    assert one(objs, "StatefulSet")["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
-    objs = objects(render({**bare, "storage": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": 2}}}))
+    assert pdb["spec"]["selector"] == one(default_objects, "StatefulSet")["spec"]["selector"]
+    objs = objects(render({"storage": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": 2}}}))
     assert one(objs, "PodDisruptionBudget", STS)["spec"]["maxUnavailable"] == 2
-    assert not by_kind(objects(render({**bare, "storage": {"podDisruptionBudget": {"enabled": False}}})),
+    assert not by_kind(objects(render({"storage": {"podDisruptionBudget": {"enabled": False}}})),
                        "PodDisruptionBudget")
-
-
-def test_with_the_operator_rolling_the_pods_it_owns_the_budget(default_objects):
-    """operator.rollsStorage: OnDelete, the operator evicts each pod once its partitions can spare it; the chart
-    renders no budget (the operator's is owned by the StatefulSet, so `helm uninstall` leaves none; its RBAC:
-    test_rbac_is_least_privilege). Off by default: RollingUpdate and the chart's budget."""
-    objs = objects(render({"operator": {"rollsStorage": True}}))
-    assert one(objs, "StatefulSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
-    assert not by_kind(objs, "PodDisruptionBudget")
-    assert one(default_objects, "StatefulSet")["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
-    assert one(default_objects, "PodDisruptionBudget", STS)["spec"]["maxUnavailable"] == 1
 
 
 def test_storage_class_can_be_set():

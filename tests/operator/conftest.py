@@ -78,8 +78,7 @@ def cluster_parts(storage_nodes: StorageNodes, tmp_path: Path, monkeypatch) -> I
                         status_url_template="http://{pod_ip}:{port_http}/status",
                         node_address_template="{pod_ip}:{port_kafka}",
                         cleaning_stuck_after_seconds=STUCK_AFTER_SECONDS, status_interval_seconds=REFRESH_SECONDS,
-                        scale_check_interval_seconds=REFRESH_SECONDS, roll_check_interval_seconds=REFRESH_SECONDS,
-                        roll_stuck_seconds=3 * REFRESH_SECONDS,
+                        scale_check_interval_seconds=REFRESH_SECONDS,
                         ready_wait_seconds=10, liveness_endpoint=f"http://127.0.0.1:{free_port()}/healthz",
                         metrics_host="127.0.0.1", metrics_port=free_port(), clients_ca_secret=CLIENTS_CA_SECRET)
     try:

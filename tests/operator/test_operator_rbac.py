@@ -1,8 +1,7 @@
 """The chart's RBAC against what the operator really does: every API call it makes is granted, and no more.
 
 The operator runs a Topic's whole life against kmock (create, grow, a scale-in held, a refused spec with its Event,
-the topics ConfigMap deleted and written back, delete; the storage pods scheduled on a zoned node; a roll's
-eviction with the storage PDB taken over and recreated) and
+the topics ConfigMap deleted and written back, delete; the storage pods scheduled on a zoned node) and
 every request it sent — kopf's and its own, told apart from the tests' by User-Agent — is checked
 against the rules of the Roles and ClusterRoles the chart binds to its service account
 (helm/shale/templates/rbac.yaml).
@@ -16,7 +15,7 @@ import pytest
 from user_util import GROUP, PLURAL, READ_ORDERS, VERSION, create_clients_ca, create_user, secret, user, wait_ready
 
 from support.chart_util import by_kind, objects, one, render
-from support.cluster_util import CLIENTS_CA_SECRET, CONFIGMAP, STORAGE_NS, Cluster, storage_objects
+from support.cluster_util import CLIENTS_CA_SECRET, CONFIGMAP, STORAGE_NS, Cluster
 from support.k8s_util import TEST_USER_AGENT
 from support.node_util import wait_for
 
@@ -71,26 +70,6 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
     cluster.wait_condition("orders", "ScaleInBlocked", "True", "ScaleInRefused")
     apps.patch_namespaced_stateful_set("shale", STORAGE_NS, {"metadata": {"annotations": {"shale.dev/scale-in-to": None}}})
     wait_for(lambda: cluster.condition("orders", "ScaleInBlocked") == {}, what="the scale-in cancelled")
-    # A roll (docs/day-2-operations.md): the chart's PDB of a release before the operator taken over, shale-1 evicted
-    # and created again at the new revision, the PDB deleted by someone and created again.
-    policy = kubernetes.client.PolicyV1Api(cluster.api)
-    policy.create_namespaced_pod_disruption_budget(STORAGE_NS, {"metadata": {"name": "shale"}, "spec": {
-        "maxUnavailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/component": "storage"}}}})
-    for n, revision in enumerate(("rev-b", "rev-a")):
-        cluster.core.patch_namespaced_pod(f"shale-{n}", STORAGE_NS, {
-            "metadata": {"labels": {"controller-revision-hash": revision}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-    apps.patch_namespaced_stateful_set("shale", STORAGE_NS, {"spec": {"updateStrategy": {"type": "OnDelete"}},
-                                                             "status": {"replicas": 2, "updateRevision": "rev-b"}})
-    wait_for(lambda: cluster.apiserver.server.evicted == ["shale-1"], 20, what="the roll's eviction")
-    wait_for(lambda: policy.read_namespaced_pod_disruption_budget("shale", STORAGE_NS).metadata.owner_references,
-             20, what="the PDB taken over")
-    pod = storage_objects(cluster.storage.nodes)[1][1]
-    pod["metadata"]["labels"]["controller-revision-hash"] = "rev-b"
-    pod["spec"]["nodeName"] = "worker-a"
-    cluster.core.create_namespaced_pod(STORAGE_NS, pod)
-    policy.delete_namespaced_pod_disruption_budget("shale", STORAGE_NS)
-    wait_for(lambda: policy.list_namespaced_pod_disruption_budget(STORAGE_NS).items, 20, what="the PDB recreated")
     cluster.create_topic("bad", 1, {"segment.bytes": "1"})
     wait_for(lambda: cluster.events("bad"), what="the InvalidConfig Event")
     manifests = cluster.configmap_data()
@@ -117,9 +96,8 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
         if request.headers.get("User-Agent") == TEST_USER_AGENT or request.resource is None \
                 or request.resource.plural is None:
             continue  # the tests' own calls; discovery (/api, /apis/<group>: granted to every user)
-        verb = ("create" if request.subresource == "eviction"  # a POST to a named pod: kmock gives it no action
-                else {"PATCH": "patch", "PUT": "update"}[request.method.value] if request.action.value == "UPDATE"
-                else _VERBS[request.action.value])
+        verb = {"PATCH": "patch", "PUT": "update"}[request.method.value] if request.action.value == "UPDATE" \
+            else _VERBS[request.action.value]
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         calls.add((request.resource.group, resource, verb, names.get(request.name, request.name)))
     denied = sorted(c for c in calls if not allowed(rules, *c))
@@ -136,9 +114,6 @@ def test_every_call_the_operator_makes_is_granted_by_the_charts_roles(cluster: C
         ("", "configmaps", "create"),  # the ConfigMap recreated after it was deleted
         ("apps", "statefulsets", "get"), ("", "pods", "list"),  # the storage pods
         ("apps", "statefulsets", "patch"),  # a scale-in held until the pods going are drained
-        ("", "pods/eviction", "create"),  # the roll
-        ("policy", "poddisruptionbudgets", "get"), ("policy", "poddisruptionbudgets", "create"),
-        ("policy", "poddisruptionbudgets", "patch"),  # the storage PDB, the operator's
         ("", "nodes", "get"),  # the zone of each pod's node (rbac.nodeZones' ClusterRole)
         ("shale.dev", "users", "list"), ("shale.dev", "users", "watch"), ("shale.dev", "users", "patch"),
         ("shale.dev", "users/status", "patch"),

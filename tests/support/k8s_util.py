@@ -27,7 +27,6 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
@@ -47,7 +46,6 @@ class ApiServer(kmock.KubernetesEmulator):
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     # (action, plural) → HTTP status to answer instead, e.g. ("UPDATE", "configmaps"): 403, as RBAC would.
     refusals: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False)
-    evicted: list[str] = attrs.field(factory=list, init=False)  # pods evicted through the Eviction API, in order
 
     async def _handle(self, request: kmock.Request) -> Any:
         known = request.resource is not None and request.action is not None \
@@ -57,8 +55,6 @@ class ApiServer(kmock.KubernetesEmulator):
             return await self._render_error(kmock.KubernetesError(
                 status=refused, reason="Forbidden", message=f"{request.action.value} {request.resource.plural} is "
                                                             "refused by the test"))
-        if request.resource is not None and request.resource.plural == "pods" and request.subresource == "eviction":
-            return await self._evict(request)
         if request.resource is None or request.action not in _WRITES:
             return await super()._handle(request)
         async with self._stamp_lock:  # the check and the write happen as one step
@@ -70,23 +66,6 @@ class ApiServer(kmock.KubernetesEmulator):
             if request.action == enums.action.CREATE and response.status == 200 and not response.prepared:
                 response.set_status(201)  # as the API server answers a create (clients map only 201)
             return response
-
-    async def _evict(self, request: kmock.Request) -> Any:
-        """An eviction (a POST to a named pod, which kmock gives no action): the pod deleted and 201 answered. The
-        PDB is not consulted: tests refuse evictions as it would with `refuse("CREATE", "pods/eviction", 429)`."""
-        refused = self.refusals.get(("CREATE", "pods/eviction"))
-        if refused is not None and request.headers.get("User-Agent") != TEST_USER_AGENT:
-            return await self._render_error(kmock.KubernetesError(
-                status=refused, reason="TooManyRequests", message="Cannot evict pod as it would violate the pod's "
-                                                                  "disruption budget (refused by the test)"))
-        key = (request.resource, request.namespace, request.name)
-        if key not in self.objects or self.objects[key].deleted:
-            return await self._render_error(kmock.KubernetesError(status=404, reason="NotFound",
-                                                                  message=f'pods "{request.name}" not found'))
-        self.evicted.append(request.name)
-        async with self._lock:
-            self.objects[key].delete()
-        return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"}, status=201)
 
     def _stamp(self, request: kmock.Request) -> None:
         version = str(next(self._versions))
@@ -144,8 +123,6 @@ def declare_resources(server: ApiServer) -> None:
     server.resources["v1/configmaps"] = info(kind="ConfigMap", namespaced=True, verbs=every)
     server.resources["v1/pods"] = info(kind="Pod", namespaced=True, verbs=every)
     server.resources["apps/v1/statefulsets"] = info(kind="StatefulSet", namespaced=True, verbs=every)
-    server.resources["policy/v1/poddisruptionbudgets"] = info(kind="PodDisruptionBudget", namespaced=True,
-                                                              verbs=every)
 
 
 class ApiServerThread:

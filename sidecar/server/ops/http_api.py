@@ -185,7 +185,6 @@ def _partition_document(p: PartitionFigures, now: int) -> dict:
             "replicas": list(p.replica.replicas), "isr": list(p.replica.isr), "in_sync": p.replica.in_sync,
             "lag": p.replica.lag, "fetch_error": p.replica.fetch_error,
             "under_replicated": p.replica.under_replicated, "under_min_isr": p.replica.under_min_isr,
-            "min_isr": p.replica.min_isr,
             "adding_replicas": list(p.replica.adding), "removing_replicas": list(p.replica.removing)},
         "log_dir": p.log_dir,
         "move": None if p.move is None else {
