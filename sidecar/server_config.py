@@ -123,15 +123,6 @@ SERVER_CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("leader.imbalance.per.broker.percentage", INT, 10, Range(0),
               "The share (percent) of the partitions a node prefers but does not lead above which their "
               "leadership is handed back to it."),
-    ConfigKey("controlled.shutdown.enable", BOOLEAN, True, None,
-              "On SIGTERM, before its session ends, a node announces it is stopping and moves every leadership "
-              "it holds to another in-sync member (docs/day-2-operations.md, section 2)."),
-    ConfigKey("controlled.shutdown.retry.backoff.ms", LONG, 500, Range(1),
-              "How often a stopping node proposes again the leader moves not yet written. Kafka's default is "
-              "5000; 500 here because a proposal is one compare-and-set, not a controller round trip."),
-    ConfigKey("controlled.shutdown.timeout.ms", LONG, 30000, Range(0),
-              "Shale's: how long a stopping node waits for its leaderships to move before it stops anyway "
-              "(inside the pod's termination grace period)."),
     ConfigKey("unclean.leader.election.enable", BOOLEAN, False, None,
               "The default of the topic config of the same name: whether a replica outside the ISR may lead "
               "when no ISR member is live, losing what it lacks."),
@@ -238,9 +229,6 @@ class ServerConfig:
     auto_leader_rebalance_enable: bool
     leader_imbalance_check_interval_seconds: int
     leader_imbalance_per_broker_percentage: int
-    controlled_shutdown_enable: bool
-    controlled_shutdown_retry_backoff_ms: int
-    controlled_shutdown_timeout_ms: int
     unclean_leader_election_enable: bool
     default_replication_factor: int
     offsets_topic_replication_factor: int

@@ -58,11 +58,6 @@ class StoreView:
         node = self.nodes.get(node_id)
         return node is not None and (incarnation is None or node.incarnation == incarnation)
 
-    def is_stopping(self, node_id: int) -> bool:
-        """The live node is in a controlled shutdown: it takes no leadership another member could take."""
-        node = self.nodes.get(node_id)
-        return node is not None and node.shutting_down
-
 
 def session_ttl_seconds(ttl_ms: int) -> int:
     """Sessions are granted in whole seconds (etcd leases, Lease.leaseDurationSeconds): rounded up, never
@@ -88,10 +83,6 @@ class ControlStore(Protocol):
     def open_session(self, me: NodeRegistration, ttl_ms: int) -> None:
         """Register `me` under a new session of `ttl_ms`, replacing any earlier registration of the same node
         id (a restarted node: its previous process's session ends now, not at its expiry)."""
-
-    def update_registration(self, me: NodeRegistration) -> None:
-        """Rewrite the open session's registration in place (same session, same incarnation): a stopping node
-        announces `shutting_down`. Raises SessionLost if the session is gone or held by another incarnation."""
 
     def keepalive(self) -> None:
         """Renew the session. Raises SessionLost if it is gone, StoreUnavailable if the store did not answer."""

@@ -105,7 +105,6 @@ class Controller:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._session_open = False
-        self._shutting_down = False  # announce_shutdown() was called: every registration from then on says so
         self._lead_until = 0.0  # monotonic; 0 while no session is known valid
         self._next_keepalive = 0.0
         self._next_read = 0.0  # the control loop reads a view at least this often (one heartbeat)
@@ -166,12 +165,6 @@ class Controller:
             raise ValueError(f"{tp}: {error}: {based_on.record} -> {new}")
         with self._lock:
             self._proposals[tp] = (based_on, new)
-        self._wake.set()
-
-    def announce_shutdown(self) -> None:
-        """Controlled shutdown: re-register as `shutting_down` in the open session (and in any it opens later),
-        so that no elector or handover gives this node a leadership while another member can take it."""
-        self._shutting_down = True
         self._wake.set()
 
     def delete(self, tp: TopicPartition) -> None:
@@ -285,8 +278,6 @@ class Controller:
             self._fence(f"its last renewal was sent {now - self._next_keepalive + self._heartbeat_s:.3f} s ago")
         if not self._session_open:
             self._open_session()
-        elif self._shutting_down and not self._me.shutting_down:
-            self._register_stopping()
         self._next_read = time.monotonic() + self._heartbeat_s
         view = self._store.view()
         if not view.is_live(self._me.node_id, self._me.incarnation):
@@ -298,19 +289,11 @@ class Controller:
 
     def _open_session(self) -> None:
         with self._session_lock:
-            self._me = replace(self._me, shutting_down=self._shutting_down)
             sent = time.monotonic()
             self._store.open_session(self._me, self._session_ms)
             self._session_open = True
             self._renewed(sent)
         logger.info("node %d: session opened, incarnation %s", self._me.node_id, self._me.incarnation)
-
-    def _register_stopping(self) -> None:
-        with self._session_lock:  # not while a renewal or a fence is half done
-            stopping = replace(self._me, shutting_down=True)
-            self._store.update_registration(stopping)
-            self._me = stopping
-        logger.info("node %d: registered as shutting down, incarnation %s", self._me.node_id, self._me.incarnation)
 
     def _renewed(self, sent: float) -> None:
         self._lead_until = sent + self._session_s - self._heartbeat_s
@@ -408,15 +391,12 @@ class Controller:
             logger.info("node %d: %s: ISR change %s -> %s dropped: the record or this session has moved on",
                         self._me.node_id, tp, based_on.record.isr, new.isr)
             return False
-        if not self._store.update_partition(tp, new, based_on.version):
-            logger.info("node %d: %s: ISR change %s -> %s missed: the record changed", self._me.node_id, tp,
-                        based_on.record.isr, new.isr)
-        elif new.leader != based_on.record.leader:
-            logger.info("node %d: %s: leader %d -> %d in leader epoch %d (partition epoch %d)", self._me.node_id, tp,
-                        based_on.record.leader, new.leader, new.leader_epoch, new.partition_epoch)
-        else:
+        if self._store.update_partition(tp, new, based_on.version):
             logger.info("node %d: %s: ISR %s -> %s in leader epoch %d (partition epoch %d)", self._me.node_id, tp,
                         based_on.record.isr, new.isr, new.leader_epoch, new.partition_epoch)
+        else:
+            logger.info("node %d: %s: ISR change %s -> %s missed: the record changed", self._me.node_id, tp,
+                        based_on.record.isr, new.isr)
         return True
 
     def _elect(self, view: StoreView, tp: TopicPartition, wanted: Wanted,

@@ -40,7 +40,7 @@ def decide(current: Versioned[PartitionRecord] | None, replicas: tuple[int, ...]
     # always such a restarted process (a live leader would still be valid).
     in_sync = [r for r in live_isr if _same_process(record, view, r)]
     if in_sync:
-        leader = _first_not_stopping(view, in_sync)
+        leader = in_sync[0]
         return record.changed(leader=leader, leader_incarnation=view.nodes[leader].incarnation,
                               isr=tuple(in_sync), isr_incarnations=_incarnations(view, in_sync))
     restarted = [r for r in live_isr if r != record.leader] + [r for r in live_isr if r == record.leader]
@@ -49,13 +49,13 @@ def decide(current: Versioned[PartitionRecord] | None, replicas: tuple[int, ...]
         # Kafka's "last replica standing": every member is back under a new process and none is known better
         # than another, so the first leads (the deposed leader last: it was the one writing when it died) and
         # the others rejoin by catching up. What all of them lost is lost, as in Kafka without KIP-966.
-        leader = _first_not_stopping(view, restarted)
+        leader = restarted[0]
         return record.changed(leader=leader, leader_incarnation=view.nodes[leader].incarnation,
                               isr=(leader,), isr_incarnations=_incarnations(view, [leader]))
     if unclean:
         live = [r for r in record.replicas if view.is_live(r)]
         if live:  # KIP-704: an unclean leader is alone in the ISR and recovering until it says otherwise
-            leader = _first_not_stopping(view, live)
+            leader = live[0]
             return record.changed(leader=leader, leader_incarnation=view.nodes[leader].incarnation,
                                   isr=(leader,), isr_incarnations=_incarnations(view, [leader]), recovering=True)
     # Offline. The epoch rises so that the old leader's requests are fenced; the restarted members leave the
@@ -67,12 +67,6 @@ def decide(current: Versioned[PartitionRecord] | None, replicas: tuple[int, ...]
     if record.leader == NO_LEADER:
         return record.changed(isr=isr)
     return record.changed(leader=NO_LEADER, leader_incarnation="", isr=isr)
-
-
-def _first_not_stopping(view: StoreView, candidates: list[int] | tuple[int, ...]) -> int:
-    """The first candidate not in a controlled shutdown, or the first if all are: a stopping node leads only
-    when no one else can (docs/day-2-operations.md, section 2)."""
-    return next((r for r in candidates if not view.is_stopping(r)), candidates[0])
 
 
 def _same_process(record: PartitionRecord, view: StoreView, member: int) -> bool:
@@ -103,8 +97,8 @@ def _create(tp: TopicPartition | None, replicas: tuple[int, ...], view: StoreVie
                                isr_incarnations=_incarnations(view, [leader]))
     if not live:
         return None  # no one could lead or hold data yet; a live replica creates it later
-    leader = _first_not_stopping(view, live)
-    return PartitionRecord(replicas=replicas, isr=live, leader=leader, leader_incarnation=view.nodes[leader].incarnation,
+    return PartitionRecord(replicas=replicas, isr=live, leader=live[0],
+                           leader_incarnation=view.nodes[live[0]].incarnation,
                            isr_incarnations=_incarnations(view, live))
 
 

@@ -226,9 +226,7 @@ class ReplicaManager:
     def apply_view(self, view: StoreView) -> None:
         """Make every local replica what its record says (the controller's `on_view`, on the loop)."""
         self.view = view
-        # A node in a controlled shutdown counts as gone for the ISR: its leaders shrink it out at once, so that
-        # acks=all stops waiting for it (docs/day-2-operations.md, section 2); the leader itself always stays.
-        live = {n: reg.incarnation for n, reg in view.nodes.items() if not reg.shutting_down}
+        live = {n: reg.incarnation for n, reg in view.nodes.items()}
         mine = {tp: v for tp, v in view.partitions.items()
                 if self.node_id in v.record.replicas and self._known(tp)}
         for tp in [tp for tp in self.partitions if tp not in mine]:
@@ -500,33 +498,6 @@ class ReplicaManager:
                         p.tp, self.node_id, new.leader, record.leader_epoch, new.leader_epoch)
             self.controller.propose(p.tp, pending.based_on, new)
 
-    def move_leaderships_away(self) -> int:
-        """Controlled shutdown: propose moving each leadership of this node to another in-sync member not
-        stopping (preferred_leader.leader_move_away) — again on every call, since a proposal can be lost.
-        Returns how many leaderships are still to move: every one while the view does not show this node
-        stopping yet (a move proposed earlier could be handed straight back); none for a partition no member
-        can take, which keeps its leader."""
-        led = [(p, p.state.record) for p in self.partitions.values() if p.state.role is Role.LEADER]
-        if not self.view.is_stopping(self.node_id):
-            return len(led)
-        now, left = self.clock_ms(), 0
-        for p, record in led:
-            if record is None:
-                continue
-            new = preferred_leader.leader_move_away(record, self.view, self.node_id)
-            if new is None:
-                continue
-            left += 1
-            pending = p.state.pending
-            if self.controller is None or not self.controller.may_lead() or (
-                    pending is not None and not preferred_leader.is_handover(pending.based_on.record, pending.proposed)):
-                continue  # an ISR change in flight: its view comes first (a pending expansion holds the HW, KIP-497)
-            proposal = p.state.propose(new, now)
-            logger.info("%s: stopping leader %d moves the leadership to node %d (leader epoch %d -> %d)", p.tp,
-                        self.node_id, new.leader, record.leader_epoch, new.leader_epoch)
-            self.controller.propose(p.tp, proposal.based_on, new)
-        return left
-
     async def _rebalance_forever(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
@@ -558,7 +529,7 @@ def _why(state: PartitionState, old: tuple[int, ...], new: tuple[int, ...]) -> s
     for r in gone:
         f = state.followers.get(r)
         if f is None or f.incarnation is None or state.live.get(r) != f.incarnation:
-            reasons.append(f"node {r} has no session or is stopping")
+            reasons.append(f"node {r} has no session")
         elif f.last_fetch_ms is None:
             reasons.append(f"node {r} has not fetched since its process or this epoch began")
         else:

@@ -51,9 +51,6 @@ class NodeRegistration:
     answered with the other nodes' addresses on the listener it came through; `host`/`port` stay the
     inter-broker listener's, which followers connect to. Empty: a node with one listener, or one registered
     before the field existed — its `host`/`port` serve every listener.
-
-    `shutting_down`: the node is stopping (controlled shutdown, docs/day-2-operations.md section 2), so no
-    elector gives it a leadership while another in-sync member is live. Absent from the JSON when false.
     """
 
     node_id: int
@@ -63,7 +60,6 @@ class NodeRegistration:
     rack: str | None = None
     unreplicated: tuple[TopicPartition, ...] = ()
     listeners: tuple[ListenerAddress, ...] = ()  # sorted by name
-    shutting_down: bool = False
 
     def endpoint(self, listener: str) -> tuple[str, int] | None:
         """This node's host and port on `listener`; None if it does not have that listener."""
@@ -80,8 +76,6 @@ class NodeRegistration:
         raw["listeners"] = {a.name: f"{a.host}:{a.port}" for a in self.listeners}
         if not self.listeners:
             del raw["listeners"]
-        if not self.shutting_down:
-            del raw["shutting_down"]
         return json.dumps(raw, sort_keys=True)
 
     @classmethod
@@ -94,13 +88,9 @@ class NodeRegistration:
             listeners = raw.get("listeners", {})
             if not isinstance(listeners, dict):
                 raise ValueError(f"listeners {listeners!r} is not an object")
-            shutting_down = raw.get("shutting_down", False)
-            if not isinstance(shutting_down, bool):
-                raise ValueError(f"shutting_down {shutting_down!r} is not a boolean")
             return cls(_int(raw["node_id"]), str(raw["incarnation"]), str(raw["host"]), _int(raw["port"]),
                        None if rack is None else str(rack), unreplicated,
-                       tuple(sorted(ListenerAddress.parse(name, address) for name, address in listeners.items())),
-                       shutting_down)
+                       tuple(sorted(ListenerAddress.parse(name, address) for name, address in listeners.items())))
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"{where}: not a node registration ({exc!r}): {text!r}") from None
 

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -384,31 +383,6 @@ class StorageNode:
         logger.info("node %d: replication on, control store %s, cluster %s", self.options.node_id,
                     self.options.store, self.options.cluster_id)
 
-    async def _controlled_shutdown(self) -> None:
-        """Kafka's controlled shutdown, before anything stops (docs/day-2-operations.md, section 2): announce
-        this node stopping, then move its leaderships to other in-sync members while it still serves, so that
-        no partition waits for a session to end to get a leader. Proposals are made again every
-        `controlled.shutdown.retry.backoff.ms` until nothing is left to move or `controlled.shutdown.timeout.ms`."""
-        config = self.server_config
-        if self.controller is None or self.replicas is None or not config.controlled_shutdown_enable:
-            return
-        node_id, started = self.options.node_id, time.monotonic()
-        deadline = started + config.controlled_shutdown_timeout_ms / 1000
-        self.controller.announce_shutdown()
-        logger.info("node %d: controlled shutdown: moving its leaderships away (at most %d ms)", node_id,
-                    config.controlled_shutdown_timeout_ms)
-        # Without a valid session (the store unreachable, fenced) nothing can move: stop as before.
-        while (left := self.replicas.move_leaderships_away()) and time.monotonic() < deadline \
-                and self.controller.may_lead():
-            await asyncio.sleep(config.controlled_shutdown_retry_backoff_ms / 1000)
-        if left:
-            logger.warning("node %d: controlled shutdown: %d leadership(s) not moved after %.3f s (%s); stopping "
-                           "anyway", node_id, left, time.monotonic() - started,
-                           "no valid session" if not self.controller.may_lead() else "timeout")
-        else:
-            logger.info("node %d: controlled shutdown: no leadership left to move after %.3f s", node_id,
-                        time.monotonic() - started)
-
     async def _stop_replication(self) -> None:
         """End the session first, so the others elect new leaders at once rather than after its timeout."""
         if self.shared_security is not None:
@@ -452,7 +426,6 @@ class StorageNode:
             self.ready = False
             self.phase = "stopping"
             stop_watching()
-            await self._controlled_shutdown()
             self.groups.close()  # first: JoinGroup/SyncGroup still waiting get NOT_COORDINATOR, so connections end
             self.transactions.close()
             await self._stop_replication()

@@ -113,20 +113,6 @@ def test_reopening_after_a_lost_session_registers_a_new_incarnation(engine):
     assert other.view().is_live(1, "b")
 
 
-def test_a_stopping_node_rewrites_its_registration_in_its_own_session_and_no_other(engine):
-    mine, successor, other = engine.store(), engine.store(), engine.store()
-    me = node(1, "a")
-    mine.open_session(me, 30_000)
-    mine.update_registration(dataclasses.replace(me, shutting_down=True))
-    assert other.view().nodes[1] == dataclasses.replace(me, shutting_down=True)
-    mine.keepalive()
-    assert other.view().is_stopping(1)
-    successor.open_session(node(1, "b"), 30_000)
-    with pytest.raises(SessionLost):  # the successor's registration is never overwritten
-        mine.update_registration(me)
-    assert other.view().nodes[1] == node(1, "b") and not other.view().is_stopping(1)
-
-
 def test_close_session_removes_the_node_without_waiting_for_the_ttl(engine):
     mine, other = engine.store(), engine.store()
     mine.open_session(node(4, "a"), 60_000)

@@ -26,7 +26,6 @@ from shale.sidecar.log.topic_partition import TopicPartition
 from shale.sidecar.replication.control_store import StoreView
 from shale.sidecar.replication.controller import Controller, Wanted, alter_partition_error, new_incarnation
 from shale.sidecar.replication.election import choose_replicas
-from shale.sidecar.replication.preferred_leader import leader_move_away
 from shale.sidecar.replication.store.etcd_store import EtcdStore
 from shale.sidecar.replication.store_records import NodeRegistration, PartitionRecord
 from shale.sidecar.server_config import ServerConfig, ServerConfigError
@@ -216,23 +215,6 @@ def test_stop_ends_the_session_at_once_without_waiting_for_the_ttl(members, obse
     node.controller.stop()
     assert not observer.view().is_live(5)
     assert not node.controller.may_lead()
-
-
-def test_a_stopping_leaders_move_lands_and_no_election_gives_the_leadership_back(members, observer):
-    nodes = start_together(members, observer, (1, 2, 3))
-    wait_for(lambda: nodes[0].leads(), what="node 1 to lead")
-    incarnation = nodes[0].controller.incarnation
-    nodes[0].controller.announce_shutdown()
-    wait_for(lambda: nodes[0].views and nodes[0].views[-1].is_stopping(1), what="node 1 to be seen stopping")
-    assert observer.view().is_live(1, incarnation)  # same session, same incarnation
-    based_on = nodes[0].views[-1].partitions[TP]
-    new = leader_move_away(based_on.record, nodes[0].views[-1], 1)
-    nodes[0].controller.propose(TP, based_on, new)
-    wait_for(lambda: (r := record_in(observer)) is not None and r.leader == 2, what="the move to node 2")
-    assert record_in(observer) == new
-    nodes[0].controller.stop()  # its session ends: node 2 leads on, nothing is elected
-    wait_for(lambda: not all_live(observer, 1), what="node 1's session to end")
-    assert record_in(observer).leader_epoch == new.leader_epoch
 
 
 def test_store_stopped_leaders_stop_leading_then_reopen_sessions_under_new_incarnations(etcd, members, observer):

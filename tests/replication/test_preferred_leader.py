@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 from store_util import node
 
 from shale.sidecar.log.topic_partition import TopicPartition
-from shale.sidecar.replication.control_store import StoreView, Versioned
+from shale.sidecar.replication.control_store import StoreView
 from shale.sidecar.replication.controller import alter_partition_error
-from shale.sidecar.replication.election import decide
-from shale.sidecar.replication.preferred_leader import handover, imbalanced, is_handover, leader_move_away
+from shale.sidecar.replication.preferred_leader import handover, imbalanced, is_handover
 from shale.sidecar.replication.store_records import NO_LEADER, PartitionRecord
 from support.fault_util import AckedLoad, check_acknowledged
 from support.node_util import start_replicated_cluster, topic_manifest, wait_for
@@ -44,7 +43,7 @@ def test_no_handover_while_the_preferred_replica_cannot_lead():
 
 def test_the_controller_refuses_anything_but_the_exact_handover():
     new = handover(MOVED, LIVE)
-    for wrong in (replace(new, leader=2, leader_incarnation="i2"),
+    for wrong in (replace(new, leader=3, leader_incarnation="i3"),
                   replace(new, isr=(2, 1), isr_incarnations=("i2", "i1")),
                   replace(new, leader_epoch=new.leader_epoch + 1), replace(new, replicas=(1, 3, 2))):
         assert not is_handover(MOVED, wrong) and alter_partition_error(MOVED, wrong) is not None
@@ -63,77 +62,6 @@ def test_every_handover_passes_the_controllers_check(replicas, isr, leader_index
         assert is_handover(record, new) and new.leader == replicas[0] in view.nodes
     else:
         assert leader in (NO_LEADER, replicas[0]) or replicas[0] not in isr or replicas[0] not in live
-
-
-def stopping(view: StoreView, *nodes: int) -> StoreView:
-    return replace(view, nodes={n: replace(r, shutting_down=n in nodes) for n, r in view.nodes.items()})
-
-
-LED_BY_1 = replace(MOVED, leader=1, leader_incarnation="i1", isr=(1, 2, 3), isr_incarnations=("i1", "i2", "i3"))
-
-
-def test_a_stopping_leader_moves_its_leadership_to_the_first_other_member_in_sync():
-    new = leader_move_away(LED_BY_1, stopping(LIVE, 1), 1)
-    assert (new.leader, new.leader_incarnation, new.leader_epoch, new.partition_epoch) == (2, "i2", 5, 10)
-    assert (new.replicas, new.isr, new.isr_incarnations) == (LED_BY_1.replicas, LED_BY_1.isr, LED_BY_1.isr_incarnations)
-    assert is_handover(LED_BY_1, new) and alter_partition_error(LED_BY_1, new) is None
-
-
-def test_the_move_passes_over_members_stopping_dead_restarted_or_out_of_sync():
-    assert leader_move_away(LED_BY_1, stopping(LIVE, 1, 2), 1).leader == 3
-    assert leader_move_away(LED_BY_1, StoreView("1", {n: node(n, f"i{n}") for n in (1, 3)}), 1).leader == 3
-    assert leader_move_away(LED_BY_1, StoreView("1", {**LIVE.nodes, 2: node(2, "i2-again")}), 1).leader == 3
-    out_of_sync = replace(LED_BY_1, isr=(1, 3), isr_incarnations=("i1", "i3"))
-    assert leader_move_away(out_of_sync, LIVE, 1).leader == 3
-
-
-def test_a_partition_whose_other_members_are_all_stopping_keeps_its_leader():
-    assert leader_move_away(LED_BY_1, stopping(LIVE, 1, 2, 3), 1) is None
-    assert leader_move_away(replace(LED_BY_1, isr=(1,), isr_incarnations=("i1",)), LIVE, 1) is None  # alone in sync
-    assert leader_move_away(LED_BY_1, LIVE, 2) is None  # node 2 does not lead it
-    assert leader_move_away(replace(LED_BY_1, recovering=True), LIVE, 1) is None
-
-
-def test_no_leadership_goes_to_a_stopping_node_while_another_member_is_in_sync():
-    assert handover(MOVED, stopping(LIVE, 1)) is None  # the preferred replica is stopping: node 2 keeps it
-    offline = Versioned(replace(LED_BY_1, leader=NO_LEADER, leader_incarnation=""), "7")
-    assert decide(offline, LED_BY_1.replicas, stopping(LIVE, 1), False).leader == 2
-    assert decide(offline, LED_BY_1.replicas, stopping(LIVE, 1, 2), False).leader == 3
-
-
-def test_a_stopping_node_still_leads_when_no_one_else_can():
-    offline = Versioned(replace(LED_BY_1, leader=NO_LEADER, leader_incarnation=""), "7")
-    assert decide(offline, LED_BY_1.replicas, stopping(LIVE, 1, 2, 3), False).leader == 1
-    assert decide(None, (1, 2, 3), stopping(LIVE, 1), False, tp=TopicPartition("t", 0)).leader == 2
-
-
-@given(st.permutations([1, 2, 3]), st.lists(st.sampled_from([1, 2, 3]), min_size=1, max_size=3, unique=True),
-       st.integers(0, 2), st.sets(st.sampled_from([1, 2, 3])), st.sets(st.sampled_from([1, 2, 3])))
-def test_every_move_away_passes_the_controllers_check_and_lands_on_a_member_not_stopping(replicas, isr, leader_index,
-                                                                                         live, stops):
-    leader = isr[leader_index % len(isr)]
-    record = PartitionRecord(replicas=tuple(replicas), isr=tuple(isr), leader=leader, leader_incarnation=f"i{leader}",
-                             leader_epoch=2, partition_epoch=3)
-    view = stopping(StoreView("1", {n: node(n, f"i{n}") for n in live | {leader}}), *stops)
-    new = leader_move_away(record, view, leader)
-    movable = [r for r in replicas if r != leader and r in isr and r in live and r not in stops]
-    if new is None:
-        assert movable == []
-    else:
-        assert is_handover(record, new) and new.leader == movable[0]
-        assert (new.leader, new.leader_incarnation) == (movable[0], f"i{movable[0]}")
-
-
-@given(st.lists(st.sampled_from([1, 2, 3]), min_size=1, max_size=3, unique=True),
-       st.sets(st.sampled_from([1, 2, 3]), min_size=1), st.sets(st.sampled_from([1, 2, 3])))
-def test_an_election_picks_a_stopping_node_only_when_every_live_member_in_sync_is_stopping(isr, live, stops):
-    record = PartitionRecord(replicas=(1, 2, 3), isr=tuple(isr), leader_epoch=2, partition_epoch=3)
-    view = stopping(StoreView("1", {n: node(n, f"i{n}") for n in live}), *stops)
-    new = decide(Versioned(record, "7"), record.replicas, view, False)
-    candidates = [r for r in record.replicas if r in isr and r in live]
-    if candidates:
-        assert new.leader in candidates
-        assert new.leader not in stops or set(candidates) <= stops
 
 
 def test_a_node_is_imbalanced_above_its_share_of_preferred_partitions_it_does_not_lead():

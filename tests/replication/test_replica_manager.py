@@ -10,7 +10,6 @@ controller, fetchers and etcd, the same rules run in test_leader_side.py and the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from pathlib import Path
 
@@ -156,49 +155,6 @@ def test_a_follower_whose_session_ends_is_proposed_out_of_the_isr_at_once(manage
     assert (tp, based_on.version, new.isr, new.partition_epoch) == (TP, "1", (0, 1), 1)
     rm.apply_view(view(rec(), "1", live))  # one change in flight: nothing new until a view answers it
     assert len(controller.proposals) == 1
-
-
-def stopping(*ids: int) -> dict[int, NodeRegistration]:
-    return {n: dataclasses.replace(r, shutting_down=n in ids) for n, r in NODES.items()}
-
-
-def test_a_stopping_follower_is_proposed_out_of_the_isr_at_once(manager):
-    rm, controller, _, _ = manager
-    rm.apply_view(view(rec()))
-    rm.apply_view(view(rec(), "1", stopping(2)))
-    ((_, based_on, new),) = controller.proposals
-    assert (based_on.version, new.isr, new.leader, new.leader_epoch) == ("1", (0, 1), 0, 0)
-
-
-def test_a_stopping_leader_moves_its_leadership_once_its_view_shows_it_stopping_and_again_until_it_lands(manager):
-    rm, controller, _, _ = manager
-    rm.apply_view(view(rec()))
-    assert rm.move_leaderships_away() == 1 and controller.proposals == []  # not yet stopping in its view
-    rm.apply_view(view(rec(), "1", stopping(0)))
-    assert rm.move_leaderships_away() == 1
-    ((_, based_on, new),) = controller.proposals
-    assert (based_on.version, new.leader, new.leader_incarnation, new.leader_epoch, new.isr) == ("1", 1, "i1", 1,
-                                                                                                 (0, 1, 2))
-    assert rm.move_leaderships_away() == 1 and len(controller.proposals) == 2  # proposed again: it may be lost
-    rm.apply_view(view(rec(leader=1, epoch=1, pepoch=1), "2", stopping(0)))
-    assert rm.move_leaderships_away() == 0 and rm.partitions[TP].state.role is Role.FOLLOWER
-
-
-def test_an_isr_change_in_flight_is_answered_before_the_leadership_moves(manager):
-    rm, controller, _, _ = manager
-    rm.apply_view(view(rec(), "1", stopping(0, 1)))  # the stopping follower 1 is shrunk out first
-    assert rm.move_leaderships_away() == 1
-    ((_, _, shrink),) = controller.proposals
-    assert shrink.isr == (0, 2) and shrink.leader == 0
-    rm.apply_view(view(rec(isr=(0, 2), pepoch=1), "2", stopping(0, 1)))
-    assert rm.move_leaderships_away() == 1 and controller.proposals[-1][2].leader == 2
-
-
-def test_a_stopping_leader_whose_other_members_are_all_stopping_has_nothing_to_move(manager):
-    rm, controller, _, _ = manager
-    rm.apply_view(view(rec(), "1", stopping(0, 1, 2)))
-    controller.proposals.clear()  # the ISR shrink of the stopping followers
-    assert rm.move_leaderships_away() == 0 and controller.proposals == []
 
 
 def test_acks_all_waits_for_the_followers_and_a_new_leader_epoch_answers_not_leader(manager):

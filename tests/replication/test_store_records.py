@@ -28,8 +28,7 @@ def partition_records(draw) -> PartitionRecord:
 
 registrations = st.builds(NodeRegistration, node_ids, texts, texts, st.integers(0, 65535),
                           st.none() | texts,
-                          st.lists(st.builds(TopicPartition, texts, node_ids), max_size=3).map(tuple),
-                          shutting_down=st.booleans())
+                          st.lists(st.builds(TopicPartition, texts, node_ids), max_size=3).map(tuple))
 
 
 @given(partition_records())
@@ -79,7 +78,6 @@ def test_records_written_before_isr_incarnations_and_unreplicated_lists_still_re
     assert (record.isr, record.isr_incarnations, record.isr_incarnation(2)) == ((1, 2), ("", ""), "")
     node = NodeRegistration.from_json('{"host": "h", "incarnation": "a", "node_id": 1, "port": 9, "rack": null}', "k")
     assert node.unreplicated == () and "unreplicated" not in node.to_json()
-    assert not node.shutting_down and "shutting_down" not in node.to_json()  # absent = running, both ways
     with pytest.raises(RecordError, match="k: .*2 incarnations"):
         PartitionRecord.from_json(old.replace('"isr": [1, 2]', '"isr": [1], "isr_incarnations": ["a", "b"]'), "k")
 

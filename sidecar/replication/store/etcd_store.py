@@ -136,17 +136,6 @@ class EtcdStore:
         logger.info("node %d incarnation %s: etcd session open (lease %x, %d s)", me.node_id, me.incarnation,
                     lease_id, granted_ttl)
 
-    def update_registration(self, me: NodeRegistration) -> None:
-        if self._lease_id is None or self._me is None or me.incarnation != self._me.incarnation:
-            raise SessionLost(f"node {me.node_id} incarnation {me.incarnation}: no such etcd session is open")
-        key = self._node_key(me.node_id)
-        compare = {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(self._me.to_json())}
-        if not self._txn([compare], [{"request_put": {"key": _b64(key), "value": _b64(me.to_json()),
-                                                      "lease": self._lease_id}}]):
-            raise SessionLost(f"node {me.node_id} incarnation {me.incarnation}: its registration at {key} is gone "
-                              "or was replaced")
-        self._me = me
-
     def keepalive(self) -> None:
         if self._lease_id is None or self._me is None:
             raise SessionLost("no etcd session is open")

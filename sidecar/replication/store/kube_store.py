@@ -186,13 +186,6 @@ class KubeStore:
                         current.spec.holder_identity, me.incarnation)
         return written
 
-    def update_registration(self, me: NodeRegistration) -> None:
-        session = self._session
-        if session is None or me.incarnation != session.me.incarnation:
-            raise SessionLost(f"node {me.node_id} incarnation {me.incarnation}: no such Kubernetes session is open")
-        session.me = me  # the Lease's annotation: written by the renewal, which checks the holder
-        self.keepalive()
-
     def keepalive(self) -> None:
         session = self._session
         if session is None:
